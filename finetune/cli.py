@@ -1,0 +1,83 @@
+"""The one `finetune` command. Each verb lives in its own module, imported only when it runs,
+so `finetune --help` never imports torch.
+
+A verb module exposes `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from finetune.errors import FinetuneError
+
+# verb -> (module, one-line help). Order is the order shown in --help.
+VERBS: dict[str, tuple[str, str]] = {
+    "validate": ("finetune.commands.validate", "check a recipe; print it resolved or every problem (exit 2)"),
+    "schema": ("finetune.commands.schema", "print the recipe's JSON schema (or --markdown for docs/recipe.md)"),
+    "ingest": ("finetune.ingest.command", "turn HTML / CSV / SQL / record files into clean JSONL records"),
+    "preprocess": ("finetune.commands.preprocess", "tokenize and cache a recipe's datasets; print counts"),
+    "train": ("finetune.train", "fine-tune from a recipe (also: accelerate launch -m finetune.train)"),
+    "lr": ("finetune.plan.lr_command", "learning rate from supervised tokens per step"),
+    "plan": ("finetune.plan.plan_command", "memory and steps plan for a recipe or a model config"),
+    "targets": ("finetune.model.targets_command", "list a model's modules LoRA can target, with parameter counts"),
+    "merge": ("finetune.model.merge_command", "merge a trained LoRA adapter into its base model"),
+    "chat": ("finetune.model.chat_command", "chat with the trained model"),
+    "generate": ("finetune.model.generate_command", "generate a reply to one prompt with the trained model"),
+    "curves": ("finetune.curves_command", "re-render loss_curve.png and re-diagnose a finished run"),
+}
+
+
+def _top_help() -> str:
+    width = max(len(v) for v in VERBS)
+    lines = [
+        "usage: finetune VERB [options]   (finetune VERB --help for a verb's options)",
+        "",
+        "Fine-tune causal language models from one YAML recipe.",
+        "",
+        "verbs:",
+    ]
+    lines += [f"  {name.ljust(width)}  {text}" for name, (_, text) in VERBS.items()]
+    return "\n".join(lines)
+
+
+def run_verb(module_name: str, prog: str, argv: list[str]) -> int:
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__.strip().splitlines()[0])
+    module.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return int(module.run(args) or 0)
+    except FinetuneError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_top_help())
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from finetune import __version__
+
+        print(__version__)
+        return 0
+    verb = argv[0]
+    if verb not in VERBS:
+        import difflib
+
+        close = difflib.get_close_matches(verb, VERBS, n=1)
+        hint = f" Did you mean `{close[0]}`?" if close else ""
+        print(f"error: unknown verb `{verb}`.{hint} Run `finetune --help` for the list.", file=sys.stderr)
+        return 2
+    module_name, _ = VERBS[verb]
+    return run_verb(module_name, f"finetune {verb}", argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

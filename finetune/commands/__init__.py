@@ -1,0 +1,1 @@
+"""Small CLI verbs that are not part of a pipeline stage's own module."""

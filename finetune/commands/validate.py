@@ -1,0 +1,28 @@
+"""Check a recipe: print it resolved, or every problem with its key, line and fix (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+
+from finetune.recipe_load import dump_recipe, load_recipe
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The recipe path and `--set KEY=VALUE` overrides, shared by every verb that reads a recipe."""
+    parser.add_argument("recipe", help="path to the YAML recipe")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a recipe key (YAML value), e.g. --set learning_rate=1e-4 --set datasets.0.path=x.jsonl",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arguments(parser)
+    parser.add_argument("--num-processes", type=int, default=None,
+                        help="processes the run will use (for the global batch size check); default $WORLD_SIZE or 1")
+
+
+def run(args: argparse.Namespace) -> int:
+    recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes)
+    print(dump_recipe(recipe), end="")
+    return 0

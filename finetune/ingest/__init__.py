@@ -1,0 +1,1 @@
+"""Ingestion: raw files (HTML, CSV, SQL, record files) -> clean JSONL records. Never imports torch."""

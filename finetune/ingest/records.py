@@ -1,0 +1,142 @@
+"""Records: the contract between ingestion and training.
+
+JSONL, one object a line, in one of three shapes:
+  completion   {"text": ...}
+  instruction  {"instruction": ..., "input": ... (optional), "output": ...}
+  chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
+
+No torch here: ingestion never imports the training stack.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from finetune.errors import DataError
+
+SHAPES = ("completion", "instruction", "chat")
+ROLES = ("system", "user", "assistant")
+
+
+def detect_shape(record: dict) -> str | None:
+    """The record's shape from its keys, or None when it has none of the three."""
+    if "messages" in record:
+        return "chat"
+    if "instruction" in record or "output" in record:
+        return "instruction"
+    if "text" in record:
+        return "completion"
+    return None
+
+
+def record_problem(record: object, shape: str) -> str | None:
+    """Why `record` is not a valid record of `shape`, or None when it is."""
+    if not isinstance(record, dict):
+        return f"expected a JSON object, got {type(record).__name__}"
+    if shape == "completion":
+        if not isinstance(record.get("text"), str):
+            return 'a completion record needs "text" as a string'
+        if not record["text"].strip():
+            return '"text" is empty'
+    elif shape == "instruction":
+        for key in ("instruction", "output"):
+            if not isinstance(record.get(key), str):
+                return f'an instruction record needs "{key}" as a string'
+        if not isinstance(record.get("input", ""), (str, type(None))):
+            return '"input" must be a string when present'
+        if not record["output"].strip():
+            return '"output" is empty: nothing to supervise'
+    elif shape == "chat":
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return 'a chat record needs "messages" as a non-empty list'
+        for i, msg in enumerate(messages):
+            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
+                return f'messages[{i}] needs "role" and "content" (a string)'
+            if msg.get("role") not in ROLES:
+                return f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)}"
+        if not any(m["role"] == "assistant" for m in messages):
+            return "the conversation has no assistant turn: nothing to supervise"
+    else:
+        return f"unknown shape {shape!r}"
+    return None
+
+
+def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
+    """(line number, parsed value) for each record in a .jsonl file or a .json list.
+
+    Raises DataError naming the file and line for anything that is not JSON text."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"no data file at `{path}`; check the dataset path in the recipe")
+    with open(path, "rb") as fh:
+        head = fh.read(8192)
+    if b"\x00" in head:
+        raise DataError(f"`{path}` looks binary (it contains NUL bytes), not JSON/JSONL text")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"`{path}` is not UTF-8 text (byte {exc.start}: {exc.reason}); re-encode it as UTF-8"
+        ) from None
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"`{path}` line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(data, list):
+            raise DataError(f"`{path}`: a .json data file must hold a list of records")
+        yield from ((1, item) for item in data)
+        return
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"`{path}` line {lineno}: not valid JSON ({exc.msg})") from None
+
+
+def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str, dict]]:
+    """All records of a file as (shape, record), validated. Raises DataError at the first bad record."""
+    out = []
+    for lineno, record in iter_json_objects(path):
+        rec_shape = shape
+        if shape == "auto":
+            rec_shape = detect_shape(record) if isinstance(record, dict) else None
+            if rec_shape is None:
+                raise DataError(
+                    f"`{path}` line {lineno}: cannot tell the record's shape; expected a \"text\", "
+                    f'"instruction"/"output" or "messages" key'
+                )
+        problem = record_problem(record, rec_shape)
+        if problem:
+            raise DataError(f"`{path}` line {lineno}: {problem}")
+        out.append((rec_shape, record))
+    if not out:
+        raise DataError(f"`{path}` holds no records; it is empty")
+    return out
+
+
+def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[object]) -> int:
+    """Write records as JSONL via a temp file + rename: a crash never leaves a truncated file. Returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    count = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            for record in records:
+                fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+                count += 1
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return count

