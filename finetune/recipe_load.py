@@ -132,13 +132,16 @@ def _resolve(value: str, base: Path) -> str:
     return str(Path(expanded) if os.path.isabs(expanded) else (base / expanded).resolve())
 
 
-def _resolve_paths(data: dict, base: Path) -> None:
+def _resolve_paths(recipe: Recipe, base: Path) -> None:
+    """Make every path absolute, defaults included, relative to the recipe's folder."""
     for key in PATH_KEYS:
-        if isinstance(data.get(key), str):
-            data[key] = _resolve(data[key], base)
-    for ds in data.get("datasets") or []:
-        if isinstance(ds, dict) and isinstance(ds.get("path"), str):
-            ds["path"] = _resolve(ds["path"], base)
+        if isinstance(getattr(recipe, key), str):
+            setattr(recipe, key, _resolve(getattr(recipe, key), base))
+    for ds in recipe.datasets:
+        ds.path = _resolve(ds.path, base)
+
+
+def _resolve_model_paths(data: dict, base: Path) -> None:
     # base_model / tokenizer_config: only when they name something that exists next to the recipe;
     # otherwise they are hub ids or package resources, resolved by the model builder.
     for key in ("base_model", "tokenizer_config"):
@@ -222,13 +225,14 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), world_size: 
 def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: dict | None = None,
                      world_size: int | None = None) -> Recipe:
     data = dict(data)
-    _resolve_paths(data, base_dir)
+    _resolve_model_paths(data, base_dir)
     explicit = set(data)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         problems = [_describe(e, lines or {}) for e in _dedupe_union_errors(exc.errors())]
         raise RecipeError(problems, source) from None
+    _resolve_paths(recipe, base_dir)
     problems = cross_checks(recipe, explicit, world_size or world_size_from_env())
     if problems:
         raise RecipeError(problems, source)

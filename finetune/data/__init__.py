@@ -1,0 +1,148 @@
+"""Data stage: records -> tokenized, length-filtered, split, cached examples.
+
+build_dataset(recipe, tokenizer) is the one entry point; the trainer only ever sees its output
+(`input_ids`, `labels`), never a raw record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
+from finetune.data.formats import IGNORE_INDEX, Example, encode
+from finetune.errors import DataError
+from finetune.ingest.records import read_records
+from finetune.recipe import RECORD_TYPES
+
+
+@dataclass
+class Prepared:
+    train: object  # datasets.Dataset
+    eval: object | None
+    stats: dict = field(default_factory=dict)
+    key: str = ""
+    data_hash: str = ""
+    cache_path: str = ""
+    reused: bool = False
+
+
+def prepared_root(recipe) -> Path:
+    return Path(recipe.dataset_prepared_path or os.path.join(recipe.cache_dir, "prepared"))
+
+
+def record_files(recipe) -> list[tuple[str, str]]:
+    """(shape, JSONL path) per dataset entry; raw sources (HTML, CSV, SQL...) are ingested first."""
+    files = []
+    for spec in recipe.datasets:
+        if spec.type in RECORD_TYPES:
+            files.append((spec.type, spec.path))
+        else:
+            from finetune.ingest.source import materialize
+
+            files.append(("auto", str(materialize(spec, recipe.cache_dir))))
+    return files
+
+
+def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
+    """Apply excess_length_strategy. Returns (example or None, what happened)."""
+    if len(example.input_ids) <= recipe.sequence_len:
+        return example, None
+    if recipe.excess_length_strategy == "drop":
+        return None, "too_long"
+    if recipe.excess_length_strategy == "error":
+        raise DataError(
+            f"an example has {len(example.input_ids)} tokens, over sequence_len {recipe.sequence_len}; raise "
+            "`sequence_len`, or set `excess_length_strategy: drop` or `truncate`"
+        )
+    n = recipe.sequence_len
+    return Example(example.input_ids[:n], example.labels[:n]), "truncated"
+
+
+def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
+    examples, outcome = [], Counter()
+    for shape, path in files:
+        for rec_shape, record in read_records(path, shape):
+            outcome["records"] += 1
+            example, what = fit_length(encode(tokenizer, rec_shape, record, recipe.train_on_inputs), recipe)
+            if example is not None and example.supervised_tokens == 0:
+                example, what = None, "no_supervised_tokens"
+            if what:
+                outcome[what] += 1
+            if example is not None:
+                examples.append(example)
+    if not examples:
+        raise DataError(
+            f"no usable examples: {outcome['records']} records, {outcome['too_long']} over sequence_len "
+            f"{recipe.sequence_len}, {outcome['no_supervised_tokens']} with no supervised tokens; check the data "
+            "and `sequence_len` / `train_on_inputs`"
+        )
+    return examples, dict(outcome)
+
+
+def split(examples: list[Example], recipe) -> tuple[list[Example], list[Example]]:
+    """A seeded, reproducible eval split; the train part keeps file order (the Trainer shuffles)."""
+    size = recipe.val_set_size
+    n_eval = int(size) if size >= 1 else int(round(len(examples) * size))
+    if n_eval == 0:
+        return examples, []
+    if n_eval >= len(examples):
+        raise DataError(
+            f"`val_set_size` {size} leaves no training examples out of {len(examples)}; lower it"
+        )
+    eval_idx = set(random.Random(recipe.seed).sample(range(len(examples)), n_eval))
+    train = [ex for i, ex in enumerate(examples) if i not in eval_idx]
+    held = [ex for i, ex in enumerate(examples) if i in eval_idx]
+    return train, held
+
+
+def split_stats(examples: list[Example]) -> dict:
+    return {
+        "examples": len(examples),
+        "tokens": sum(len(ex.input_ids) for ex in examples),
+        "supervised_tokens": sum(ex.supervised_tokens for ex in examples),
+    }
+
+
+def _to_dataset(examples: list[Example]):
+    from datasets import Dataset
+
+    return Dataset.from_dict(
+        {"input_ids": [ex.input_ids for ex in examples], "labels": [ex.labels for ex in examples]}
+    )
+
+
+def build_dataset(recipe, tokenizer) -> Prepared:
+    """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
+    from datasets import DatasetDict
+
+    files = record_files(recipe)
+    files_hash = data_hash(files)
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
+    root = prepared_root(recipe)
+    cached = load_prepared(root, key)
+    if cached is not None:
+        dd, stats = cached
+        return Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key), reused=True)
+    examples, outcome = tokenize_all(recipe, tokenizer, files)
+    train, held = split(examples, recipe)
+    stats = {
+        "records": outcome.get("records", 0),
+        "dropped_too_long": outcome.get("too_long", 0),
+        "dropped_no_supervised_tokens": outcome.get("no_supervised_tokens", 0),
+        "truncated": outcome.get("truncated", 0),
+        "train": split_stats(train),
+        "eval": split_stats(held),
+    }
+    parts = {"train": _to_dataset(train)}
+    if held:
+        parts["eval"] = _to_dataset(held)
+    dd = DatasetDict(parts)
+    save_prepared(root, key, dd, stats)
+    return Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key))
+
+
+__all__ = ["IGNORE_INDEX", "Prepared", "build_dataset"]

@@ -1,0 +1,119 @@
+"""Find the base model and its tokenizer: a local HF folder, a .gguf file (converted once into the cache),
+a file inside an installed Python package, or a hub id (from the local HF cache when offline)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from finetune.errors import ModelError
+from finetune.data.formats import CHATML_TEMPLATE
+
+
+def package_resource(spec: str) -> Path | None:
+    """`pkg/sub/file` -> the file inside installed package `pkg`, when there is one."""
+    head, _, rest = spec.partition("/")
+    if not rest or not head.isidentifier():
+        return None
+    try:
+        found = importlib.util.find_spec(head)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    for location in found.submodule_search_locations:
+        candidate = Path(location) / rest
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def _gguf_cache_dir(gguf: Path, cache_dir: str) -> Path:
+    stat = gguf.stat()
+    ident = f"{gguf.resolve()}:{stat.st_size}:{int(stat.st_mtime)}"
+    return Path(cache_dir) / "models" / f"{gguf.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+def convert_gguf(gguf: Path, cache_dir: str) -> Path:
+    """Dequantize a GGUF file into an HF folder once; later runs load the folder directly."""
+    target = _gguf_cache_dir(gguf, cache_dir)
+    if (target / "config.json").is_file():
+        return target
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelError(f"`{gguf}` is a GGUF file; loading it needs the `gguf` package: pip install gguf")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {gguf.name} to an HF model in {target} (once)", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # The weights are now dequantized floats: the GGUF quantization_config no longer describes them.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if target.exists():
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def resolve_model_path(name: str, cache_dir: str) -> str:
+    """A local folder for `name`, or `name` itself when it can only be a hub id."""
+    path = Path(name).expanduser()
+    if not path.exists():
+        path = package_resource(name) or path
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelError(f"`{name}` is a file but not a .gguf model; point base_model at a model folder or .gguf")
+        return str(convert_gguf(path, cache_dir))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(f"`{path}` is a folder without config.json; it is not a Hugging Face model folder")
+        return str(path)
+    if name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        raise ModelError(f"base model `{name}` does not exist; check the path")
+    return name  # a hub id
+
+
+def _not_found(name: str, exc: Exception) -> ModelError:
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    return ModelError(
+        f"cannot load base model `{name}`: it is not a local folder, a .gguf file, a file inside an installed "
+        f"package, nor{' (offline)' if offline else ''} a hub model that could be fetched or found in the local "
+        f"HF cache. Check the spelling, or download it first. ({exc.__class__.__name__}: {str(exc)[:200]})"
+    )
+
+
+def load_tokenizer(recipe):
+    """The tokenizer with a pad token and the recipe's chat template applied."""
+    from transformers import AutoTokenizer
+
+    name = recipe.tokenizer_config or recipe.base_model
+    source = resolve_model_path(name, recipe.cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise _not_found(name, exc) from None
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelError(f"the tokenizer of `{name}` is not a fast tokenizer; finetune needs offsets from one")
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"the tokenizer of `{name}` has no EOS token; set one in the tokenizer config")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of the loss anyway
+    if recipe.chat_template == "chatml" or (recipe.chat_template == "tokenizer_default" and not tokenizer.chat_template):
+        tokenizer.chat_template = CHATML_TEMPLATE
+    elif recipe.chat_template == "jinja":
+        tokenizer.chat_template = recipe.chat_template_jinja
+    return tokenizer

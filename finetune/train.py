@@ -1,0 +1,218 @@
+"""Fine-tune from a recipe: load, build, train, save.
+
+    python -m finetune.train recipe.yml [--set key=value ...]
+    accelerate launch -m finetune.train recipe.yml
+    finetune train recipe.yml
+
+Everything that can fail because of the user (recipe, data, base model) is checked before output_dir
+is created, so a bad run leaves nothing half-written behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from finetune.commands.validate import add_recipe_arguments
+from finetune.errors import FinetuneError
+from finetune.recipe_load import dump_recipe, load_recipe
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arguments(parser)
+
+
+def log(message: str) -> None:
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"[finetune] {message}", file=sys.stderr, flush=True)
+
+
+def training_arguments(recipe, precision: str, has_eval: bool):
+    """TrainingArguments from the recipe: the one place recipe keys become Trainer settings."""
+    from transformers import TrainingArguments
+
+    warmup = recipe.warmup_steps if recipe.warmup_steps is not None else (recipe.warmup_ratio or 0)
+    scheduler, scheduler_kwargs = recipe.lr_scheduler, None
+    if recipe.lr_scheduler == "cosine" and recipe.cosine_min_lr_ratio is not None:
+        scheduler, scheduler_kwargs = "cosine_with_min_lr", {"min_lr_rate": recipe.cosine_min_lr_ratio}
+    eval_strategy = "no" if not has_eval else ("steps" if recipe.eval_steps else "epoch")
+    reporters = [r for r in recipe.report_to if r != "none"]
+    if "wandb" in reporters and recipe.wandb_project:
+        os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
+    return TrainingArguments(
+        output_dir=recipe.output_dir,
+        per_device_train_batch_size=recipe.micro_batch_size,
+        per_device_eval_batch_size=recipe.micro_batch_size,
+        gradient_accumulation_steps=recipe.gradient_accumulation_steps,
+        num_train_epochs=recipe.num_epochs,
+        max_steps=recipe.max_steps or -1,
+        learning_rate=recipe.learning_rate,
+        lr_scheduler_type=scheduler,
+        lr_scheduler_kwargs=scheduler_kwargs,
+        warmup_steps=warmup,  # an int is steps, a float < 1 a ratio of all steps
+        weight_decay=recipe.weight_decay,
+        adam_beta1=recipe.adam_beta1,
+        adam_beta2=recipe.adam_beta2,
+        adam_epsilon=recipe.adam_epsilon,
+        max_grad_norm=recipe.max_grad_norm,
+        optim=recipe.optimizer,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        gradient_checkpointing=recipe.gradient_checkpointing,
+        gradient_checkpointing_kwargs={"use_reentrant": False} if recipe.gradient_checkpointing else None,
+        logging_steps=recipe.logging_steps,
+        logging_first_step=True,
+        eval_strategy=eval_strategy,
+        eval_steps=recipe.eval_steps,
+        save_strategy="steps" if recipe.save_steps else "epoch",
+        save_steps=recipe.save_steps or 500,
+        save_total_limit=recipe.save_total_limit,
+        report_to=reporters or "none",
+        remove_unused_columns=False,  # our columns are exactly what the model takes
+        disable_tqdm=not sys.stderr.isatty(),
+    )
+
+
+def plan_numbers(recipe, prepared, world_size: int) -> dict:
+    """The numbers printed before the first step and recorded in run.json."""
+    from finetune.plan.steps import optimizer_steps
+
+    train = prepared.stats["train"]
+    examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size
+    steps_per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size,
+                                      recipe.gradient_accumulation_steps, world_size, 1, None)
+    return {
+        "world_size": world_size,
+        "examples_per_step": examples_per_step,
+        "steps_per_epoch": steps_per_epoch,
+        "total_steps": optimizer_steps(train["examples"], recipe.micro_batch_size,
+                                       recipe.gradient_accumulation_steps, world_size,
+                                       recipe.num_epochs, recipe.max_steps),
+        # e.g. 1,200 tokens an epoch / 12 steps an epoch = 100 tokens per optimizer step, on average
+        "tokens_per_step": train["tokens"] / steps_per_epoch,
+        "supervised_tokens_per_step": train["supervised_tokens"] / steps_per_epoch,
+    }
+
+
+def losses(log_history: list[dict]) -> dict:
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    return {
+        "first_train_loss": train[0][1] if train else None,
+        "final_train_loss": train[-1][1] if train else None,
+        "first_eval_loss": evals[0][1] if evals else None,
+        "final_eval_loss": evals[-1][1] if evals else None,
+    }
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("finetune", "torch", "transformers", "peft", "accelerate", "datasets", "tokenizers",
+                 "bitsandbytes", "deepspeed"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_training(recipe) -> dict:
+    """Train as the recipe says; returns what run.json records."""
+    from transformers import DataCollatorForSeq2Seq, Trainer
+
+    from finetune.data import build_dataset
+    from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
+    from finetune.model.loader import load_tokenizer
+
+    started = time.time()
+    precision = resolve_precision(recipe)
+    args = training_arguments(recipe, precision, has_eval=recipe.val_set_size > 0)
+    world_size = args.world_size
+    # Only the main process converts the model and tokenizes; the others wait, then read the cache.
+    with args.main_process_first(desc="preparing data"):
+        tokenizer = load_tokenizer(recipe)
+        prepared = build_dataset(recipe, tokenizer)
+    stats = prepared.stats
+    log(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} eval "
+        f"examples; dropped {stats['dropped_too_long']} too long, {stats['dropped_no_supervised_tokens']} with no "
+        f"supervised tokens; truncated {stats['truncated']}"
+        f"{' (cached)' if prepared.reused else ''}")
+    numbers = plan_numbers(recipe, prepared, world_size)
+    log(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
+        f"{numbers['examples_per_step']} examples = ~{numbers['tokens_per_step']:.0f} tokens "
+        f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
+        f"{numbers['total_steps']} optimizer steps")
+    log(f"precision {precision}, attention {resolve_attn_implementation(recipe)}, adapter {recipe.adapter}")
+    model, tokenizer = build_model(recipe, tokenizer)
+    trainable, total = count_parameters(model)
+
+    output_dir = Path(recipe.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=prepared.train,
+        eval_dataset=prepared.eval,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+        processing_class=tokenizer,
+    )
+    eval_before = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
+    if eval_before is not None:
+        log(f"eval loss before training: {eval_before:.4f}")
+    result = trainer.train()
+    eval_after = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
+    trainer.save_model(str(output_dir))
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(str(output_dir))
+    summary = {
+        "recipe": recipe.model_dump(mode="json"),
+        "versions": package_versions(),
+        "data_hash": prepared.data_hash,
+        "dataset_cache": prepared.cache_path,
+        "data": stats,
+        "plan": numbers,
+        "steps": trainer.state.global_step,
+        "precision": precision,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "eval_loss_before": eval_before,
+        **losses(trainer.state.log_history),
+        "final_eval_loss": eval_after,
+        "train_runtime_s": result.metrics.get("train_runtime"),
+        "wall_time_s": time.time() - started,
+    }
+    if trainer.is_world_process_zero():
+        (output_dir / "recipe.resolved.yml").write_text(dump_recipe(recipe))
+        write_json_atomic(output_dir / "run.json", summary)
+        log(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
+            f"{summary['final_train_loss']}, eval loss {eval_before} -> {eval_after}; saved to {output_dir}")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    run_training(load_recipe(args.recipe, args.overrides))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from finetune.cli import run_verb
+
+    return run_verb(__name__, "python -m finetune.train", list(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

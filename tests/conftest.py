@@ -1,0 +1,79 @@
+"""Shared fixtures: a tiny model built in-process, record files, recipes. No test reaches the network."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tiny import WORDS, build_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def sentence(rng: random.Random, lo: int = 2, hi: int = 8) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
+
+
+def make_records(shape: str, n: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    if shape == "completion":
+        return [{"text": sentence(rng, 4, 16)} for _ in range(n)]
+    if shape == "instruction":
+        return [{"instruction": sentence(rng), "input": sentence(rng) if i % 2 else "", "output": sentence(rng)}
+                for i in range(n)]
+    return [{"messages": [{"role": "user", "content": sentence(rng)},
+                          {"role": "assistant", "content": sentence(rng)},
+                          {"role": "user", "content": sentence(rng)},
+                          {"role": "assistant", "content": sentence(rng)}]} for _ in range(n)]
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+@pytest.fixture
+def make_recipe(tmp_path, tiny_model_dir):
+    """Write a recipe for the tiny model next to a generated dataset; returns the recipe path."""
+
+    def _make(shape: str = "instruction", n: int = 24, **overrides) -> Path:
+        data = write_jsonl(tmp_path / f"{shape}.jsonl", make_records(shape, n))
+        recipe = {
+            "base_model": str(tiny_model_dir),
+            "datasets": [{"path": data.name, "type": shape}],
+            "sequence_len": 128,
+            "micro_batch_size": 4,
+            "num_epochs": 1,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "output_dir": "out",
+            "cache_dir": "cache",
+            "report_to": ["none"],
+            "save_total_limit": 1,
+        }
+        recipe.update(overrides)
+        path = tmp_path / "recipe.yml"
+        path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+        return path
+
+    return _make
