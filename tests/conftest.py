@@ -61,7 +61,7 @@ def make_recipe(tmp_path, tiny_model_dir):
         recipe = {
             "base_model": str(tiny_model_dir),
             "datasets": [{"path": data.name, "type": shape}],
-            "sequence_len": 128,
+            "sequence_len": 512,
             "micro_batch_size": 4,
             "num_epochs": 1,
             "learning_rate": 1e-3,

@@ -39,6 +39,8 @@ def record_files(recipe) -> list[tuple[str, str]]:
     files = []
     for spec in recipe.datasets:
         if spec.type in RECORD_TYPES:
+            if not os.path.isfile(spec.path):
+                raise DataError(f"no data file at `{spec.path}`; check the dataset path in the recipe")
             files.append((spec.type, spec.path))
         else:
             from finetune.ingest.source import materialize

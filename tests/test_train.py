@@ -1,0 +1,89 @@
+"""Training end to end on the tiny model: LoRA changes only adapters, full fine-tune changes weights,
+the subprocess entry point writes the expected files, run.json records what ran."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from finetune.recipe_load import load_recipe
+from finetune.train import run_training
+
+
+def base_weights(model_dir):
+    return load_file(str(model_dir / "model.safetensors"))
+
+
+def test_lora_trains_adapters_and_leaves_base_frozen(make_recipe, tiny_model_dir, tmp_path):
+    recipe = load_recipe(make_recipe("chat", n=24, adapter="lora", lora_r=4, val_set_size=0.25, num_epochs=2))
+    summary = run_training(recipe)
+    out = tmp_path / "out"
+    assert (out / "adapter_model.safetensors").is_file() and (out / "adapter_config.json").is_file()
+    assert not (out / "model.safetensors").exists()
+    adapter = load_file(str(out / "adapter_model.safetensors"))
+    lora_b = [v for k, v in adapter.items() if "lora_B" in k]
+    assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # B starts at zero: non-zero means it trained
+
+    # plain peft loads the adapter onto the base; base weights are untouched
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model = PeftModel.from_pretrained(base, str(out))
+    original = base_weights(tiny_model_dir)
+    merged_free = {k.replace("base_model.model.", "").replace(".base_layer", ""): v
+                   for k, v in model.state_dict().items() if "lora_" not in k}
+    for name, tensor in original.items():
+        assert torch.equal(merged_free[name], tensor), name
+
+    assert summary["steps"] == summary["plan"]["total_steps"] == 2 * 5  # 18 train / 4 per step = 5 per epoch
+    assert summary["final_train_loss"] < summary["first_train_loss"]
+    assert summary["eval_loss_before"] is not None and summary["final_eval_loss"] < summary["eval_loss_before"]
+
+
+def test_full_finetune_changes_the_weights(make_recipe, tiny_model_dir, tmp_path):
+    recipe = load_recipe(make_recipe("instruction", n=16, adapter="none", max_steps=3))
+    summary = run_training(recipe)
+    trained = load_file(str(tmp_path / "out" / "model.safetensors"))
+    original = base_weights(tiny_model_dir)
+    changed = [k for k in original if not torch.equal(original[k], trained[k])]
+    assert len(changed) == len(original)  # every weight gets gradient in a full fine-tune
+    assert summary["steps"] == 3 and summary["trainable_parameters"] == summary["total_parameters"]
+
+
+def test_module_entry_point_writes_outputs_and_run_json(make_recipe, tmp_path):
+    recipe = make_recipe("completion", n=12, adapter="lora", val_set_size=4)
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune.train", str(recipe), "--set", "max_steps=2", "--set", "lora_r=2"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    for name in ("adapter_model.safetensors", "adapter_config.json", "tokenizer.json", "run.json",
+                 "recipe.resolved.yml"):
+        assert (out / name).is_file(), name
+    run = json.loads((out / "run.json").read_text())
+    assert run["recipe"]["lora_r"] == 2 and run["recipe"]["max_steps"] == 2 and run["steps"] == 2
+    assert run["data"]["train"]["examples"] == 8 and run["data"]["eval"]["examples"] == 4
+    assert len(run["data_hash"]) == 64 and run["versions"]["torch"].startswith(torch.__version__.split("+")[0])
+    assert run["first_train_loss"] > 0 and run["final_eval_loss"] > 0
+    assert "optimizer steps" in proc.stderr and "supervised" in proc.stderr
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("base_model=/nonexistent/model", "does not exist"),
+    ("datasets.0.path=missing.jsonl", "no data file"),
+    ("lerning_rate=1", "did you mean `learning_rate`"),
+])
+def test_bad_input_exits_2_without_traceback_or_output(make_recipe, tmp_path, override, needle):
+    recipe = make_recipe("completion", n=4)
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "train", str(recipe), "--set", override],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
