@@ -1,0 +1,138 @@
+"""A whole memory plan from high-level knobs, the fits / doesn't verdict and concrete suggestions.
+
+The knobs map to how finetune builds the model (finetune/model): a full fine-tune loads fp32 weights and
+lets autocast run bf16 matmuls (DeepSpeed instead keeps 16-bit weights and an fp32 master copy); LoRA
+holds the frozen base in the compute dtype and the adapters in fp32; QLoRA stores the block Linear
+weights in 4-bit NF4 with double quantization and peft's prepare_model_for_kbit_training upcasts the
+remaining frozen weights (embeddings, norms, lm_head) to fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from finetune.plan.activations import activation_memory
+from finetune.plan.memory import GIB, MemoryEstimate, TrainingSetup, estimate_memory
+from finetune.plan.shape import ModelShape, Trainable
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    shape: ModelShape
+    full: Trainable  # counts for a full fine-tune
+    lora: Trainable | None  # counts for LoRA at the chosen rank and targets (None: unknown)
+    adapter: str = "none"  # none | lora | qlora
+    precision: str = "bf16"  # fp32 | bf16 | fp16
+    optimizer: str = "adamw_torch"
+    seq_len: int = 2048
+    micro_batch_size: int = 1
+    gradient_checkpointing: bool = False
+    attn: str = "sdpa"
+    zero_stage: int = 0
+    num_gpus: int = 1
+    lora_dropout: bool = True
+
+    @property
+    def trainable(self) -> Trainable:
+        if self.adapter == "none":
+            return self.full
+        if self.lora is None:
+            raise ValueError("LoRA parameter counts are needed for adapter plans")
+        if self.adapter == "qlora":
+            return replace(self.lora, quantized_params=self.shape.quantizable_params)
+        return self.lora
+
+
+def training_setup(inputs: PlanInputs) -> TrainingSetup:
+    half = inputs.precision in ("bf16", "fp16")
+    deepspeed = inputs.zero_stage > 0
+    common = dict(total_params=inputs.shape.total_params, trainable=inputs.trainable, optimizer=inputs.optimizer,
+                  zero_stage=inputs.zero_stage, num_gpus=inputs.num_gpus, hidden_size=inputs.shape.hidden_size)
+    if inputs.adapter == "none":
+        if deepspeed and half:  # DeepSpeed: 16-bit weights and gradients, fp32 master + states
+            return TrainingSetup(trainable_bytes=2, master_weights=True, **common)
+        return TrainingSetup(trainable_bytes=4, **common)  # fp32 weights; autocast does the 16-bit math
+    if inputs.adapter == "qlora":
+        return TrainingSetup(trainable_bytes=4, frozen_bytes=4, quant_bits=4, double_quant=True, **common)
+    return TrainingSetup(trainable_bytes=4, frozen_bytes=2 if half else 4, **common)
+
+
+def compute_mode(inputs: PlanInputs) -> str:
+    if inputs.precision == "fp32":
+        return "fp32"
+    if inputs.adapter == "lora" or (inputs.adapter == "none" and inputs.zero_stage > 0):
+        return "bf16"  # weights held in 16 bits
+    return "autocast"  # fp32 weights (full) or fp32 residual stream around 4-bit matmuls (QLoRA)
+
+
+def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
+    setup = training_setup(inputs)
+    mode = compute_mode(inputs)
+    acts = activation_memory(inputs.shape, inputs.seq_len, inputs.micro_batch_size, compute=mode,
+                             attn=inputs.attn, gradient_checkpointing=inputs.gradient_checkpointing)
+    extra = 0
+    trainable = inputs.trainable
+    if inputs.adapter != "none" and trainable.adapter_input_features:
+        # each adapted Linear saves its (dropped-out) input, and the bool mask when dropout > 0
+        e = 4 if mode == "fp32" else 2
+        per_token = trainable.adapter_input_features * (e + (1 if inputs.lora_dropout else 0))
+        extra = per_token * inputs.seq_len * inputs.micro_batch_size
+        if inputs.gradient_checkpointing:
+            extra //= inputs.shape.num_layers  # only the recomputed layer holds them
+    # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
+    cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
+    return estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    estimate: MemoryEstimate
+    budget_bytes: float
+    suggestions: list[str]
+
+    def headline(self) -> str:
+        need, have = self.estimate.total / GIB, self.budget_bytes / GIB
+        word = "FITS" if self.fits else "DOES NOT FIT"
+        return f"{word}: about {need:.1f} GiB needed per GPU of {have:.1f} GiB ({100 * need / have:.0f}%)"
+
+
+def _candidates(inputs: PlanInputs) -> list[tuple[str, PlanInputs]]:
+    """One change at a time, cheapest (least disruptive) first."""
+    out = []
+    if inputs.micro_batch_size > 1:
+        mbs = max(1, inputs.micro_batch_size // 2)
+        out.append((f"micro_batch_size: {mbs} and twice the gradient_accumulation_steps (same global batch)",
+                    replace(inputs, micro_batch_size=mbs)))
+    if not inputs.gradient_checkpointing:
+        out.append(("gradient_checkpointing: true (~30% more compute)", replace(inputs, gradient_checkpointing=True)))
+    if inputs.attn == "eager":
+        out.append(("attn_implementation: sdpa (no s x s attention matrix kept)", replace(inputs, attn="sdpa")))
+    if inputs.optimizer in ("adamw_torch", "adamw_torch_fused", "paged_adamw_32bit"):
+        out.append(("optimizer: adamw_8bit (bitsandbytes; 2 bytes of state per parameter instead of 8)",
+                    replace(inputs, optimizer="adamw_8bit")))
+    if inputs.num_gpus > 1 and inputs.zero_stage < 3:
+        stage = inputs.zero_stage + 1 if inputs.adapter == "none" else 3
+        out.append((f"DeepSpeed ZeRO stage {stage} across the {inputs.num_gpus} GPUs", replace(inputs, zero_stage=stage)))
+    if inputs.adapter == "none" and inputs.lora is not None:
+        out.append(("adapter: lora (train low-rank adapters, base frozen in 16-bit)", replace(inputs, adapter="lora")))
+    if inputs.adapter != "qlora" and inputs.lora is not None:
+        out.append(("adapter: qlora (4-bit NF4 base, double quantization)", replace(inputs, adapter="qlora")))
+    if inputs.seq_len > 512:
+        out.append((f"sequence_len: {inputs.seq_len // 2} (if your examples allow it)",
+                    replace(inputs, seq_len=inputs.seq_len // 2)))
+    return out
+
+
+def verdict(inputs: PlanInputs, budget_bytes: float) -> Verdict:
+    estimate = plan_memory(inputs)
+    fits = estimate.total <= budget_bytes
+    suggestions: list[str] = []
+    if not fits:
+        for text, changed in _candidates(inputs):
+            need = plan_memory(changed).total
+            mark = "fits" if need <= budget_bytes else "still too big"
+            suggestions.append(f"{text}: ~{need / GIB:.1f} GiB ({mark})")
+        if inputs.num_gpus > 1 or inputs.zero_stage > 0:
+            suggestions.append("ZeRO-Offload (offload_optimizer: cpu) moves optimizer states to CPU RAM")
+    return Verdict(fits, estimate, budget_bytes, suggestions)

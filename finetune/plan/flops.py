@@ -1,0 +1,34 @@
+"""Model FLOPs per trained token and model FLOP utilisation (pure math).
+
+Per token, a matmul weight costs 2 FLOPs forward, 2 for the input gradient and 2 for its own gradient:
+6 x params for trained weights (Kaplan et al. 2020; Chinchilla's 6ND), but only 4 x params for frozen
+ones, which need no weight gradient (LoRA/QLoRA bases). The input embedding is a lookup, not a matmul.
+Attention scores add 12 x layers x hidden x seq_len per token (QK^T and AV: 2 x 2 x s x h forward, x3
+with backward; PaLM, Chowdhery et al. 2022, appendix B). Recomputation under gradient checkpointing is
+not counted (that would be hardware FLOPs): MFU measures useful work.
+
+    MFU = achieved model FLOP/s / (peak FLOP/s per GPU x GPUs)
+"""
+
+from __future__ import annotations
+
+from finetune.plan.shape import ModelShape
+
+
+def attention_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    return 12.0 * shape.num_layers * shape.hidden_size * seq_len
+
+
+def flops_per_token(shape: ModelShape, seq_len: int, lora_params: int | None = None) -> float:
+    """Training FLOPs (forward + backward) per token: a full fine-tune when `lora_params` is None,
+    else a frozen base (4 x its matmul params) plus trained adapters (6 x lora_params)."""
+    if lora_params is None:
+        weights = 6.0 * shape.matmul_params
+    else:
+        weights = 4.0 * shape.matmul_params + 6.0 * lora_params
+    return weights + attention_flops_per_token(shape, seq_len)
+
+
+def mfu(achieved_flops_per_s: float, peak_flops_per_device: float, num_devices: int = 1) -> float:
+    """Model FLOP utilisation as a fraction (0.45 = 45%)."""
+    return achieved_flops_per_s / (peak_flops_per_device * num_devices)

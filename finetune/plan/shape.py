@@ -1,0 +1,42 @@
+"""The numbers about a model that planning needs (pure data; filled from a config by plan/model_size.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer, by its sizes and parameter counts."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    total_params: int
+    embedding_params: int  # the input embedding (a lookup, not a matmul)
+    quantizable_params: int  # weights of the Linear layers inside the blocks (what bitsandbytes quantizes)
+    tied_embeddings: bool = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * (self.hidden_size // self.num_attention_heads)
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters that take part in a matmul per token: all but the input embedding (which the
+        lm_head reuses, as a matmul, when tied)."""
+        return self.total_params - (0 if self.tied_embeddings else self.embedding_params)
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """What a training setup trains and how the frozen rest is stored."""
+
+    trainable_params: int
+    trainable_tensors: int = 0  # each tensor's Adam state carries a 4-byte `step` scalar
+    quantized_params: int = 0  # frozen weights stored in 4 or 8 bits (QLoRA / load_in_8bit)
+    adapter_input_features: int = 0  # sum of in_features over all LoRA-adapted Linears (their saved inputs)
+
