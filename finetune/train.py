@@ -31,6 +31,12 @@ def log(message: str) -> None:
         print(f"[finetune] {message}", file=sys.stderr, flush=True)
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def training_arguments(recipe, precision: str, has_eval: bool):
     """TrainingArguments from the recipe: the one place recipe keys become Trainer settings."""
     from transformers import TrainingArguments
@@ -64,8 +70,10 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         data_seed=recipe.seed,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
-        gradient_checkpointing=recipe.gradient_checkpointing,
-        gradient_checkpointing_kwargs={"use_reentrant": False} if recipe.gradient_checkpointing else None,
+        # non-reentrant checkpointing: works with frozen inputs (LoRA) and without use_cache tricks
+        activation_checkpointing=recipe.gradient_checkpointing,
+        activation_checkpointing_kwargs={"use_reentrant": False} if recipe.gradient_checkpointing else None,
+        dataloader_pin_memory=_cuda_available(),
         logging_steps=recipe.logging_steps,
         logging_first_step=True,
         eval_strategy=eval_strategy,
@@ -136,7 +144,7 @@ def run_training(recipe) -> dict:
 
     from finetune.data import build_dataset
     from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.loader import load_tokenizer, resolve_model_path
 
     started = time.time()
     precision = resolve_precision(recipe)
@@ -181,6 +189,7 @@ def run_training(recipe) -> dict:
     summary = {
         "recipe": recipe.model_dump(mode="json"),
         "versions": package_versions(),
+        "base_model_path": resolve_model_path(recipe.base_model, recipe.cache_dir),
         "data_hash": prepared.data_hash,
         "dataset_cache": prepared.cache_path,
         "data": stats,
@@ -194,6 +203,7 @@ def run_training(recipe) -> dict:
         "final_eval_loss": eval_after,
         "train_runtime_s": result.metrics.get("train_runtime"),
         "wall_time_s": time.time() - started,
+        "log_history": trainer.state.log_history,
     }
     if trainer.is_world_process_zero():
         (output_dir / "recipe.resolved.yml").write_text(dump_recipe(recipe))

@@ -118,3 +118,16 @@ def test_json_list_files_and_auto_shape(tmp_path, make_recipe, tiny_tokenizer):
     (tmp_path / "mixed.json").write_text(json.dumps(mixed))
     prepared = prepare(recipe, tiny_tokenizer, "datasets.0.path=mixed.json", "datasets.0.type=auto", "sequence_len=512")
     assert prepared.stats["train"]["examples"] == 7, prepared.stats
+
+
+def test_preprocess_cli_prints_counts_and_marks_supervised_spans(make_recipe, capsys):
+    from finetune.cli import main
+
+    recipe = make_recipe("chat", n=6)
+    assert main(["preprocess", str(recipe), "--show", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "records: 6" in out and "train: 6 examples" in out
+    example = out.split("--- example 0")[1].split("---\n", 1)[1]
+    # the user turn is outside the marks, the assistant answer and its end-of-turn inside
+    assert "<|im_start|>user\n" in example and "<|im_end|>\n]]" in example
+    assert example.count("[[") == 2  # two assistant turns in each generated conversation

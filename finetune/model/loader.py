@@ -54,7 +54,9 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        # The weights are now dequantized floats: the GGUF quantization_config no longer describes them.
+        # The weights are now dequantized floats: the GGUF quantizer and its config no longer describe them.
+        model.hf_quantizer = None
+        model.is_quantized = False
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         model.save_pretrained(str(tmp))

@@ -1,0 +1,155 @@
+"""HTML -> readable text: decode with the right charset, find the main content, drop chrome, keep structure.
+
+One parse (beautifulsoup4 on the lxml parser) and one walk of the main-content subtree. Chrome is skipped
+during that walk (scripts, styles, nav, header/footer outside the article, asides, forms, elements whose
+role, class or id says navigation, banner, cookie notice, share bar...), so no second tree walk is needed.
+Structure survives as light Markdown: `#` headings, `-` list items, ``` fenced <pre> blocks, table rows
+as `a | b | c`, paragraphs separated by a blank line.
+"""
+
+from __future__ import annotations
+
+import re
+
+from finetune.ingest.textio import bom_encoding, canonical_encoding, detect_encoding, looks_binary
+
+_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+_XML_DECL = re.compile(rb"""<\?xml[^>]+encoding\s*=\s*["']([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
+# Removed before parsing: their content is never text, and skipping them here is cheaper than building
+# their subtrees in Python objects only to throw them away.
+_NEVER_TEXT = re.compile(r"<(script|style|noscript|template|svg)\b[^>]*>.*?</\1\s*>|<!--.*?-->",
+                         re.IGNORECASE | re.DOTALL)
+
+SKIP_TAGS = frozenset({"script", "style", "noscript", "template", "svg", "nav", "aside", "form", "iframe",
+                       "button", "select", "input", "textarea", "canvas", "head", "object", "embed", "dialog",
+                       "label", "menu"})
+PAGE_CHROME_TAGS = frozenset({"header", "footer"})  # chrome at page level; inside an <article> a header is its title
+CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary", "search", "menu", "menubar",
+                          "dialog", "alert"})
+_CHROME_WORDS = re.compile(
+    r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
+    r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
+    r"pagination|toc-sidebar|popup|modal)(?:$|[\s_-])", re.IGNORECASE)
+BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption", "dl",
+                        "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
+                        "center", "table", "caption", "body", "html"})
+HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_WS = re.compile(r"[ \t\r\n\f\u00a0]+")
+_PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
+
+
+def decode_html(data: bytes, encoding: str | None = None) -> tuple[str, str]:
+    """(text, encoding): a forced encoding, else BOM, else <meta charset> / XML declaration, else detection."""
+    if encoding:
+        return data.decode(encoding, errors="replace"), encoding
+    declared = None
+    head = data[:4096]
+    if not bom_encoding(head):
+        match = _META_CHARSET.search(head) or _XML_DECL.search(head)
+        if match:
+            declared = canonical_encoding(match.group(1).decode("ascii", "ignore"))
+    chosen = detect_encoding(data, declared)
+    return data.decode(chosen, errors="replace"), chosen
+
+
+def is_binary(data: bytes) -> bool:
+    return looks_binary(data)
+
+
+def parse(text: str):
+    from bs4 import BeautifulSoup
+
+    return BeautifulSoup(_NEVER_TEXT.sub(" ", text), "lxml")
+
+
+def _is_chrome(tag, page_level: bool) -> bool:
+    name = tag.name
+    if name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
+        return True
+    attrs = tag.attrs
+    if not attrs:
+        return False
+    if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
+        return True
+    cls = attrs.get("class")
+    if cls and _CHROME_WORDS.search(" ".join(cls) if isinstance(cls, list) else cls):
+        return True
+    ident = attrs.get("id")
+    return bool(ident and _CHROME_WORDS.search(ident))
+
+
+def main_content(soup):
+    """<main>, else role=main, else the only <article>, else <body> (else the whole document)."""
+    found = soup.find("main") or soup.find(attrs={"role": "main"})
+    if found is not None:
+        return found
+    articles = soup.find_all("article", limit=2)
+    if len(articles) == 1:
+        return articles[0]
+    return soup.body or soup
+
+
+def render(root, page_level: bool) -> str:
+    """The text of `root` with chrome skipped and structure kept as light Markdown."""
+    out: list[str] = []
+    _walk(root, out, page_level)
+    return _finish("".join(out))
+
+
+def _walk(node, out: list, page_level: bool) -> None:
+    from bs4 import NavigableString
+    from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
+
+    skip_strings = (Comment, Declaration, Doctype, ProcessingInstruction)
+    for child in node.children:
+        if isinstance(child, NavigableString):
+            if not isinstance(child, skip_strings):
+                out.append(child)
+            continue
+        name = child.name
+        if _is_chrome(child, page_level):
+            continue
+        if name in HEADINGS:
+            text = _WS.sub(" ", child.get_text()).strip()
+            if text:
+                out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
+        elif name == "pre":
+            out.append(f"{_PARA}```\n{child.get_text().strip(chr(10))}\n```{_PARA}")
+        elif name == "br":
+            out.append("\n")
+        elif name == "li":
+            inner: list[str] = []
+            _walk(child, inner, page_level)
+            out.append("\n- " + "".join(inner).replace(_PARA, " ").strip() + "\n")
+        elif name == "tr":
+            cells = [_WS.sub(" ", c.get_text()).strip() for c in child.find_all(("td", "th"), recursive=False)]
+            out.append("\n" + " | ".join(cells) + "\n")
+        elif name == "code":
+            out.append(f"`{child.get_text()}`")
+        elif name in BLOCK_TAGS:
+            out.append(_PARA)
+            _walk(child, out, page_level and name not in ("article", "main"))
+            out.append(_PARA)
+        else:
+            _walk(child, out, page_level)
+
+
+_MARKS = re.compile(r"\s*(?:\x00P\s*)+")
+_FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)
+
+
+def _finish(raw: str) -> str:
+    """Collapse whitespace outside code fences; paragraph markers become one blank line."""
+    parts = _FENCE.split(raw)
+    for i in range(0, len(parts), 2):
+        lines = [_WS.sub(" ", line).strip() for line in parts[i].split("\n")]
+        text = "\n".join(line for line in lines if line)
+        parts[i] = _MARKS.sub("\n\n", text)
+    text = "".join(parts)
+    text = re.sub(r"\n*\x00P\n*", "\n\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def title_of(soup) -> str:
+    tag = soup.title
+    return _WS.sub(" ", tag.get_text()).strip() if tag is not None else ""

@@ -1,0 +1,147 @@
+"""The slop / refusal filter: a narrow, curated default phrase list plus the user's own.
+
+Narrow on purpose: broad public lists flag words such as "ethics" or "bias" and throw away good data.
+Every default phrase below is one that, in a response, almost only ever appears as model boilerplate.
+Matching ignores case, runs of whitespace and curly vs straight apostrophes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from finetune.errors import DataError
+
+DEFAULT_PHRASES = (
+    # identity boilerplate
+    "as an ai language model",
+    "as a language model, i",
+    "as an ai assistant, i",
+    "as an ai, i",
+    "as a large language model",
+    "i am an ai language model",
+    "i'm an ai language model",
+    "i am just an ai",
+    "i'm just an ai",
+    "i'm only an ai",
+    "trained by openai",
+    "developed by openai",
+    "created by openai",
+    "openai's content policy",
+    "openai's use case policy",
+    "openai's guidelines",
+    # refusals
+    "i cannot fulfill this request",
+    "i cannot fulfill that request",
+    "i can't fulfill this request",
+    "i can't fulfill that request",
+    "i cannot comply with this request",
+    "i'm sorry, but i cannot assist with that",
+    "i'm sorry, but i can't assist with that",
+    "i'm sorry, but as an ai",
+    "i am sorry, but as an ai",
+    "it is not appropriate for me to",
+    "it's not appropriate for me to",
+    "goes against my programming",
+    "against my programming",
+    "harmful or offensive content",
+    "offensive or harmful content",
+    "inappropriate or offensive content",
+    "violates my guidelines",
+    # capability / knowledge disclaimers
+    "i do not have personal opinions",
+    "i don't have personal opinions",
+    "i do not have personal beliefs",
+    "i don't have personal beliefs",
+    "i do not have personal experiences",
+    "i don't have personal experiences",
+    "i don't have the ability to browse",
+    "i do not have the ability to browse",
+    "i cannot browse the internet",
+    "i don't have access to real-time",
+    "i do not have access to real-time",
+    "as of my last knowledge update",
+    "as of my knowledge cutoff",
+    "my knowledge cutoff",
+    "as of my last training update",
+)
+
+_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
+_SPACE = re.compile(r"\s+")
+
+
+def canonical(phrase: str) -> str:
+    """The form phrases are counted under: lower case, straight apostrophes, single spaces."""
+    return _SPACE.sub(" ", phrase.translate(_APOSTROPHES).strip().lower())
+
+
+def read_phrase_file(path: str) -> list[str]:
+    """One phrase a line; blank lines and lines starting with # are skipped."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise DataError(f"cannot read the slop phrase file `{path}`: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise DataError(f"the slop phrase file `{path}` is not UTF-8 text") from None
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _phrase_pattern(phrase: str) -> str:
+    words = canonical(phrase).split(" ")
+    parts = [re.escape(w).replace("'", "['\u2019\u2018\u02bc]") for w in words]
+    # \b only where the phrase starts/ends with a word character, so "as an ai, i" still matches
+    head = r"\b" if re.match(r"\w", words[0]) else ""
+    tail = r"\b" if re.search(r"\w$", words[-1]) else ""
+    return head + r"\s+".join(parts) + tail
+
+
+@dataclass
+class SlopMatcher:
+    """Finds slop phrases in text; `phrases` maps each canonical phrase to itself for counting."""
+
+    regex: re.Pattern | None
+    phrases: frozenset
+
+    @classmethod
+    def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
+        phrases = list(DEFAULT_PHRASES) if builtin else []
+        phrases += list(extra)
+        for path in files:
+            phrases += read_phrase_file(path)
+        canon = sorted({canonical(p) for p in phrases if p.strip()}, key=len, reverse=True)
+        if not canon:
+            return cls(None, frozenset())
+        regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
+        return cls(regex, frozenset(canon))
+
+    def find(self, text: str) -> list[str]:
+        """Canonical phrases found in `text`, one entry per occurrence."""
+        if self.regex is None:
+            return []
+        return [canonical(m.group(0)) for m in self.regex.finditer(text)]
+
+    def strip(self, text: str) -> tuple[str, list[str]]:
+        """`text` without the sentences that hold a phrase, and the phrases removed."""
+        if self.regex is None or not self.regex.search(text):
+            return text, []
+        found: list[str] = []
+        kept_lines = []
+        for line in text.split("\n"):
+            if not self.regex.search(line):
+                kept_lines.append(line)
+                continue
+            sentences = _SENTENCE.split(line)
+            kept = []
+            for sentence in sentences:
+                hits = self.find(sentence)
+                found += hits
+                if not hits:
+                    kept.append(sentence)
+            if kept:
+                kept_lines.append(" ".join(s.strip() for s in kept))
+        return "\n".join(kept_lines).strip(), found
+
+
+# A sentence ends at . ! or ? followed by whitespace (good enough for prose; code has no slop phrases).
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
