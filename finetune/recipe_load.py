@@ -62,8 +62,13 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
     return model
 
 
+def _clean_loc(loc: tuple) -> tuple:
+    """Drop pydantic's union-branch names (`list[str]`, `literal['all-linear']`) from an error location."""
+    return tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
+
+
 def _describe(err: dict, lines: dict[tuple, int]) -> str:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in ("list[str]",))))
+    loc = _clean_loc(err["loc"])
     where = format_path(loc)
     line = lines.get(loc)
     at = f" (line {line})" if line else ""
@@ -86,15 +91,16 @@ def _describe(err: dict, lines: dict[tuple, int]) -> str:
 
 
 def _dedupe_union_errors(errors: list[dict]) -> list[dict]:
-    """A Union field reports one error per branch; keep the first per location."""
-    seen, out = set(), []
+    """A Union field reports one error per branch: merge them into one error per location."""
+    merged: dict[tuple, dict] = {}
     for err in errors:
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p == "list[str]")))
-        if loc in seen:
-            continue
-        seen.add(loc)
-        out.append(err)
-    return out
+        loc = _clean_loc(err["loc"])
+        if loc in merged:
+            first = merged[loc]
+            first["msg"] = f"{first['msg']}, or {err['msg'][0].lower()}{err['msg'][1:]}"
+        else:
+            merged[loc] = dict(err)
+    return list(merged.values())
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -230,8 +236,10 @@ def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: 
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        problems = [_describe(e, lines or {}) for e in _dedupe_union_errors(exc.errors())]
-        raise RecipeError(problems, source) from None
+        errors = _dedupe_union_errors(exc.errors())
+        # in file order: the first problem listed is the first one the user meets reading the recipe
+        errors.sort(key=lambda e: (lines or {}).get(_clean_loc(e["loc"]), 10**9))
+        raise RecipeError([_describe(e, lines or {}) for e in errors], source) from None
     _resolve_paths(recipe, base_dir)
     problems = cross_checks(recipe, explicit, world_size or world_size_from_env())
     if problems:

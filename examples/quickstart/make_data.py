@@ -54,7 +54,7 @@ def count_letters(rng):
 TASKS = [arithmetic, convert, opposite, reverse, sort_numbers, count_letters]
 
 
-def make(n: int = 320, seed: int = 0) -> list[dict]:
+def make(n: int = 200, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     records = []
     for i in range(n):

@@ -78,6 +78,9 @@ def save_prepared(root: str | os.PathLike, key: str, dataset_dict, stats: dict) 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    from datasets.utils.logging import disable_progress_bar, enable_progress_bar
+
+    disable_progress_bar()  # a bar per split for a sub-second save is noise
     try:
         dataset_dict.save_to_disk(str(tmp / "data"))
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2))
@@ -89,3 +92,5 @@ def save_prepared(root: str | os.PathLike, key: str, dataset_dict, stats: dict) 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        enable_progress_bar()
