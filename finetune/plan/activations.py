@@ -10,7 +10,7 @@ per layer, sdpa / flash attention:
     + 4h   (16-bit weights)   RMSNorm upcasts its input to fp32
     + 4a + 8                  attention log-sum-exp (fp32) and the two norms' rsqrt
 eager attention: k and v are saved after repeat_kv (2h instead of 2kv), no log-sum-exp, plus the
-    a x s probability matrix per token: fp32 softmax (4 B) and in 16-bit its cast copy and mask (+3 B).
+    a x s probability matrix per token: fp32 softmax (4 B) and in 16-bit also its cast copy (+2 B).
 autocast (fp32 weights, bf16 matmuls, the Trainer's full fine-tune): the 16-bit figure + 10h for the
     fp32 residual stream, + a bf16 copy of every weight used (autocast's cast cache) kept until backward.
 head: fp32 log-softmax over the vocabulary (4V) + final norm (8-12h); at the start of backward the
@@ -50,7 +50,7 @@ def _layer_bytes_per_token(shape: ModelShape, seq_len: int, compute: str, attn: 
     if compute == "autocast":
         per_token += 10 * h  # fp32 residual stream around bf16 matmuls
     if attn == "eager":
-        per_token += a * seq_len * (4 if compute == "fp32" else 7)
+        per_token += a * seq_len * (4 if compute == "fp32" else 6)
     else:
         per_token += 4 * a  # log-sum-exp per head
     return per_token

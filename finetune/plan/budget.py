@@ -46,7 +46,10 @@ class PlanInputs:
 def training_setup(inputs: PlanInputs) -> TrainingSetup:
     half = inputs.precision in ("bf16", "fp16")
     deepspeed = inputs.zero_stage > 0
-    common = dict(total_params=inputs.shape.total_params, trainable=inputs.trainable, optimizer=inputs.optimizer,
+    trainable = inputs.trainable
+    # peft adds adapters beside the base (modules_to_save as copies), so the whole base stays, frozen
+    frozen = 0 if inputs.adapter == "none" else inputs.shape.total_params - trainable.quantized_params
+    common = dict(trainable=trainable, frozen_params=frozen, optimizer=inputs.optimizer,
                   zero_stage=inputs.zero_stage, num_gpus=inputs.num_gpus, hidden_size=inputs.shape.hidden_size)
     if inputs.adapter == "none":
         if deepspeed and half:  # DeepSpeed: 16-bit weights and gradients, fp32 master + states

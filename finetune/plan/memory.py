@@ -74,8 +74,8 @@ def quantized_bytes_per_param(bits: int, double_quant: bool = True) -> float:
 class TrainingSetup:
     """How the weights are held and trained. Byte sizes are per parameter."""
 
-    total_params: int
     trainable: Trainable
+    frozen_params: int = 0  # frozen weights besides the quantized ones (a LoRA base; 0 for a full fine-tune)
     trainable_bytes: int = 4  # dtype of the trainable weights (and so of their gradients)
     frozen_bytes: float = 2  # dtype of frozen, unquantized weights
     master_weights: bool = False  # an extra fp32 copy kept by a mixed-precision optimizer (DeepSpeed)
@@ -117,9 +117,7 @@ def model_state_memory(setup: TrainingSetup) -> dict[str, float]:
     if setup.num_gpus < 1:
         raise FinetuneError(f"num_gpus must be at least 1, got {setup.num_gpus}")
     t = setup.trainable
-    frozen_plain = setup.total_params - t.trainable_params - t.quantized_params
-    if frozen_plain < 0:
-        raise FinetuneError("trainable + quantized parameters exceed the total; check the counts")
+    frozen_plain = setup.frozen_params
     quantized = t.quantized_params * quantized_bytes_per_param(setup.quant_bits, setup.double_quant) \
         if t.quantized_params else 0.0
     weights = t.trainable_params * setup.trainable_bytes + frozen_plain * setup.frozen_bytes + quantized
