@@ -30,12 +30,14 @@ _CHROME_WORDS = re.compile(
     r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
     r"pagination|toc-sidebar|popup|modal)(?:$|[\s_-])", re.IGNORECASE)
+_PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption", "dl",
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
+_BR = "\x00B"  # hard line break (<br>, list items, table rows); source newlines are just spaces
 
 
 def decode_html(data: bytes, encoding: str | None = None) -> tuple[str, str]:
@@ -75,7 +77,9 @@ def _is_chrome(tag, page_level: bool) -> bool:
     if cls and _CHROME_WORDS.search(" ".join(cls) if isinstance(cls, list) else cls):
         return True
     ident = attrs.get("id")
-    return bool(ident and _CHROME_WORDS.search(ident))
+    if ident and (_CHROME_WORDS.search(ident) or (page_level and _PAGE_CHROME_WORDS.match(ident))):
+        return True
+    return bool(page_level and cls and any(_PAGE_CHROME_WORDS.match(c) for c in cls))
 
 
 def main_content(soup):
@@ -116,14 +120,14 @@ def _walk(node, out: list, page_level: bool) -> None:
         elif name == "pre":
             out.append(f"{_PARA}```\n{child.get_text().strip(chr(10))}\n```{_PARA}")
         elif name == "br":
-            out.append("\n")
+            out.append(_BR)
         elif name == "li":
             inner: list[str] = []
             _walk(child, inner, page_level)
-            out.append("\n- " + "".join(inner).replace(_PARA, " ").strip() + "\n")
+            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
             cells = [_WS.sub(" ", c.get_text()).strip() for c in child.find_all(("td", "th"), recursive=False)]
-            out.append("\n" + " | ".join(cells) + "\n")
+            out.append(_BR + " | ".join(cells) + _BR)
         elif name == "code":
             out.append(f"`{child.get_text()}`")
         elif name in BLOCK_TAGS:
@@ -134,20 +138,21 @@ def _walk(node, out: list, page_level: bool) -> None:
             _walk(child, out, page_level)
 
 
-_MARKS = re.compile(r"\s*(?:\x00P\s*)+")
 _FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)
+_BREAKS = re.compile(r" ?(?:\x00[PB] ?)+")
 
 
 def _finish(raw: str) -> str:
-    """Collapse whitespace outside code fences; paragraph markers become one blank line."""
+    """Collapse whitespace outside code fences; markers become a newline or a blank line."""
     parts = _FENCE.split(raw)
     for i in range(0, len(parts), 2):
-        lines = [_WS.sub(" ", line).strip() for line in parts[i].split("\n")]
-        text = "\n".join(line for line in lines if line)
-        parts[i] = _MARKS.sub("\n\n", text)
+        parts[i] = _BREAKS.sub(_break, _WS.sub(" ", parts[i]))
     text = "".join(parts)
-    text = re.sub(r"\n*\x00P\n*", "\n\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+def _break(m: re.Match) -> str:
+    return "\n\n" if _PARA in m.group(0) else "\n"
 
 
 def title_of(soup) -> str:

@@ -61,7 +61,7 @@ def create_table(text: str) -> tuple[str, list[str]] | None:
     columns.append(item)
     names = []
     for item in columns:
-        if not item or item[0][1].upper() in _CONSTRAINT_WORDS:
+        if not item or item[0][1].split()[0].upper() in _CONSTRAINT_WORDS:  # sqlparse: "PRIMARY KEY" is one token
             continue
         names.append(unquote(item[0][1]) if re.fullmatch(IDENT, item[0][1]) else item[0][1])
     return unquote(m.group("table")), names

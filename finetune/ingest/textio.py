@@ -18,6 +18,9 @@ SAMPLE_BYTES = 1 << 16
 # in "latin-1" pages become C1 control characters.
 _WHATWG_ALIASES = {"iso-8859-1": "cp1252", "latin-1": "cp1252", "latin1": "cp1252", "ascii": "cp1252",
                    "us-ascii": "cp1252", "iso8859-1": "cp1252"}
+_LATIN_CODEPAGES = frozenset({"cp1250", "cp1252", "cp1254", "cp1257", "iso8859-1", "iso8859-2", "iso8859-3",
+                              "iso8859-4", "iso8859-9", "iso8859-10", "iso8859-13", "iso8859-14", "iso8859-15",
+                              "iso8859-16", "latin-1", "mac-roman", "mac-latin2", "cp850", "cp437", "cp858"})
 _BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
@@ -98,7 +101,13 @@ def detect_encoding(sample: bytes, declared: str | None = None) -> str:
     from charset_normalizer import from_bytes
 
     best = from_bytes(sample).best()
-    return canonical_encoding(best.encoding) if best is not None else "cp1252"
+    guess = canonical_encoding(best.encoding) if best is not None else None
+    # Short Western-European samples are often guessed as another single-byte Latin code page (cp1250,
+    # iso8859-2...). Like browsers, prefer windows-1252 among those when it decodes cleanly; Cyrillic,
+    # Greek, CJK... guesses are kept. --encoding overrides all of this.
+    if guess is None or (guess in _LATIN_CODEPAGES and _decodes(sample, "cp1252")):
+        return "cp1252" if _decodes(sample, "cp1252") else (guess or "latin-1")
+    return guess
 
 
 def open_text(path: str | os.PathLike, encoding: str | None = None) -> tuple[io.TextIOBase, str]:

@@ -1,0 +1,143 @@
+"""One ingest run: sources -> readers -> Cleaner -> OUT.jsonl + OUT.rejects.jsonl + OUT.report.json.
+
+All three files are written to temporary files and renamed into place only at the end, so an interrupted
+run never leaves a truncated JSONL that looks complete. Memory: one input unit at a time (an HTML page,
+a CSV chunk of `chunk_rows` rows, one SQL statement, a fetch of 2,000 database rows) plus the dedup index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from finetune.errors import DataError
+from finetune.ingest.clean import Cleaner
+from finetune.ingest.locate import expand_sources
+from finetune.ingest.options import IngestOptions
+from finetune.ingest.report import INPUT_PROBLEMS, Accounting, Reject
+
+
+class AtomicFile:
+    """A text file written under a temporary name; `commit()` renames it into place, `discard()` removes it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.fh = os.fdopen(fd, "w", encoding="utf-8")
+
+    def write_json(self, obj: object) -> None:
+        self.fh.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+    def commit(self) -> None:
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+
+    def discard(self) -> None:
+        """Remove the temporary file if it was never committed (a no-op after commit)."""
+        if not self.fh.closed:
+            self.fh.close()
+        Path(self.tmp).unlink(missing_ok=True)
+
+
+def sidecar_paths(out: str | os.PathLike) -> tuple[Path, Path]:
+    """OUT.rejects.jsonl and OUT.report.json beside OUT.jsonl."""
+    out = Path(out)
+    stem = out.name[: -len(".jsonl")] if out.name.endswith(".jsonl") else out.name
+    return out.with_name(f"{stem}.rejects.jsonl"), out.with_name(f"{stem}.report.json")
+
+
+def read_unit(kind: str, source: str, opts: IngestOptions) -> Iterator[tuple[str, dict] | Reject]:
+    """The reader for one file / URL. Imports stay inside: pandas only when a CSV is read, and so on."""
+    if kind == "html":
+        from finetune.ingest.from_html import read_html as reader
+    elif kind == "csv":
+        from finetune.ingest.from_csv import read_csv as reader
+    elif kind == "sql":
+        from finetune.ingest.from_sql import read_sql_dump as reader
+    elif kind == "sqlite":
+        from finetune.ingest.from_db import read_sqlite as reader
+    elif kind == "database":
+        from finetune.ingest.from_db import read_database as reader
+    else:
+        from finetune.ingest.from_records import read_record_file as reader
+    return reader(source, opts)
+
+
+def _progress(total_units: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=None, unit=" rec", desc="ingest", file=sys.stderr, dynamic_ncols=True,
+                mininterval=0.5, postfix={"files": f"0/{total_units}"})
+
+
+def ingest(sources: list[str], out: str | os.PathLike, opts: IngestOptions, progress: bool = False) -> Accounting:
+    """Run the whole stage. Raises DataError when nothing usable came out, or (strict) on any bad input."""
+    opts.validate()
+    units = expand_sources(sources, opts.type)
+    cleaner = Cleaner(opts)
+    acct = Accounting()
+    rejects_path, report_path = sidecar_paths(out)
+    out_file, rejects_file = AtomicFile(out), AtomicFile(rejects_path)
+    bar = _progress(len(units), progress and sys.stderr.isatty())
+    try:
+        for i, (kind, source) in enumerate(units, start=1):
+            for item in read_unit(kind, source, opts):
+                _account(item, source, cleaner, acct, out_file, rejects_file)
+                if bar is not None:
+                    bar.update(1)
+            if bar is not None:
+                bar.set_postfix(files=f"{i}/{len(units)}")
+        report = AtomicFile(report_path)
+        report.fh.write(acct.to_json())
+        report.commit()
+        rejects_file.commit()  # kept even when the run fails below: it says what went wrong
+        _verdict(acct, opts, report_path)
+        out_file.commit()
+    finally:
+        out_file.discard()
+        rejects_file.discard()
+        if bar is not None:
+            bar.close()
+    return acct
+
+
+def _account(item, source: str, cleaner: Cleaner, acct: Accounting, out_file: AtomicFile,
+             rejects_file: AtomicFile) -> None:
+    acct.count_in(source)
+    if isinstance(item, Reject):
+        acct.drop(source, item.reason)
+        rejects_file.write_json(item.as_json())
+        return
+    where, record = item
+    cleaned, verdict = cleaner.apply(record)
+    acct.slop_phrases.update(cleaner.phrases_found)
+    if verdict is None:
+        acct.slop_stripped += cleaner.sentences_stripped
+        acct.keep(source)
+        out_file.write_json(cleaned)
+        return
+    reason, detail = verdict
+    acct.drop(source, reason)
+    rejects_file.write_json(Reject(where, reason, detail, raw=record).as_json())
+
+
+def _verdict(acct: Accounting, opts: IngestOptions, report_path: Path) -> None:
+    if acct.records_out == 0:
+        reasons = ", ".join(f"{n} {r}" for r, n in acct.dropped.most_common()) or "no input records"
+        raise DataError(f"nothing usable came out: {acct.records_in} records in, all dropped ({reasons}); "
+                        f"see {report_path} and the rejects file beside it")
+    if opts.strict and acct.input_problems:
+        bad = ", ".join(f"{n} {r}" for r, n in acct.dropped.most_common() if r in INPUT_PROBLEMS)
+        raise DataError(f"strict mode: {acct.input_problems} input records were unusable ({bad}); see "
+                        f"{report_path}, fix the input or drop --strict")
