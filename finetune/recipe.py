@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat")
 
@@ -136,7 +136,36 @@ class Recipe(Strict):
     )
     num_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).")
     max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
-    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    learning_rate: Union[float, Literal["auto"]] = Field(
+        2e-4,
+        description=(
+            "Peak learning rate, or `auto`: lr_base x sqrt(supervised tokens per step / lr_pretrained_batch_tokens), "
+            "computed from the tokenized data (`finetune lr recipe.yml` shows the working) and recorded in run.json."
+        ),
+    )
+    lr_base: float | None = Field(
+        None, gt=0,
+        description="For `learning_rate: auto`: the base model's pretraining peak LR. Default: from the model family table.",
+    )
+    lr_pretrained_batch_tokens: int | None = Field(
+        None, gt=0,
+        description="For `learning_rate: auto`: the pretraining global batch in tokens. Default: from the family table.",
+    )
+
+    @field_validator("learning_rate", mode="plain", json_schema_input_type=Union[float, Literal["auto"]])
+    @classmethod
+    def _positive_or_auto(cls, value):
+        # one check with one message (a Union would report a failure per branch)
+        if value == "auto":
+            return value
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a positive number (e.g. 2e-4) or `auto`") from None
+        if isinstance(value, bool) or not number > 0:
+            raise ValueError("expected a positive number (e.g. 2e-4) or `auto`")
+        return number
+
     lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
         "cosine", description="Learning-rate schedule after warmup."
     )

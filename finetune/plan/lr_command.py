@@ -1,0 +1,74 @@
+"""Learning rate from supervised tokens per step: lr = base_lr x sqrt(tokens per step / pretraining batch tokens).
+
+    finetune lr recipe.yml                       # tokenizes (cached), counts exactly
+    finetune lr --supervised-tokens 2000000 --steps 350 --epochs 1 --base-lr 5e-5 --pretrained-batch-tokens 4000000
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from finetune.errors import FinetuneError
+from finetune.plan.lr import FAMILIES, family_by_name, format_lr, plan_learning_rate
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", nargs="?", help="a YAML recipe (omit to work from the numbers below)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key, e.g. --set micro_batch_size=8")
+    parser.add_argument("--num-processes", type=int, default=None, help="processes the run will use (default 1)")
+    parser.add_argument("--supervised-tokens", type=int, help="total supervised (label != -100) tokens in the data")
+    parser.add_argument("--steps", type=int, help="total optimizer steps")
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs those steps cover (default 1)")
+    parser.add_argument("--base-lr", type=float, help="the base model's pretraining peak LR")
+    parser.add_argument("--pretrained-batch-tokens", type=int, help="the pretraining global batch, in tokens")
+    parser.add_argument("--family", help="take base LR and batch from the family table (see --list-families)")
+    parser.add_argument("--list-families", action="store_true", help="print the family table with sources")
+    parser.add_argument("--verbose", "-v", action="store_true", help="show the working, not just the LR")
+
+
+def _list_families() -> None:
+    for f in FAMILIES:
+        print(f"{f.name:<16} base_lr {f.base_lr:<8.2g} batch {f.pretrained_batch_tokens:>10,} tokens   {f.source}")
+
+
+def _from_numbers(args: argparse.Namespace):
+    base_lr, batch, source = args.base_lr, args.pretrained_batch_tokens, "command line"
+    if args.family:
+        family = family_by_name(args.family)
+        base_lr = base_lr if base_lr is not None else family.base_lr
+        batch = batch if batch is not None else family.pretrained_batch_tokens
+        source = family.source
+    missing = [flag for flag, value in (("--supervised-tokens", args.supervised_tokens), ("--steps", args.steps),
+                                        ("--base-lr", base_lr), ("--pretrained-batch-tokens", batch)) if value is None]
+    if missing:
+        raise FinetuneError(
+            f"missing {', '.join(missing)}. Give a recipe (`finetune lr recipe.yml`) or all of --supervised-tokens, "
+            "--steps, --base-lr and --pretrained-batch-tokens (or --family NAME for the last two)."
+        )
+    return plan_learning_rate(args.supervised_tokens, args.steps, args.epochs, base_lr, batch, source)
+
+
+def _from_recipe(args: argparse.Namespace):
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+    from finetune.plan.lr_recipe import lr_plan_for_recipe
+    from finetune.recipe_load import load_recipe
+
+    world_size = args.num_processes or 1
+    recipe = load_recipe(args.recipe, args.overrides, world_size=world_size)
+    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    train = prepared.stats["train"]
+    return lr_plan_for_recipe(recipe, train["examples"], train["supervised_tokens"], world_size)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.list_families:
+        _list_families()
+        return 0
+    plan = _from_recipe(args) if args.recipe else _from_numbers(args)
+    if args.recipe or args.verbose:
+        print(plan.describe())
+    else:
+        print(format_lr(plan.learning_rate))
+    return 0
