@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat")
 
@@ -35,18 +35,95 @@ class Strict(BaseModel):
 
 
 class DatasetSpec(Strict):
-    """One training data source."""
+    """One training data source: a records file, or a raw source (HTML, CSV, SQL...) ingested first."""
 
     path: str = Field(
-        description="A JSONL or JSON file of records (relative paths are relative to the recipe file)."
+        description=(
+            "A JSONL or JSON file of records (relative paths are relative to the recipe file). For a raw source "
+            "type: an HTML file, folder or glob; a CSV/TSV file (.gz/.bz2/.zip too); a SQL dump; a SQLite file; "
+            "a database URL (`type: database`); or a records file to clean (`type: records`)."
+        )
     )
-    type: Literal[RECORD_TYPES] = Field(  # type: ignore[valid-type]
+    type: Literal[  # type: ignore[valid-type]
+        "auto", "completion", "instruction", "chat", "html", "csv", "sql", "sqlite", "database", "records"
+    ] = Field(
         "auto",
         description=(
             "Record shape: `completion` ({text}), `instruction` ({instruction, input, output}, alpaca prompt), "
-            "`chat` ({messages: [{role, content}]}), or `auto` to detect it from each record's keys."
+            "`chat` ({messages: [{role, content}]}), or `auto` to detect it from each record's keys. "
+            "Raw sources, ingested and cleaned into records first (cached by content hash; see "
+            "docs/ingestion.md): `html`, `csv`, `sql` (a dump file), `sqlite`, `database` (a SQLAlchemy URL), "
+            "`records` (a JSONL/JSON file run through the cleaning steps)."
         ),
     )
+    # --- raw sources: what becomes a record (docs/ingestion.md) ---
+    map: dict[str, str] | None = Field(
+        None,
+        description=(
+            "Raw sources: record field -> column (CSV/SQL/database), a `{column}` template, or a CSS selector "
+            "(HTML). Fields: text | instruction, input, output | system, user, assistant. "
+            "E.g. {instruction: question, output: answer}. Default: columns already named like record fields."
+        ),
+    )
+    template: str | None = Field(
+        None, description='Raw sources: completion text from a template of columns, e.g. "{title}\\n\\n{body}".'
+    )
+    table: str | None = Field(None, description="`sql`, `sqlite`, `database`: the table whose rows become records.")
+    query: str | None = Field(None, description="`sqlite`, `database`: a read-only SELECT whose rows become records.")
+    sql_dialect: Literal["auto", "mysql", "postgres", "sqlite"] = Field(
+        "auto", description="`sql`: the dump's dialect (quoting and escapes); `auto` detects it."
+    )
+    html_mode: Literal["document", "sections"] = Field(
+        "document", description="`html`: one record per page, or one per h1/h2 section."
+    )
+    delimiter: str | None = Field(None, description="`csv`: field delimiter. Default: comma, tab for .tsv.")
+    encoding: str | None = Field(
+        None, description="Raw sources: input encoding. Default: BOM, then the declared charset, then detection."
+    )
+    unescape_html: bool = Field(
+        False, description="`csv`, `sql`, `sqlite`, `database`: turn &amp; &lt; ... in cells into characters."
+    )
+    # --- raw sources: cleaning ---
+    slop: Literal["drop", "strip", "off"] = Field(
+        "drop",
+        description=(
+            'Raw sources: a record whose response holds a slop/refusal phrase ("As an AI language model"...) '
+            "is dropped, or only the offending sentences are stripped, or nothing is done (`off`)."
+        ),
+    )
+    slop_phrases: list[str] = Field([], description="Raw sources: extra slop phrases (case and spacing ignored).")
+    slop_file: str | None = Field(None, description="Raw sources: a file of extra slop phrases, one a line.")
+    slop_builtin: bool = Field(True, description="Raw sources: use the built-in, narrow, curated slop phrase list.")
+    normalize: bool = Field(True, description="Raw sources: unicode NFC and whitespace normalization.")
+    dedup: bool = Field(True, description="Raw sources: drop exact duplicates (after normalization).")
+    near_dedup: float | None = Field(
+        None, gt=0.0, lt=1.0, description="Raw sources: drop near-duplicates at this Jaccard similarity, e.g. 0.85."
+    )
+    min_chars: int = Field(1, ge=0, description="Raw sources: drop records shorter than this many characters.")
+    max_chars: int | None = Field(None, gt=0, description="Raw sources: drop records longer than this many characters.")
+    strict: bool = Field(False, description="Raw sources: fail when any input row, page or statement was unusable.")
+
+    @model_validator(mode="after")
+    def _raw_source_options(self) -> "DatasetSpec":
+        """Ingestion options only where they mean something: a setting is never silently ignored."""
+        only = {"table": ("sql", "sqlite", "database"), "query": ("sqlite", "database"), "sql_dialect": ("sql",),
+                "html_mode": ("html",), "delimiter": ("csv",), "map": ("html", "csv", "sql", "sqlite", "database"),
+                "template": ("csv", "sql", "sqlite", "database")}
+        for name in sorted(self.model_fields_set - {"path", "type"}):
+            allowed = only.get(name)
+            if self.type in RECORD_TYPES:
+                raise ValueError(f"`{name}` applies to raw sources only; for a records file to be cleaned use "
+                                 f"`type: records`, or set `type:` to html, csv, sql, sqlite or database")
+            if allowed and self.type not in allowed:
+                raise ValueError(f"`{name}` does not apply to `type: {self.type}`; it works with "
+                                 f"{', '.join(allowed)}")
+        if self.map and self.template:
+            raise ValueError("give either `map` or `template`, not both")
+        if self.type == "database" and not (self.query or self.table):
+            raise ValueError("`type: database` needs `query: SELECT ...` or `table: NAME`")
+        if self.max_chars is not None and self.max_chars < self.min_chars:
+            raise ValueError(f"`max_chars` {self.max_chars} is below `min_chars` {self.min_chars}")
+        return self
 
 
 class Recipe(Strict):

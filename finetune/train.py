@@ -47,6 +47,10 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         scheduler, scheduler_kwargs = "cosine_with_min_lr", {"min_lr_rate": recipe.cosine_min_lr_ratio}
     eval_strategy = "no" if not has_eval else ("steps" if recipe.eval_steps else "epoch")
     reporters = [r for r in recipe.report_to if r != "none"]
+    if "tensorboard" in reporters:
+        # transformers 5 may open its SummaryWriter before it knows output_dir, which then writes to
+        # ./runs in the current directory; its documented env var pins the folder inside output_dir.
+        os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(recipe.output_dir, "tensorboard")
     if "wandb" in reporters and recipe.wandb_project:
         os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
     return TrainingArguments(

@@ -87,3 +87,24 @@ def test_bad_input_exits_2_without_traceback_or_output(make_recipe, tmp_path, ov
     assert proc.returncode == 2
     assert needle in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_example_tiny_recipe_trains(tiny_model_dir, tmp_path):
+    from pathlib import Path
+
+    recipe_path = Path(__file__).parent.parent / "examples" / "tiny" / "recipe.yml"
+    recipe = load_recipe(recipe_path, [f"base_model={tiny_model_dir}", f"output_dir={tmp_path / 'tiny'}",
+                                       f"cache_dir={tmp_path / 'cache'}", "max_steps=2"])
+    summary = run_training(recipe)
+    assert summary["steps"] == 2 and summary["plan"]["examples_per_step"] == 8
+    assert (tmp_path / "tiny" / "adapter_model.safetensors").is_file()
+
+
+def test_tensorboard_logs_land_in_output_dir_not_cwd(make_recipe, tmp_path, monkeypatch):
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    run_training(load_recipe(make_recipe("completion", n=8, adapter="lora", max_steps=1, report_to=["tensorboard"])))
+    assert list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list(cwd.iterdir()) == []
