@@ -1,0 +1,257 @@
+"""Ingestion readers on the messy samples in tests/assets/ingest: HTML, CSV, SQL dumps, SQLite, databases."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from finetune.errors import DataError
+from finetune.ingest.options import IngestOptions
+from finetune.ingest.pipeline import ingest, sidecar_paths
+
+ASSETS = Path(__file__).parent / "assets" / "ingest"
+
+
+def run(tmp_path, sources, **opts):
+    """Ingest; return (records, rejects, report) and check the accounting identity on disk."""
+    out = tmp_path / "out.jsonl"
+    acct = ingest([str(s) for s in sources], out, IngestOptions(**opts))
+    rejects_path, report_path = sidecar_paths(out)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    rejects = [json.loads(line) for line in rejects_path.read_text().splitlines()]
+    report = json.loads(report_path.read_text())
+    assert report["records_in"] == report["records_out"] + report["dropped_total"] == acct.records_in
+    assert len(records) == report["records_out"] and len(rejects) == report["dropped_total"]
+    return records, rejects, report
+
+
+# --- HTML --------------------------------------------------------------------------------------------
+
+def test_html_article_keeps_content_and_structure_drops_chrome(tmp_path):
+    (rec,), _, _ = run(tmp_path, [ASSETS / "html" / "article.html"])
+    text = rec["text"]
+    assert text.startswith("# Tuning the learning rate for LoRA\n")
+    assert "## A starting point" in text and "## Results" in text
+    assert "- rank 8 or 16\n- alpha = 2 × rank" in text
+    assert "```\nlr = 2e-4\nwarmup_steps = 10\n    indented_line = True\n```" in text  # code indentation kept
+    assert "8 | 1.92" in text and "`lr_scheduler: cosine`" in text
+    assert "so they tolerate a much higher" in text  # source line breaks inside <p> are spaces
+    assert "cosine schedule & a short warmup" in text  # entities decoded
+    for chrome in ("cookies", "Home", "About us", "Share on", "Related posts", "All rights reserved",
+                   "Privacy", "dataLayer", "font-family", "Tags: lora", "tracking pixel"):
+        assert chrome not in text, chrome
+
+
+def test_html_declared_latin1_is_decoded_as_windows_1252_without_chrome(tmp_path):
+    (rec,), _, _ = run(tmp_path, [ASSETS / "html" / "legacy_cp1252.html"])
+    text = rec["text"]
+    assert "# Café Müller – Über uns" in text
+    assert "„Müller“" in text and "3,50 € pro Stück" in text and "Straße" in text
+    assert "Ã" not in text and "\x80" not in text  # no mojibake, no C1 controls
+    assert "Startseite" not in text and "Impressum" not in text
+
+
+def test_html_folder_accounts_for_bad_pages(tmp_path):
+    records, rejects, report = run(tmp_path, [ASSETS / "html"])
+    assert report["records_in"] == 6 and report["records_out"] == 3
+    assert report["dropped"] == {"binary_file": 1, "empty_document": 1, "slop": 1}
+    assert {Path(r["where"]).name for r in rejects} == {"binary.html", "no_body.html", "slop_post.html"}
+    assert report["slop_phrases"] == {"as an ai language model": 1, "i do not have personal opinions": 1}
+
+
+def test_html_glob_and_sections(tmp_path):
+    records, _, _ = run(tmp_path, [str(ASSETS / "html" / "art*.html")], html_mode="sections")
+    assert len(records) == 3
+    # each section keeps the page title for context
+    assert records[1]["text"].startswith("# Tuning the learning rate for LoRA\n\n## A starting point\n")
+    assert "## Results" not in records[1]["text"] and "8 | 1.92" in records[2]["text"]
+
+
+def test_html_css_selector_map_pairs_question_with_each_answer(tmp_path):
+    mapping = (("instruction", ".question-title"), ("output", ".answer .post-body"))
+    records, _, _ = run(tmp_path, [ASSETS / "html" / "qa.html"], mapping=mapping)
+    assert [r["instruction"] for r in records] == ["How do I freeze the base model when training LoRA?"] * 2
+    assert "get_peft_model" in records[0]["output"] and "modules_to_save" in records[1]["output"]
+
+
+def test_html_selector_matching_nothing_is_a_reject(tmp_path):
+    mapping = (("instruction", "h1"), ("output", ".no-such-class"))
+    out = tmp_path / "o.jsonl"
+    with pytest.raises(DataError, match="nothing usable"):
+        ingest([str(ASSETS / "html" / "qa.html")], out, IngestOptions(mapping=mapping))
+    rejects = sidecar_paths(out)[0].read_text()
+    assert "no element matches output" in rejects and not out.exists()
+
+
+# --- CSV ---------------------------------------------------------------------------------------------
+
+FAQ_MAP = (("instruction", "question"), ("output", "answer"))
+
+
+def test_csv_mapping_multiline_fields_ragged_rows_and_exact_accounting(tmp_path):
+    records, rejects, report = run(tmp_path, [ASSETS / "csv" / "faq.csv"], mapping=FAQ_MAP, unescape_html=True)
+    assert report["records_in"] == 8 and report["records_out"] == 4
+    assert report["dropped"] == {"duplicate": 1, "empty_field": 1, "ragged_row": 1, "slop": 1}
+    assert records[0]["output"].endswith("frozen weights.\nIt cuts optimizer memory by orders of magnitude.")
+    assert records[2]["instruction"] == 'What does "alpha" do?' and "r & keeps" in records[2]["output"]
+    assert records[3] == {"instruction": 'How do I read a "quoted" value?', "input": "",
+                          "output": 'Double the quote: "like this".'}
+    ragged = next(r for r in rejects if r["reason"] == "ragged_row")
+    assert ragged["where"].endswith("faq.csv line 5") and "expected 4 fields, saw 6" in ragged["detail"]
+
+
+def test_csv_chunked_reading_gives_the_same_records(tmp_path):
+    whole, _, _ = run(tmp_path / "a", [ASSETS / "csv" / "faq.csv"], mapping=FAQ_MAP)
+    chunked, _, _ = run(tmp_path / "b", [ASSETS / "csv" / "faq.csv"], mapping=FAQ_MAP, chunk_rows=2)
+    assert chunked == whole
+
+
+def test_tsv_gz_with_template_and_latin1_csv(tmp_path):
+    records, _, _ = run(tmp_path / "a", [ASSETS / "csv" / "notes.tsv.gz"], template="{title}\n\n{body}")
+    assert records[0] == {"text": "Gradient checkpointing\n\nRecompute activations in the backward pass."}
+    records, _, _ = run(tmp_path / "b", [ASSETS / "csv" / "recettes_latin1.csv"], delimiter=";",
+                        mapping=(("instruction", "titre"), ("output", "texte")))
+    assert records[0]["instruction"] == "Crème brûlée" and records[1]["output"].startswith("Pâte à choux")
+
+
+def test_csv_missing_mapped_column_names_the_file_and_the_columns(tmp_path):
+    with pytest.raises(DataError) as err:
+        ingest([str(ASSETS / "csv" / "faq.csv")], tmp_path / "o.jsonl",
+               IngestOptions(mapping=(("instruction", "question"), ("output", "reply"))))
+    assert "faq.csv" in str(err.value) and "`reply`" in str(err.value) and "question, answer" in str(err.value)
+
+
+def test_csv_without_mapping_suggests_one(tmp_path):
+    with pytest.raises(DataError, match=r"--map instruction=id"):
+        ingest([str(ASSETS / "csv" / "faq.csv")], tmp_path / "o.jsonl", IngestOptions())
+
+
+def test_csv_empty_and_binary_files_are_clear_errors(tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(DataError, match="empty.csv` is empty"):
+        ingest([str(tmp_path / "empty.csv")], tmp_path / "o.jsonl", IngestOptions(template="{a}"))
+    shutil.copy(ASSETS / "html" / "binary.html", tmp_path / "img.csv")
+    with pytest.raises(DataError, match="img.csv` looks binary"):
+        ingest([str(tmp_path / "img.csv")], tmp_path / "o.jsonl", IngestOptions(template="{a}"))
+
+
+def test_truncated_gzip_is_a_clear_error(tmp_path):
+    data = (ASSETS / "csv" / "notes.tsv.gz").read_bytes()
+    (tmp_path / "cut.tsv.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DataError, match="cut.tsv.gz"):
+        ingest([str(tmp_path / "cut.tsv.gz")], tmp_path / "o.jsonl", IngestOptions(template="{title}"))
+
+
+# --- SQL dumps ---------------------------------------------------------------------------------------
+
+POSTS_MAP = (("instruction", "title"), ("output", "body"))
+
+
+def test_mysql_dump_escapes_comments_and_create_table_columns(tmp_path):
+    records, rejects, report = run(tmp_path, [ASSETS / "sql" / "mysql_dump.sql"], table="posts", mapping=POSTS_MAP)
+    by_title = {r["instruction"]: r["output"] for r in records}
+    assert by_title["Why warm up?"] == "Warmup keeps Adam's early steps small;\nwithout it the loss can spike."
+    assert by_title["Semicolons; in text"] == 'A body with a semicolon; and a "quote" and a backslash \\\\ too.'
+    assert by_title["Doubled quotes"] == "It's fine either way -- not a comment."
+    assert "日本語" in by_title["Unicode"]
+    assert report["dropped"] == {"empty_field": 1}  # `Empty body` has a NULL body
+    assert "line 31" in rejects[0]["where"]
+
+
+def test_mysql_dump_with_two_tables_needs_a_table(tmp_path):
+    with pytest.raises(DataError, match=r"more than one table \(posts, users"):
+        ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl", IngestOptions(mapping=POSTS_MAP))
+    with pytest.raises(DataError, match="no rows for table `post`; tables with rows: posts, users"):
+        ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl",
+               IngestOptions(mapping=POSTS_MAP, table="post"))
+    records, _, _ = run(tmp_path, [ASSETS / "sql" / "mysql_dump.sql"], table="users", template="{id}: {name}")
+    assert records == [{"text": "1: ada"}, {"text": "2: linus"}]
+
+
+def test_postgres_dump_copy_blocks_nulls_and_dollar_quotes(tmp_path):
+    records, rejects, _ = run(tmp_path, [ASSETS / "sql" / "postgres_dump.sql"], normalize=False,
+                              mapping=(("instruction", "question"), ("output", "answer"), ("input", "Tags")))
+    assert [r["instruction"] for r in records] == ["What is a tokenizer?", "Tabs?", "Old question", "Inserted row"]
+    assert records[0]["output"] == "It maps text to integer ids.\nSubword tokenizers split rare words."
+    assert records[1]["output"] == "A tab\there and a backslash \\ here." and records[1]["input"] == ""
+    assert records[3]["output"] == "It's standard SQL: ' doubles a quote, \\n is literal."
+    assert [r["reason"] for r in rejects] == ["empty_field"]  # the \N answer
+
+
+def test_sqlite_dump_multiline_strings(tmp_path):
+    records, _, _ = run(tmp_path, [ASSETS / "sql" / "sqlite_dump.sql"], mapping=POSTS_MAP)
+    assert records[1]["output"] == "She said 'hi'; then left."
+    assert records[2] == {"instruction": "Multi\nline title", "input": "", "output": "Line one\nline two"}
+
+
+def test_broken_dump_rejects_bad_statements_and_keeps_the_rest(tmp_path):
+    records, rejects, report = run(tmp_path, [ASSETS / "sql" / "broken_dump.sql"], template="{txt}")
+    assert records == [{"text": "good row one"}, {"text": "good row three"}]
+    assert [(r["reason"], r["where"].split("broken_dump.sql ")[1]) for r in rejects] == [
+        ("sql_syntax_error", "line 3"), ("ragged_row", "line 4 row 3"), ("sql_syntax_error", "line 5")]
+    assert "truncated" in rejects[-1]["detail"]
+
+
+def test_big_multi_row_insert_streams(tmp_path):
+    rows = ",".join(f"({i},'title {i}','body with \\'quotes\\' and; semicolons {i}')" for i in range(3000))
+    dump = tmp_path / "big.sql.gz"
+    import gzip
+
+    with gzip.open(dump, "wt") as fh:
+        fh.write("-- MySQL dump\nCREATE TABLE `p` (`id` int, `title` text, `body` text);\n")
+        fh.write(f"INSERT INTO `p` VALUES {rows};\nINSERT INTO `p` VALUES {rows};\n")
+    records, _, report = run(tmp_path, [dump], mapping=POSTS_MAP)
+    assert report["records_in"] == 6000 and report["dropped"] == {"duplicate": 3000}
+    assert records[7]["output"] == "body with 'quotes' and; semicolons 7"
+
+
+# --- SQLite files and database URLs ------------------------------------------------------------------
+
+def make_sqlite(path: Path) -> Path:
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE qa (id INTEGER PRIMARY KEY, q TEXT, a TEXT, lang TEXT)")
+    conn.execute("CREATE TABLE other (x)")
+    conn.executemany("INSERT INTO qa (q, a, lang) VALUES (?, ?, ?)",
+                     [("What is SFT?", "Supervised fine-tuning on demonstrations.", "en"),
+                      ("Qu'est-ce que le RLHF ?", "Un apprentissage par renforcement guidé par des humains.", "fr"),
+                      ("Empty?", None, "en")])
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_sqlite_file_with_query_and_table(tmp_path):
+    db = make_sqlite(tmp_path / "data.db")
+    qa = (("user", "q"), ("assistant", "a"))
+    records, _, report = run(tmp_path, [db], table="qa", mapping=qa)
+    assert report["records_in"] == 3 and report["dropped"] == {"empty_field": 1}
+    assert records[0] == {"messages": [{"role": "user", "content": "What is SFT?"},
+                                       {"role": "assistant", "content": "Supervised fine-tuning on demonstrations."}]}
+    records, _, _ = run(tmp_path, [db], query="SELECT q, a FROM qa WHERE lang = 'fr'", mapping=qa)
+    assert len(records) == 1 and records[0]["messages"][0]["content"].startswith("Qu'est-ce")
+
+
+def test_sqlite_file_errors_and_read_only(tmp_path):
+    db = make_sqlite(tmp_path / "data.db")
+    with pytest.raises(DataError, match=r"2 tables \(other, qa\)"):
+        ingest([str(db)], tmp_path / "o.jsonl", IngestOptions())
+    with pytest.raises(DataError, match="query failed"):
+        ingest([str(db)], tmp_path / "o.jsonl", IngestOptions(query="DELETE FROM qa", template="{q}"))
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM qa").fetchone()[0] == 3
+    with pytest.raises(DataError, match="not a SQLite database"):
+        ingest([str(ASSETS / "sql" / "sqlite_dump.sql")], tmp_path / "o.jsonl", IngestOptions(type="sqlite"))
+
+
+def test_database_url_through_sqlalchemy(tmp_path):
+    db = make_sqlite(tmp_path / "data.db")
+    url = f"sqlite:///{db}"
+    records, _, _ = run(tmp_path, [url], query="SELECT q, a FROM qa ORDER BY id",
+                        mapping=(("instruction", "q"), ("output", "a")))
+    assert [r["instruction"] for r in records] == ["What is SFT?", "Qu'est-ce que le RLHF ?"]
+    with pytest.raises(DataError, match="query failed"):
+        ingest([url], tmp_path / "o.jsonl", IngestOptions(query="DELETE FROM qa", template="{q}"))
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM qa").fetchone()[0] == 3
