@@ -183,6 +183,24 @@ class Recipe(Strict):
     excess_length_strategy: Literal["drop", "truncate", "error"] = Field(
         "drop", description="What to do with an example longer than sequence_len. Counted and reported."
     )
+    sample_packing: bool = Field(
+        False,
+        description=(
+            "Pack whole training examples into rows of sequence_len tokens (best-fit decreasing, seeded), position "
+            "ids restarting at each example so examples never attend to each other (checked on the model before "
+            "training). micro_batch_size then counts packed rows, not examples."
+        ),
+    )
+    eval_sample_packing: bool | None = Field(
+        None, description="Pack the eval split too. Default: the same as sample_packing."
+    )
+    group_by_length: bool = Field(
+        False,
+        description="Without packing: batch examples of similar length together to cut padding (order less random).",
+    )
+    dataset_processes: int = Field(
+        1, gt=0, description="Processes that tokenize records (worth it from ~100k records; each loads the tokenizer)."
+    )
     train_on_inputs: bool = Field(
         False,
         description="Supervise prompts too. Off: only responses / assistant turns carry a loss.",

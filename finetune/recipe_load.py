@@ -194,6 +194,8 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
                 f"gradient_accumulation_steps {recipe.gradient_accumulation_steps} x {world_size} process(es) = "
                 f"{per_step * recipe.gradient_accumulation_steps}; drop one of them or make them agree"
             )
+    if recipe.group_by_length and recipe.sample_packing:
+        problems.append("`group_by_length` has nothing to group once `sample_packing` fills every row; drop one")
     return problems
 
 

@@ -87,6 +87,7 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         save_total_limit=recipe.save_total_limit,
         report_to=reporters or "none",
         remove_unused_columns=False,  # our columns are exactly what the model takes
+        train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
         disable_tqdm=not sys.stderr.isatty(),
     )
 
@@ -96,14 +97,16 @@ def plan_numbers(recipe, prepared, world_size: int) -> dict:
     from finetune.plan.steps import optimizer_steps
 
     train = prepared.stats["train"]
+    rows = len(prepared.train)  # what the Trainer iterates: examples, or packed rows with sample_packing
     examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size
-    steps_per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size,
+    steps_per_epoch = optimizer_steps(rows, recipe.micro_batch_size,
                                       recipe.gradient_accumulation_steps, world_size, 1, None)
     return {
         "world_size": world_size,
         "examples_per_step": examples_per_step,
         "steps_per_epoch": steps_per_epoch,
-        "total_steps": optimizer_steps(train["examples"], recipe.micro_batch_size,
+        "train_rows": rows,
+        "total_steps": optimizer_steps(rows, recipe.micro_batch_size,
                                        recipe.gradient_accumulation_steps, world_size,
                                        recipe.num_epochs, recipe.max_steps),
         # e.g. 1,200 tokens an epoch / 12 steps an epoch = 100 tokens per optimizer step, on average
@@ -144,7 +147,9 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 def run_training(recipe) -> dict:
     """Train as the recipe says; returns what run.json records."""
-    from transformers import DataCollatorForSeq2Seq, Trainer
+    from transformers import Trainer
+
+    from finetune.data.collate import Collator
 
     from finetune.data import build_dataset
     from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
@@ -168,8 +173,21 @@ def run_training(recipe) -> dict:
         f"{numbers['examples_per_step']} examples = ~{numbers['tokens_per_step']:.0f} tokens "
         f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
         f"{numbers['total_steps']} optimizer steps")
-    log(f"precision {precision}, attention {resolve_attn_implementation(recipe)}, adapter {recipe.adapter}")
+    for split_name, packed in stats.get("packing", {}).items():
+        log(f"packing ({split_name}): {packed['examples']:,} examples -> {packed['rows']:,} rows of "
+            f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
+    attn = resolve_attn_implementation(recipe)
+    log(f"precision {precision}, attention {attn}, adapter {recipe.adapter}")
     model, tokenizer = build_model(recipe, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
+    collator = Collator(pad_id, flatten=attn == "flash_attention_2")
+    if stats.get("packing"):
+        from finetune.model.isolation import guard_packing
+
+        leak = guard_packing(model, collator, attn)
+        log(f"packed examples are isolated: logits of a packed example match it alone (leak {leak:.1e} of "
+            "full cross-attention)")
     trainable, total = count_parameters(model)
 
     output_dir = Path(recipe.output_dir)
@@ -179,7 +197,7 @@ def run_training(recipe) -> dict:
         args=args,
         train_dataset=prepared.train,
         eval_dataset=prepared.eval,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100),
+        data_collator=collator,
         processing_class=tokenizer,
     )
     eval_before = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
-from finetune.data.formats import IGNORE_INDEX, Example, encode
+from finetune.data.batched import encode_stream
+from finetune.data.formats import IGNORE_INDEX, Example
 from finetune.errors import DataError
 from finetune.ingest.records import read_records
 from finetune.recipe import RECORD_TYPES
@@ -66,16 +67,17 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
     examples, outcome = [], Counter()
-    for shape, path in files:
-        for rec_shape, record in read_records(path, shape):
-            outcome["records"] += 1
-            example, what = fit_length(encode(tokenizer, rec_shape, record, recipe.train_on_inputs), recipe)
-            if example is not None and example.supervised_tokens == 0:
-                example, what = None, "no_supervised_tokens"
-            if what:
-                outcome[what] += 1
-            if example is not None:
-                examples.append(example)
+    shaped = (item for shape, path in files for item in read_records(path, shape))
+    # batched tokenization, identical to encode() per record; optionally over several processes
+    for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
+        outcome["records"] += 1
+        example, what = fit_length(encoded, recipe)
+        if example is not None and example.supervised_tokens == 0:
+            example, what = None, "no_supervised_tokens"
+        if what:
+            outcome[what] += 1
+        if example is not None:
+            examples.append(example)
     if not examples:
         raise DataError(
             f"no usable examples: {outcome['records']} records, {outcome['too_long']} over sequence_len "
@@ -128,7 +130,8 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     cached = load_prepared(root, key)
     if cached is not None:
         dd, stats = cached
-        return Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key), reused=True)
+        return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key),
+                                              reused=True))
     examples, outcome = tokenize_all(recipe, tokenizer, files)
     train, held = split(examples, recipe)
     stats = {
@@ -144,7 +147,23 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         parts["eval"] = _to_dataset(held)
     dd = DatasetDict(parts)
     save_prepared(root, key, dd, stats)
-    return Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key))
+    return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+
+
+def pack_prepared(recipe, prepared: Prepared) -> Prepared:
+    """Pack the splits the recipe asks to pack (packing is cheap, so the cache keeps unpacked examples)."""
+    from finetune.data.packing import pack_dataset
+
+    eval_packing = recipe.sample_packing if recipe.eval_sample_packing is None else recipe.eval_sample_packing
+    packing = {}
+    if recipe.sample_packing:
+        prepared.train, packing["train"] = pack_dataset(prepared.train, recipe.sequence_len, recipe.seed)
+    elif recipe.group_by_length:  # the Trainer's length-grouped sampler reads this column instead of every row
+        prepared.train = prepared.train.add_column("length", [len(ids) for ids in prepared.train["input_ids"]])
+    if eval_packing and prepared.eval is not None:
+        prepared.eval, packing["eval"] = pack_dataset(prepared.eval, recipe.sequence_len, recipe.seed)
+    prepared.stats = {**prepared.stats, "packing": packing}
+    return prepared
 
 
 __all__ = ["IGNORE_INDEX", "Prepared", "build_dataset"]
