@@ -61,9 +61,19 @@ def _head_bytes_per_token(shape: ModelShape, compute: str) -> float:
     return 4 * vocab + {"fp32": 12 * h + 64, "autocast": 11 * h + 40}.get(compute, 8 * h + 40)
 
 
+def checkpointing_mode(value: bool | str) -> str:
+    """`off`, `mlp` or `full`, from the recipe's value (older recipes: true/false)."""
+    if isinstance(value, bool):
+        return "full" if value else "off"
+    if value not in ("off", "mlp", "full"):
+        raise ValueError(f"gradient_checkpointing must be off, mlp or full, got {value!r}")
+    return value
+
+
 def activation_memory(shape: ModelShape, seq_len: int, micro_batch_size: int, compute: str = "bf16",
-                      attn: str = "sdpa", gradient_checkpointing: bool = False) -> ActivationEstimate:
-    """Activation bytes for one micro batch of `micro_batch_size` sequences of `seq_len` tokens."""
+                      attn: str = "sdpa", gradient_checkpointing: bool | str = False) -> ActivationEstimate:
+    """Activation bytes for one micro batch of `micro_batch_size` sequences of `seq_len` tokens.
+    gradient_checkpointing: False/"off", True/"full" (every layer) or "mlp" (only the MLP blocks)."""
     if compute not in COMPUTE_MODES:
         raise ValueError(f"compute must be one of {COMPUTE_MODES}, got {compute!r}")
     if attn not in ATTENTION:
@@ -72,7 +82,13 @@ def activation_memory(shape: ModelShape, seq_len: int, micro_batch_size: int, co
     layer = _layer_bytes_per_token(shape, seq_len, compute, attn) * tokens
     head = _head_bytes_per_token(shape, compute) * tokens
     transient = 4 * shape.vocab_size * tokens  # d(loss)/d(logits) in fp32
-    if gradient_checkpointing:
+    mode = checkpointing_mode(gradient_checkpointing)
+    if mode == "mlp":  # the MLP's gate/up/act/product (4I) are recomputed; its input is kept
+        e = 4 if compute == "fp32" else 2
+        mlp = e * 4 * shape.intermediate_size * tokens
+        saved = (layer - mlp + e * shape.hidden_size * tokens) * shape.num_layers + head
+        transient += mlp
+    elif mode == "full":
         kept_per_layer = (2 if compute in ("bf16", "fp16") else 4) * shape.hidden_size * tokens
         saved = kept_per_layer * shape.num_layers + head
         transient += layer  # the one layer being recomputed

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from finetune.plan.activations import activation_memory
+from finetune.plan.activations import activation_memory, checkpointing_mode
 from finetune.plan.memory import GIB, MemoryEstimate, TrainingSetup, estimate_memory
 from finetune.plan.shape import ModelShape, Trainable
 
@@ -26,7 +26,7 @@ class PlanInputs:
     optimizer: str = "adamw_torch"
     seq_len: int = 2048
     micro_batch_size: int = 1
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: str = "off"  # off | mlp | full (true/false accepted)
     attn: str = "sdpa"
     zero_stage: int = 0
     num_gpus: int = 1
@@ -80,7 +80,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
         e = 4 if mode == "fp32" else 2
         per_token = trainable.adapter_input_features * (e + (1 if inputs.lora_dropout else 0))
         extra = per_token * inputs.seq_len * inputs.micro_batch_size
-        if inputs.gradient_checkpointing:
+        if checkpointing_mode(inputs.gradient_checkpointing) == "full":
             extra //= inputs.shape.num_layers  # only the recomputed layer holds them
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
@@ -107,8 +107,8 @@ def _candidates(inputs: PlanInputs) -> list[tuple[str, PlanInputs]]:
         mbs = max(1, inputs.micro_batch_size // 2)
         out.append((f"micro_batch_size: {mbs} and twice the gradient_accumulation_steps (same global batch)",
                     replace(inputs, micro_batch_size=mbs)))
-    if not inputs.gradient_checkpointing:
-        out.append(("gradient_checkpointing: true (~30% more compute)", replace(inputs, gradient_checkpointing=True)))
+    if checkpointing_mode(inputs.gradient_checkpointing) != "full":
+        out.append(("gradient_checkpointing: full (~30% more compute)", replace(inputs, gradient_checkpointing="full")))
     if inputs.attn == "eager":
         out.append(("attn_implementation: sdpa (no s x s attention matrix kept)", replace(inputs, attn="sdpa")))
     if inputs.optimizer in ("adamw_torch", "adamw_torch_fused", "paged_adamw_32bit"):
@@ -136,6 +136,23 @@ def verdict(inputs: PlanInputs, budget_bytes: float) -> Verdict:
             need = plan_memory(changed).total
             mark = "fits" if need <= budget_bytes else "still too big"
             suggestions.append(f"{text}: ~{need / GIB:.1f} GiB ({mark})")
+        if not any(s.endswith("(fits)") for s in suggestions):
+            suggestions.append(_combined(inputs, budget_bytes))
         if inputs.num_gpus > 1 or inputs.zero_stage > 0:
             suggestions.append("ZeRO-Offload (offload_optimizer: cpu) moves optimizer states to CPU RAM")
     return Verdict(fits, estimate, budget_bytes, suggestions)
+
+
+def _combined(inputs: PlanInputs, budget_bytes: float) -> str:
+    """Apply the changes one after another until the plan fits (or they run out)."""
+    applied, current = [], inputs
+    while True:
+        options = [(text, changed) for text, changed in _candidates(current) if not text.startswith("adapter: lora")]
+        if not options:
+            break
+        text, current = options[0]
+        applied.append(text.split(" (")[0].split(":")[0] + ":" + text.split(":")[1].split(" (")[0])
+        need = plan_memory(current).total
+        if need <= budget_bytes:
+            return f"together: {'; '.join(applied)}: ~{need / GIB:.1f} GiB (fits)"
+    return f"even with all of these (~{plan_memory(current).total / GIB:.1f} GiB) it does not fit: use more or bigger GPUs"

@@ -1,0 +1,148 @@
+"""Memory and steps plan for a recipe or a model config: per-GPU bytes by component and a fits / doesn't verdict.
+
+    finetune plan recipe.yml --gpu h100 --num-gpus 2
+    finetune plan path/to/model_folder --adapter qlora --seq-len 4096 --micro-batch-size 2 --gpu rtx-4090
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from finetune.errors import FinetuneError
+from finetune.plan.memory import GIB
+
+# flag -> (recipe field, default when planning from a bare model config)
+KNOBS = {
+    "adapter": ("adapter", "none"), "lora_r": ("lora_r", 8), "precision": ("precision", "bf16"),
+    "optimizer": ("optimizer", "adamw_torch"), "seq_len": ("sequence_len", 2048),
+    "micro_batch_size": ("micro_batch_size", 1), "gradient_checkpointing": ("gradient_checkpointing", "off"),
+    "attn": ("attn_implementation", "sdpa"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a YAML recipe, or a model: folder with config.json, config.json, or hub id")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key, e.g. --set micro_batch_size=8")
+    parser.add_argument("--gpu", default=None, help="GPU for the verdict: h100, h200, a100-80gb, l40s, rtx-4090, t4...")
+    parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU, for a GPU not in the table")
+    parser.add_argument("--num-gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
+    parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0, help="DeepSpeed ZeRO stage")
+    parser.add_argument("--adapter", choices=("none", "lora", "qlora"), default=None)
+    parser.add_argument("--lora-r", type=int, default=None)
+    parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
+    parser.add_argument("--optimizer", default=None, help="adamw_torch, adamw_8bit, paged_adamw_8bit, sgd, adafactor...")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (recipe: sequence_len)")
+    parser.add_argument("--micro-batch-size", type=int, default=None)
+    parser.add_argument("--gradient-checkpointing", choices=("off", "mlp", "full"), default=None)
+    parser.add_argument("--attn", choices=("eager", "sdpa", "flash_attention_2"), default=None)
+    parser.add_argument("--no-data", action="store_true", help="with a recipe: skip tokenizing, so no step count")
+
+
+def _is_recipe(source: str) -> bool:
+    return Path(source).suffix in (".yml", ".yaml")
+
+
+def _knobs(args: argparse.Namespace, recipe) -> dict:
+    """Each knob from the flag, else the recipe, else the bare-config default."""
+    out = {}
+    for flag, (field, default) in KNOBS.items():
+        value = getattr(args, flag)
+        if value is None:
+            value = getattr(recipe, field) if recipe is not None else default
+        out[flag] = value
+    if out["precision"] == "auto":
+        out["precision"] = "bf16"  # plan for a GPU; the run picks fp16 on pre-Ampere cards
+    if out["attn"] == "auto":
+        out["attn"] = "sdpa"  # flash_attention_2 keeps the same activations
+    if isinstance(out["gradient_checkpointing"], bool):
+        out["gradient_checkpointing"] = "full" if out["gradient_checkpointing"] else "off"
+    return out
+
+
+def _budget(args: argparse.Namespace) -> tuple[float | None, str]:
+    if args.gpu_memory_gib:
+        return args.gpu_memory_gib * GIB, f"{args.gpu_memory_gib:g} GiB GPU"
+    if args.gpu:
+        from finetune.plan.gpus import find_gpu
+
+        gpu = find_gpu(args.gpu)
+        return gpu.memory_bytes, f"{gpu.name} ({gpu.memory_mib / 1024:.1f} GiB)"
+    return None, ""
+
+
+def _steps_line(recipe, world_size: int) -> str:
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+    from finetune.plan.steps import optimizer_steps
+
+    train = build_dataset(recipe, load_tokenizer(recipe)).stats["train"]
+    total = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
+                            world_size, recipe.num_epochs, recipe.max_steps)
+    per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
+                                world_size, 1, None)
+    return (f"steps: {total:,} optimizer steps ({per_epoch:,} per epoch); {train['examples']:,} examples, "
+            f"{train['tokens']:,} tokens, {train['supervised_tokens']:,} supervised "
+            f"(~{train['supervised_tokens'] / per_epoch:,.0f} per step)")
+
+
+def _load(args: argparse.Namespace):
+    """(recipe or None, HF config)."""
+    from finetune.plan.model_size import load_config
+
+    if not _is_recipe(args.source):
+        if args.overrides:
+            raise FinetuneError("--set applies to a recipe; with a model config use the flags (--adapter, --seq-len...)")
+        return None, load_config(args.source)
+    from finetune.model.loader import resolve_model_path
+    from finetune.recipe_load import load_recipe
+
+    recipe = load_recipe(args.source, args.overrides, world_size=args.num_gpus)
+    return recipe, load_config(resolve_model_path(recipe.base_model, recipe.cache_dir), recipe.trust_remote_code)
+
+
+def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
+    lines = [f"model: {shape.total_params / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
+             f"{shape.hidden_size}, vocab {shape.vocab_size}); training {trainable.trainable_params:,} "
+             f"({100 * trainable.trainable_params / shape.total_params:.2f}%)",
+             f"setup: adapter {knobs['adapter']}, {knobs['precision']}, {knobs['optimizer']}, "
+             f"{knobs['micro_batch_size']} x {knobs['seq_len']} tokens per micro batch, checkpointing "
+             f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}",
+             "per-GPU memory:"]
+    for name, value in estimate.components.items():
+        if value:
+            lines.append(f"  {name:<28} {value / GIB:8.2f} GiB")
+    lines.append(f"  {'peak allocated':<28} {estimate.peak_allocated / GIB:8.2f} GiB   "
+                 "(compare torch.cuda.max_memory_allocated)")
+    lines.append(f"  {'+ CUDA context, fragmentation':<28} {estimate.overhead / GIB:8.2f} GiB")
+    lines.append(f"  {'total':<28} {estimate.total / GIB:8.2f} GiB")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune.plan.budget import PlanInputs, plan_memory, verdict
+    from finetune.plan.model_size import count_model
+
+    recipe, config = _load(args)
+    knobs = _knobs(args, recipe)
+    targets = recipe.lora_target_modules if recipe is not None else "all-linear"
+    to_save = recipe.lora_modules_to_save if recipe is not None else None
+    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save)
+    inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
+                        optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
+                        micro_batch_size=knobs["micro_batch_size"],
+                        gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
+                        zero_stage=args.zero_stage, num_gpus=args.num_gpus)
+    print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
+    if recipe is not None and not args.no_data:
+        print(_steps_line(recipe, args.num_gpus))
+    budget, label = _budget(args)
+    if budget is None:
+        print("verdict: pass --gpu NAME (or --gpu-memory-gib N) for a fits / doesn't verdict")
+        return 0
+    result = verdict(inputs, budget)
+    print(f"{result.headline()} on {label}")
+    for line in result.suggestions:
+        print(f"  - {line}")
+    return 0 if result.fits else 1

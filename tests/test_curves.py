@@ -1,0 +1,90 @@
+"""Learning-curve diagnosis on synthetic curves of each kind and on a real tiny run made to overfit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from finetune.cli import main
+from finetune.curves import diagnose, write_curves
+
+
+def _history(train_fn, eval_fn=None, steps=100, eval_every=10):
+    history = [{"step": s, "loss": train_fn(s)} for s in range(1, steps + 1)]
+    if eval_fn:
+        history += [{"step": s, "eval_loss": eval_fn(s)} for s in range(eval_every, steps + 1, eval_every)]
+    return sorted(history, key=lambda e: e["step"])
+
+
+def test_flat_high_training_loss_is_underfit():
+    d = diagnose(_history(lambda s: 4.0 + 0.05 * math.sin(s), lambda s: 4.1))
+    assert d["verdict"] == "underfit" and "barely moved" in d["reason"]
+
+
+def test_still_falling_steeply_is_underfit():
+    d = diagnose(_history(lambda s: 4.0 - 0.03 * s, lambda s: 4.1 - 0.03 * s))  # linear all the way down
+    assert d["verdict"] == "underfit" and "still falling" in d["reason"]
+
+
+def test_eval_minimum_then_rise_is_overfit_with_step_and_checkpoint(tmp_path):
+    for step in (40, 60, 100):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    d = diagnose(_history(lambda s: 3.0 * math.exp(-s / 15) + 0.1, lambda s: 1.0 + ((s - 50) / 40) ** 2),
+                 output_dir=tmp_path)
+    assert d["verdict"] == "overfit" and d["best_eval_step"] == 50
+    assert d["checkpoint"] == str(tmp_path / "checkpoint-60")  # nearest, preferring one at/after the minimum
+    assert d["gap"] == pytest.approx(d["final_eval_loss"] - d["final_train_loss"])
+
+
+def test_both_flattened_with_small_gap_is_well_fit():
+    d = diagnose(_history(lambda s: 2.0 * math.exp(-s / 10) + 1.0, lambda s: 2.0 * math.exp(-s / 10) + 1.05))
+    assert d["verdict"] == "well-fit" and d["gap"] == pytest.approx(0.05, abs=1e-3)
+    assert "gap +0.050" in d["reason"]
+
+
+def test_no_logged_loss_says_how_to_fix():
+    assert "logging_steps" in diagnose([{"step": 3, "train_runtime": 1.0}])["reason"]
+
+
+def test_write_curves_writes_png_and_json_and_cli_rerenders(tmp_path, capsys):
+    history = _history(lambda s: 2.0 * math.exp(-s / 10) + 1.0, lambda s: 2.0 * math.exp(-s / 10) + 1.05)
+    d = write_curves(tmp_path, history)
+    png = tmp_path / "loss_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and d["plot"] == str(png)
+    assert json.loads((tmp_path / "diagnosis.json").read_text())["verdict"] == "well-fit"
+    png.unlink()
+    (tmp_path / "run.json").write_text(json.dumps({"log_history": history}))
+    assert main(["curves", str(tmp_path)]) == 0
+    assert png.is_file() and capsys.readouterr().out.startswith("well-fit")
+
+
+def test_curves_on_a_folder_without_logs_is_a_user_error(tmp_path, capsys):
+    assert main(["curves", str(tmp_path)]) == 2
+    assert "run.json" in capsys.readouterr().err
+
+
+def test_a_real_tiny_run_made_to_overfit_is_diagnosed_overfit(tmp_path):
+    """Memorise 8 random sequences; held-out random sequences get worse as the model grows confident."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    vocab = 48
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    model = LlamaForCausalLM(config)
+    make = lambda n: [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, vocab, (n, 24))]  # noqa: E731
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=16, learning_rate=5e-3,
+        lr_scheduler_type="constant", logging_steps=1, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+        save_steps=2, report_to="none", use_cpu=True, disable_tqdm=True, save_only_model=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=make(8), eval_dataset=make(8))
+    trainer.train()
+    d = write_curves(tmp_path, trainer.state.log_history)
+    assert d["verdict"] == "overfit", d
+    assert d["final_train_loss"] < 1.0 < d["gap"]  # memorised the training set; held-out loss climbed
+    assert d["checkpoint"] == str(tmp_path / f"checkpoint-{d['best_eval_step']}")
+    assert (tmp_path / "loss_curve.png").is_file()
