@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat")
 
@@ -286,8 +286,56 @@ class Recipe(Strict):
     eval_steps: int | None = Field(
         None, gt=0, description="Evaluate every N steps (with a val split). Default: at the end of each epoch."
     )
-    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps. Default: each epoch.")
-    save_total_limit: int | None = Field(2, gt=0, description="Keep at most this many checkpoints.")
+    # Checkpoints: temporary (rotated) and exports (kept); see docs/checkpoints.md. The axolotl/HF names
+    # save_steps / save_total_limit are accepted as aliases.
+    checkpoint_interval: int | None = Field(
+        None, gt=0, validation_alias=AliasChoices("checkpoint_interval", "save_steps"),
+        description=(
+            "Write a temporary, resumable checkpoint to output_dir/checkpoints every N optimizer steps "
+            "(alias: save_steps). Default: at the end of each epoch."
+        ),
+    )
+    max_checkpoints: int = Field(
+        2, gt=0, validation_alias=AliasChoices("max_checkpoints", "save_total_limit"),
+        description="Keep the newest N temporary checkpoints; older ones are deleted (alias: save_total_limit).",
+    )
+    export_interval: int | None = Field(
+        None, gt=0,
+        description=(
+            "Write a permanent export (a complete, resumable, loadable checkpoint) to output_dir/exports every N "
+            "optimizer steps. Exports are never deleted automatically. Default: none."
+        ),
+    )
+    resume: Union[bool, str] = Field(
+        "auto",
+        description=(
+            "`auto`: continue from the newest complete checkpoint or export in output_dir, if any (refused if it "
+            "was written for other data or settings). A path: resume from that checkpoint. `false`: start fresh."
+        ),
+    )
+
+    @field_validator("resume", mode="before")
+    @classmethod
+    def _resume_true_is_auto(cls, value):
+        return "auto" if value is True else value
+
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description=(
+            "A NaN/inf loss or gradient norm: `stop` the run with an error (the last good checkpoint is kept), "
+            "or `skip` the optimizer update for that step."
+        ),
+    )
+    max_skipped_steps: int = Field(
+        10, gt=0, description="With `on_nonfinite: skip`: stop after this many non-finite steps in a row."
+    )
+    loss_spike_factor: float | None = Field(
+        3.0, gt=1.0,
+        description="Warn when a logged loss exceeds this multiple of the median of recent logged losses (null: off).",
+    )
+    save_on_interrupt: bool = Field(
+        True, description="Ctrl-C finishes the current step, saves a checkpoint, then exits (exit code 130)."
+    )
     report_to: list[Literal["tensorboard", "wandb", "none"]] = Field(
         ["tensorboard"],
         description="Loggers. TensorBoard runs offline; wandb takes its key only from WANDB_API_KEY or ~/.netrc.",

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from finetune.checkpoints import location_problems
 from finetune.errors import RecipeError
 from finetune.recipe import DatasetSpec, Recipe
 
@@ -78,6 +79,9 @@ def _describe(err: dict, lines: dict[tuple, int]) -> str:
         key = str(loc[-1])
         hint = ""
         if owner is not None:
+            for name, field in owner.model_fields.items():  # e.g. save_total_limit next to max_checkpoints
+                if key in getattr(field.validation_alias, "choices", ()):
+                    return f"`{where}`{at}: `{key}` is another name for `{name}`, which is also set; keep one"
             close = difflib.get_close_matches(key, list(owner.model_fields), n=1, cutoff=0.6)
             hint = f"; did you mean `{close[0]}`?" if close else "; run `finetune schema` for the valid keys"
         return f"`{where}`{at}: unknown key{hint}"
@@ -145,6 +149,8 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
             setattr(recipe, key, _resolve(getattr(recipe, key), base))
     for ds in recipe.datasets:
         ds.path = _resolve(ds.path, base)
+    if isinstance(recipe.resume, str) and recipe.resume != "auto":
+        recipe.resume = _resolve(recipe.resume, base)
 
 
 def _resolve_model_paths(data: dict, base: Path) -> None:
@@ -244,6 +250,7 @@ def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: 
         raise RecipeError([_describe(e, lines or {}) for e in errors], source) from None
     _resolve_paths(recipe, base_dir)
     problems = cross_checks(recipe, explicit, world_size or world_size_from_env())
+    problems += location_problems(recipe, base_dir)
     if problems:
         raise RecipeError(problems, source)
     return recipe

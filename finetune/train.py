@@ -20,6 +20,7 @@ from pathlib import Path
 from finetune.commands.validate import add_recipe_arguments
 from finetune.errors import FinetuneError
 from finetune.recipe_load import dump_recipe, load_recipe
+from finetune.redact import redact, redact_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -82,9 +83,12 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         logging_first_step=True,
         eval_strategy=eval_strategy,
         eval_steps=recipe.eval_steps,
-        save_strategy="steps" if recipe.save_steps else "epoch",
-        save_steps=recipe.save_steps or 500,
-        save_total_limit=recipe.save_total_limit,
+        # Saving is scheduled, staged, completed and rotated by finetune/callbacks_guard.CheckpointCallback
+        # (checkpoint_interval, export_interval, max_checkpoints): the Trainer only writes when asked.
+        save_strategy="no",
+        save_total_limit=None,
+        # `stop` must see a NaN loss in the logs; `skip` leaves it out of the logged average like HF does
+        logging_nan_inf_filter=recipe.on_nonfinite == "skip",
         report_to=reporters or "none",
         remove_unused_columns=False,  # our columns are exactly what the model takes
         train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
@@ -145,12 +149,15 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_training(recipe) -> dict:
-    """Train as the recipe says; returns what run.json records."""
-    from transformers import Trainer
+def run_training(recipe, extra_callbacks: list = ()) -> dict:
+    """Train as the recipe says; returns what run.json records. `extra_callbacks`: more TrainerCallbacks
+    (run after finetune's own), for tools and tests."""
+    from transformers import Trainer, set_seed
 
     from finetune.data.collate import Collator
 
+    from finetune.callbacks_guard import Interrupted, build_callbacks, clear_write_errors, interrupted_message
+    from finetune.checkpoints import Layout, find_resume, remove_stale_staging, run_fingerprint
     from finetune.data import build_dataset
     from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
     from finetune.model.loader import load_tokenizer, resolve_model_path
@@ -178,6 +185,12 @@ def run_training(recipe) -> dict:
             f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
     attn = resolve_attn_implementation(recipe)
     log(f"precision {precision}, attention {attn}, adapter {recipe.adapter}")
+    layout = Layout(Path(recipe.output_dir))
+    fingerprint = run_fingerprint(recipe, prepared.key, world_size)
+    resume_from = find_resume(recipe, fingerprint)  # before the model loads: a refusal costs nothing
+    if resume_from:
+        log(f"resuming from {resume_from}")
+    set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
     model, tokenizer = build_model(recipe, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
@@ -192,7 +205,11 @@ def run_training(recipe) -> dict:
 
     output_dir = Path(recipe.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    for stale in remove_stale_staging(layout):
+        log(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
+    guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
     trainer = Trainer(
+        callbacks=[*callbacks, *extra_callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,
@@ -203,11 +220,15 @@ def run_training(recipe) -> dict:
     eval_before = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
     if eval_before is not None:
         log(f"eval loss before training: {eval_before:.4f}")
-    result = trainer.train()
+    with interrupt.catching_sigint(), clear_write_errors(layout, "a checkpoint"):
+        result = trainer.train(resume_from_checkpoint=resume_from)
+    if interrupt.fired:
+        raise Interrupted(interrupted_message(interrupt, layout))
     eval_after = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
-    trainer.save_model(str(output_dir))
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(str(output_dir))
+    with clear_write_errors(layout, "the trained model"):
+        trainer.save_model(str(output_dir))
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(str(output_dir))
     summary = {
         "recipe": recipe.model_dump(mode="json"),
         "versions": package_versions(),
@@ -226,10 +247,16 @@ def run_training(recipe) -> dict:
         "train_runtime_s": result.metrics.get("train_runtime"),
         "wall_time_s": time.time() - started,
         "log_history": trainer.state.log_history,
+        "resumed_from": resume_from,
+        "checkpoints_written": saver.saved,
+        "nonfinite_skipped_steps": guard.skipped_steps,
+        "loss_spikes": guard.spikes,
     }
+    summary = redact(summary)  # no password, token or API key reaches run.json
     if trainer.is_world_process_zero():
-        (output_dir / "recipe.resolved.yml").write_text(dump_recipe(recipe))
-        write_json_atomic(output_dir / "run.json", summary)
+        with clear_write_errors(layout, "run.json"):
+            (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
+            write_json_atomic(output_dir / "run.json", summary)
         log(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
             f"{summary['final_train_loss']}, eval loss {eval_before} -> {eval_after}; saved to {output_dir}")
     return summary

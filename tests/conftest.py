@@ -69,7 +69,7 @@ def make_recipe(tmp_path, tiny_model_dir):
             "output_dir": "out",
             "cache_dir": "cache",
             "report_to": ["none"],
-            "save_total_limit": 1,
+            "max_checkpoints": 1,
         }
         recipe.update(overrides)
         path = tmp_path / "recipe.yml"
