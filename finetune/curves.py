@@ -55,7 +55,7 @@ def _train_shape(train: list[tuple[int, float]]) -> tuple[str | None, str]:
 def _checkpoint_near(output_dir: Path, step: int) -> str | None:
     """The saved checkpoint-N folder closest to `step` (at or after it first), if any."""
     found = []
-    for path in output_dir.glob("checkpoint-*"):
+    for path in [*output_dir.glob("checkpoint-*"), *output_dir.glob("*/checkpoint-*")]:  # also checkpoints/
         match = re.fullmatch(r"checkpoint-(\d+)", path.name)
         if match and path.is_dir():
             found.append((int(match.group(1)), path))
@@ -147,7 +147,8 @@ def read_log_history(output_dir: str | Path) -> list[dict]:
         history = json.loads(run_json.read_text()).get("log_history")
         if history:
             return history
-    states = sorted(output_dir.glob("checkpoint-*/trainer_state.json"),
+    states = sorted([*output_dir.glob("checkpoint-*/trainer_state.json"),
+                     *output_dir.glob("*/checkpoint-*/trainer_state.json")],
                     key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit() else -1)
     if states:
         return json.loads(states[-1].read_text()).get("log_history", [])
