@@ -50,7 +50,6 @@ def _trainer_steps(model, tmp_path, n, mbs, gas, epochs, max_steps) -> int:
 
 # (examples, micro batch, accumulation, epochs, max_steps)
 CASES = [
-    (10, 2, 1, 1, None),  # 5 batches, 5 steps
     (10, 2, 2, 1, None),  # 5 batches, accumulation remainder of 1 still steps -> 3
     (10, 2, 3, 1.5, None),  # fractional epochs stop mid-epoch: ceil(1.5 x 2) = 3
     (50, 2, 1, 0.28, None),  # 0.28 x 25 = 7.000000000000001 in floats: the Trainer runs 8 steps, not 7
