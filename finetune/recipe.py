@@ -14,6 +14,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat")
 
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
+
 OPTIMIZERS = (
     "adamw_torch",
     "adamw_torch_fused",
@@ -165,9 +167,34 @@ class Recipe(Strict):
         "auto",
         description="Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA, else sdpa.",
     )
-    gradient_checkpointing: bool = Field(
-        False, description="Recompute activations in the backward pass: less memory, ~30% more compute."
+    gradient_checkpointing: Literal["full", "mlp", "off"] = Field(
+        "off",
+        description=(
+            "Recompute activations in the backward pass instead of keeping them (non-reentrant). `full`: every "
+            "decoder layer, least memory, ~30% more compute. `mlp`: only the MLP blocks, the cheap selective mode. "
+            "`off`: keep everything. `true`/`false` are accepted as `full`/`off`."
+        ),
     )
+    special_tokens: dict[Literal[SPECIAL_TOKEN_KEYS], str] = Field(  # type: ignore[valid-type]
+        {},
+        description=(
+            "Set the tokenizer's special tokens, e.g. {pad_token: \"<pad>\", eos_token: \"<|im_end|>\"}. A token "
+            "new to the vocabulary grows the embeddings; with an adapter, embeddings and lm_head are then trained."
+        ),
+    )
+    tokens: list[str] = Field(
+        [],
+        description=(
+            "Extra tokens added to the vocabulary (e.g. [\"<|tool|>\"]). New ones grow the embeddings; with an "
+            "adapter, embeddings and lm_head are then trained and saved with it (modules to save)."
+        ),
+    )
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_alias(cls, value):
+        # axolotl recipes say `gradient_checkpointing: true`
+        return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     # --- data --------------------------------------------------------------------------------------
     datasets: list[DatasetSpec] = Field(min_length=1, description="Training data sources.")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from finetune.commands.validate import add_recipe_arguments
 from finetune.errors import FinetuneError
+from finetune.model.bnb import resolve_optimizer
 from finetune.recipe_load import dump_recipe, load_recipe
 from finetune.redact import redact, redact_text
 
@@ -70,14 +71,15 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         adam_beta2=recipe.adam_beta2,
         adam_epsilon=recipe.adam_epsilon,
         max_grad_norm=recipe.max_grad_norm,
-        optim=recipe.optimizer,
+        optim=resolve_optimizer(recipe.optimizer, _cuda_available())[0],  # paged needs CUDA
         seed=recipe.seed,
         data_seed=recipe.seed,
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         # non-reentrant checkpointing: works with frozen inputs (LoRA) and without use_cache tricks
-        activation_checkpointing=recipe.gradient_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if recipe.gradient_checkpointing else None,
+        # (`gradient_checkpointing: mlp` is applied to the model by build_model instead)
+        activation_checkpointing=recipe.gradient_checkpointing == "full",
+        activation_checkpointing_kwargs={"use_reentrant": False} if recipe.gradient_checkpointing == "full" else None,
         dataloader_pin_memory=_cuda_available(),
         logging_steps=recipe.logging_steps,
         logging_first_step=True,
@@ -185,6 +187,9 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
             f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
     attn = resolve_attn_implementation(recipe)
     log(f"precision {precision}, attention {attn}, adapter {recipe.adapter}")
+    optimizer_notice = resolve_optimizer(recipe.optimizer, _cuda_available())[1]
+    if optimizer_notice:
+        log(optimizer_notice)
     layout = Layout(Path(recipe.output_dir))
     fingerprint = run_fingerprint(recipe, prepared.key, world_size)
     resume_from = find_resume(recipe, fingerprint)  # before the model loads: a refusal costs nothing

@@ -6,10 +6,15 @@ QLoRA is LoRA plus one switch (a 4-bit base), not a second code path.
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 from finetune.errors import ModelError
+from finetune.model.bnb import require_bitsandbytes
+from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, load_tokenizer, resolve_model_path
+from finetune.model.targets import check_targets, module_groups, ties_embeddings
+from finetune.model.tokens import fit_embeddings
 
 
 def resolve_precision(recipe) -> str:
@@ -41,10 +46,7 @@ def get_quantization_config(recipe, compute_dtype):
     """BitsAndBytesConfig for a quantized base, or None."""
     if not quantized_base(recipe):
         return None
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise ModelError(
-            "a quantized base (QLoRA / load_in_4bit / load_in_8bit) needs bitsandbytes: pip install 'finetune[qlora]'"
-        )
+    require_bitsandbytes("a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`)")
     from transformers import BitsAndBytesConfig
 
     if recipe.load_in_8bit:
@@ -57,8 +59,15 @@ def get_quantization_config(recipe, compute_dtype):
     )
 
 
-def get_lora_config(recipe):
-    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune."""
+def describe_quantization(recipe, precision: str) -> str:
+    if recipe.load_in_8bit:
+        return "8-bit (LLM.int8)"
+    return f"4-bit NF4, double quantization, compute in {precision}"
+
+
+def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embeddings: bool = False):
+    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save` is the
+    recipe's, widened by build_model when new tokens need trained embeddings."""
     if recipe.adapter == "none":
         return None
     from peft import LoraConfig
@@ -68,16 +77,12 @@ def get_lora_config(recipe):
         lora_alpha=recipe.lora_alpha,
         lora_dropout=recipe.lora_dropout,
         target_modules=recipe.lora_target_modules,
-        modules_to_save=recipe.lora_modules_to_save,
+        modules_to_save=modules_to_save,
+        # a tied embedding / lm_head pair stays one trained matrix instead of two diverging copies
+        ensure_weight_tying=tie_embeddings and bool(modules_to_save),
         bias="none",
         task_type="CAUSAL_LM",
     )
-
-
-def linear_module_names(model) -> list[str]:
-    import torch
-
-    return sorted({name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)})
 
 
 def load_base_model(recipe, precision: str):
@@ -89,12 +94,16 @@ def load_base_model(recipe, precision: str):
     # lets autocast run the matmuls in bf16/fp16.
     load_dtype = dtypes[precision] if recipe.adapter != "none" else torch.float32
     source = resolve_model_path(recipe.base_model, recipe.cache_dir)
+    quantization = get_quantization_config(recipe, dtypes[precision])
+    # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
+    device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
     try:
         return AutoModelForCausalLM.from_pretrained(
             source,
             dtype=load_dtype,
             attn_implementation=resolve_attn_implementation(recipe),
-            quantization_config=get_quantization_config(recipe, dtypes[precision]),
+            quantization_config=quantization,
+            device_map=device_map,
             trust_remote_code=recipe.trust_remote_code,
         )
     except (OSError, ValueError) as exc:
@@ -112,31 +121,47 @@ def build_model(recipe, tokenizer=None):
     model = load_base_model(recipe, precision)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
+    modules_to_save = fit_embeddings(model, tokenizer, recipe)
     if quantized_base(recipe):
+        print(f"[finetune] base quantized: {describe_quantization(recipe, precision)}", file=sys.stderr)
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=recipe.gradient_checkpointing)
-    lora = get_lora_config(recipe)
+        # norms to fp32, inputs ready for grads; checkpointing is switched on below / by the Trainer
+        # (non-reentrant), not here (peft's default is the reentrant kind)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
+    lora = get_lora_config(recipe, modules_to_save, tie_embeddings=ties_embeddings(model))
     if lora is not None:
         from peft import get_peft_model
 
-        try:
-            model = get_peft_model(model, lora)
-        except ValueError as exc:
-            if "not found" not in str(exc) and "target" not in str(exc).lower():
-                raise
-            raise ModelError(
-                f"`lora_target_modules` {recipe.lora_target_modules} match no module of this model. "
-                f"Linear modules it has: {', '.join(linear_module_names(model))}"
-            ) from None
-    if recipe.gradient_checkpointing:
-        model.config.use_cache = False
+        check_targets(module_groups(model), recipe.lora_target_modules)
+        model = get_peft_model(model, lora)
     trainable, total = count_parameters(model)
     print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)", file=sys.stderr)
     return model, tokenizer
 
 
+def apply_gradient_checkpointing(model, mode: str) -> None:
+    """`mlp` wraps each MLP block here; `full` is switched on by the Trainer (train.py: activation_checkpointing)."""
+    if mode == "off":
+        return
+    model.config.use_cache = False  # a KV cache is useless in training and conflicts with recomputation
+    if mode == "full":
+        print("[finetune] gradient checkpointing: full (every decoder layer, non-reentrant)", file=sys.stderr)
+    if mode == "mlp":
+        blocks = checkpoint_mlps(model)
+        print(f"[finetune] gradient checkpointing: mlp (recomputing {blocks} MLP blocks in the backward pass)",
+              file=sys.stderr)
+
+
+def parameter_count(param) -> int:
+    """Elements a parameter stands for: a 4-bit tensor packs 2 weights per byte of its storage."""
+    if type(param).__name__ == "Params4bit":
+        return param.numel() * 2 * param.element_size()
+    return param.numel()
+
+
 def count_parameters(model) -> tuple[int, int]:
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(parameter_count(p) for p in model.parameters() if p.requires_grad)
+    total = sum(parameter_count(p) for p in model.parameters())
     return trainable, total

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from finetune.errors import ModelError
 from finetune.data.formats import CHATML_TEMPLATE
+from finetune.model.tokens import add_recipe_tokens
 
 
 def package_resource(spec: str) -> Path | None:
@@ -110,8 +111,10 @@ def load_tokenizer(recipe):
         raise _not_found(name, exc) from None
     if not getattr(tokenizer, "is_fast", False):
         raise ModelError(f"the tokenizer of `{name}` is not a fast tokenizer; finetune needs offsets from one")
+    # before anything reads the vocabulary: the data cache key fingerprints the tokenizer with these tokens
+    add_recipe_tokens(tokenizer, recipe)
     if tokenizer.eos_token_id is None:
-        raise ModelError(f"the tokenizer of `{name}` has no EOS token; set one in the tokenizer config")
+        raise ModelError(f"the tokenizer of `{name}` has no EOS token; set one with `special_tokens: {{eos_token: ...}}`")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of the loss anyway
     if recipe.chat_template == "chatml" or (recipe.chat_template == "tokenizer_default" and not tokenizer.chat_template):

@@ -1,0 +1,51 @@
+"""Chat with the trained model: one message a line on stdin, the reply on stdout (chat template applied).
+
+    finetune chat recipe.yml
+    echo "hello" | finetune chat outputs/run
+
+`/reset` starts a new conversation; `/exit` or end of input (Ctrl-D) quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from finetune.model.generate_command import add_generation_arguments, first_messages
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_generation_arguments(parser)
+
+
+def read_line(interactive: bool) -> str | None:
+    try:
+        line = input("you> ") if interactive else sys.stdin.readline()
+    except EOFError:
+        return None
+    if not interactive and line == "":
+        return None
+    return line.strip()
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune.model.inference import load_for_inference, reply
+
+    model, tokenizer = load_for_inference(args.target, args.overrides)
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("chat: /reset starts over, /exit or Ctrl-D quits", file=sys.stderr)
+    messages = first_messages(args)
+    while (line := read_line(interactive)) is not None:
+        if line == "/exit":
+            break
+        if line == "/reset":
+            messages = first_messages(args)
+            continue
+        if not line:
+            continue
+        messages.append({"role": "user", "content": line})
+        answer = reply(model, tokenizer, messages, args.max_new_tokens, args.temperature, use_template=not args.raw)
+        messages.append({"role": "assistant", "content": answer})
+        print(f"assistant> {answer}" if interactive else answer, flush=True)
+    return 0

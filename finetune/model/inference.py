@@ -1,0 +1,74 @@
+"""Load what a run trained and generate text with it: used by `finetune chat` and `finetune generate`."""
+
+from __future__ import annotations
+
+from finetune.model.merge import Trained, load_adapter_model, locate
+
+
+def device():
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_for_inference(target: str, overrides: list[str] = ()):
+    """(model, tokenizer) in eval mode from a recipe, an adapter folder or a model folder.
+
+    An adapter runs on its base as it was trained: 4-bit for QLoRA (when bitsandbytes can run here), in the
+    training precision otherwise."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    trained: Trained = locate(target, overrides)
+    if trained.is_adapter:
+        model, tokenizer = load_adapter_model(trained, *base_settings(trained.recipe))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(trained.folder))
+        model = AutoModelForCausalLM.from_pretrained(str(trained.folder))
+    if getattr(model, "hf_device_map", None) is None:
+        model.to(device())
+    model.eval()
+    return model, tokenizer
+
+
+def base_settings(recipe) -> tuple[str, object]:
+    """(dtype name, quantization config or None) for the base under an adapter."""
+    if recipe is None:
+        return "fp32" if device() == "cpu" else "bf16", None
+    from finetune.model import get_quantization_config, resolve_precision
+    from finetune.model.merge import torch_dtype
+
+    precision = resolve_precision(recipe)
+    return precision, get_quantization_config(recipe, torch_dtype(precision))
+
+
+def encode_prompt(tokenizer, messages: list[dict], use_template: bool) -> list[int]:
+    """Token ids for the conversation so far, ending where the assistant's reply starts."""
+    if use_template and tokenizer.chat_template:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    text = "\n".join(m["content"] for m in messages)
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """End of sequence, the model's own end-of-turn ids, and ChatML's <|im_end|> when the vocabulary has it."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = set(configured if isinstance(configured, list) else [configured]) | {tokenizer.eos_token_id}
+    ids.add(tokenizer.get_vocab().get("<|im_end|>"))
+    return sorted(i for i in ids if isinstance(i, int))
+
+
+def reply(model, tokenizer, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
+          use_template: bool = True) -> str:
+    """The model's answer to `messages` (greedy when temperature is 0), without the prompt."""
+    import torch
+
+    ids = encode_prompt(tokenizer, messages, use_template)
+    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    stop = stop_token_ids(model, tokenizer)
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                             max_new_tokens=max_new_tokens, eos_token_id=stop,
+                             pad_token_id=tokenizer.pad_token_id, **sampling)
+    return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()

@@ -1,0 +1,117 @@
+"""Find a trained run's adapter or model, load it for use, and merge a LoRA adapter into its base.
+
+A merged model is a plain Hugging Face model: W' = W + (alpha / r) * B @ A for every adapted layer, with
+the modules trained in full (modules_to_save) copied in. It is written in full precision from an
+*unquantized* base, also for QLoRA: merging into 4-bit weights would round the update away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.errors import ModelError
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass
+class Trained:
+    """What a training run left: a folder with an adapter or a full model, and where its base lives."""
+
+    folder: Path
+    is_adapter: bool
+    base_source: str | None  # for an adapter: the base model folder or hub id
+    recipe: object | None = None
+
+
+def is_recipe_path(target: str) -> bool:
+    return Path(target).suffix in (".yml", ".yaml") and Path(target).is_file()
+
+
+def locate(target: str, overrides: list[str] = ()) -> Trained:
+    """A recipe (its output_dir), an adapter folder or a model folder -> what is there. ModelError if nothing."""
+    recipe = None
+    if is_recipe_path(target):
+        from finetune.recipe_load import load_recipe
+
+        recipe = load_recipe(target, list(overrides))
+        folder, where = Path(recipe.output_dir), f"the recipe's output_dir `{recipe.output_dir}`"
+    else:
+        folder, where = Path(target), f"`{target}`"
+    if (folder / "adapter_config.json").is_file():
+        return Trained(folder, True, base_model_of(folder, recipe), recipe)
+    if (folder / "config.json").is_file():
+        return Trained(folder, False, None, recipe)
+    raise ModelError(
+        f"no trained adapter or model in {where}: looked for {folder / 'adapter_config.json'} (a LoRA/QLoRA "
+        f"adapter) and {folder / 'config.json'} (a full model). Train first (`finetune train RECIPE`), or pass "
+        "the folder the run wrote."
+    )
+
+
+def base_model_of(adapter_dir: Path, recipe=None) -> str:
+    """The base an adapter was trained on: the recipe's, else the one run.json / adapter_config.json record."""
+    from finetune.model.loader import resolve_model_path
+
+    if recipe is not None:
+        return resolve_model_path(recipe.base_model, recipe.cache_dir)
+    run = adapter_dir / "run.json"
+    if run.is_file():
+        recorded = json.loads(run.read_text()).get("base_model_path")
+        if recorded:
+            return recorded
+    base = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ModelError(f"{adapter_dir / 'adapter_config.json'} does not name its base model; pass the recipe instead")
+    return base
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
+
+
+def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None):
+    """(PeftModel, tokenizer): the base (unquantized unless asked), grown to the run's vocabulary, plus the adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from finetune.model.loader import _not_found
+
+    tokenizer = AutoTokenizer.from_pretrained(str(trained.folder))
+    try:
+        base = AutoModelForCausalLM.from_pretrained(trained.base_source, dtype=torch_dtype(dtype),
+                                                    quantization_config=quantization_config)
+    except (OSError, ValueError) as exc:
+        raise _not_found(trained.base_source, exc) from None
+    if len(tokenizer) > base.get_input_embeddings().num_embeddings:
+        # the run added tokens: the adapter carries the trained embedding / lm_head rows for them
+        base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer
+
+
+def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
+    """Write base + adapter as one HF model folder (weights, config, tokenizer), atomically."""
+    if not trained.is_adapter:
+        raise ModelError(f"`{trained.folder}` holds a fully fine-tuned model, not an adapter: nothing to merge, "
+                         "it can be used as it is")
+    model, tokenizer = load_adapter_model(trained, dtype)
+    merged = model.merge_and_unload()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        merged.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

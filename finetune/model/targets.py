@@ -1,0 +1,224 @@
+"""The LoRA target-module inspector: what a model is made of and what LoRA presets would train.
+
+Works from the config alone: the model is built on torch's `meta` device (shapes, no storage, no weights
+downloaded), so a 70B model is inspected in a second. Counts follow peft exactly:
+- a LoRA adapter on a layer with `in` inputs and `out` outputs adds A (r x in) + B (out x r) = r * (in + out);
+- `all-linear` means every Linear / Conv1D except the output layer (lm_head);
+- a module in `modules_to_save` is trained as a full copy (a tied embedding / lm_head pair is copied twice);
+- the total is peft's: the base parameters (tied weights once) plus everything added.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from finetune.errors import ModelError
+
+_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
+ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+
+
+@dataclass
+class ModuleGroup:
+    """Modules that differ only by layer index, e.g. `model.layers.*.self_attn.q_proj`."""
+
+    pattern: str
+    cls: str
+    shape: str  # `in -> out` for layers LoRA can target, the weight shape otherwise
+    count: int
+    parameters: int  # all of them together
+    targetable: bool  # a Linear / Conv1D LoRA can adapt
+    output_layer: bool = False  # lm_head: left out of `all-linear`
+    in_features: int = 0
+    out_features: int = 0
+    names: list[str] = field(default_factory=list, repr=False)
+
+    @property
+    def suffix(self) -> str:
+        """The name peft matches across layers: what follows the last layer index (`self_attn.q_proj`)."""
+        return self.pattern.rsplit("*.", 1)[-1]
+
+
+@dataclass
+class Preset:
+    name: str
+    target_modules: list[str]
+    modules_to_save: list[str]
+    trainable_parameters: int
+    total_parameters: int
+
+    @property
+    def trainable_percent(self) -> float:
+        return 100.0 * self.trainable_parameters / self.total_parameters
+
+
+def linear_features(module) -> tuple[int, int] | None:
+    """(in, out) of a layer LoRA can adapt (nn.Linear, bitsandbytes' Linear4bit/8bit, transformers' Conv1D)."""
+    import torch
+    from transformers.pytorch_utils import Conv1D
+
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    if isinstance(module, Conv1D):  # GPT-2 style: weight is (in, out)
+        return module.weight.shape[0], module.nf
+    return None
+
+
+def _group_key(name: str) -> str:
+    return _LAYER_INDEX.sub("*", name)
+
+
+def module_groups(model) -> list[ModuleGroup]:
+    """Every module that holds parameters itself, grouped by pattern, in model order."""
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    groups: dict[str, ModuleGroup] = {}
+    for name, module in model.named_modules():
+        own = list(module.parameters(recurse=False))
+        features = linear_features(module)
+        if not own and features is None:
+            continue
+        key = _group_key(name)
+        group = groups.get(key)
+        if group is None:
+            weight = getattr(module, "weight", None)
+            shape = (f"{features[0]} -> {features[1]}" if features
+                     else "x".join(str(d) for d in weight.shape) if weight is not None else "-")
+            group = groups[key] = ModuleGroup(
+                pattern=key, cls=type(module).__name__, shape=shape, count=0, parameters=0,
+                targetable=features is not None, output_layer=module is output,
+                in_features=features[0] if features else 0, out_features=features[1] if features else 0)
+        group.count += 1
+        group.parameters += sum(p.numel() for p in own)
+        group.names.append(name)
+    return list(groups.values())
+
+
+def matches(name: str, target: str) -> bool:
+    """peft's rule: a target names a module exactly or is a dotted suffix of its name."""
+    return name == target or name.endswith("." + target)
+
+
+def matched_groups(groups: list[ModuleGroup], targets) -> list[ModuleGroup]:
+    """The targetable groups `targets` (a list of names/suffixes, or `all-linear`) selects."""
+    if targets == "all-linear":
+        return [g for g in groups if g.targetable and not g.output_layer]
+    return [g for g in groups if g.targetable and any(matches(n, t) for n in g.names for t in targets)]
+
+
+def check_targets(groups: list[ModuleGroup], targets) -> None:
+    """ModelError when `targets` select nothing LoRA can adapt, listing what the model has."""
+    if targets == "all-linear" or matched_groups(groups, targets):
+        return
+    targetable = [g for g in groups if g.targetable]
+    untargetable = [g.pattern for g in groups if not g.targetable and any(
+        matches(n, t) for n in g.names for t in targets)]
+    listing = ", ".join(f"{g.suffix} ({g.count}x {g.cls})" for g in targetable)
+    extra = f" ({', '.join(untargetable)} matched, but LoRA cannot adapt those)" if untargetable else ""
+    raise ModelError(
+        f"`lora_target_modules` {list(targets)} match no layer LoRA can adapt in this model{extra}. "
+        f"Layers it can adapt: {listing}. Use some of these names, or `all-linear`; "
+        "`finetune targets RECIPE` shows them with parameter counts."
+    )
+
+
+def unique_parameter_count(model) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def ties_embeddings(model) -> bool:
+    """Whether the output layer shares its weight with the input embeddings (GPT-2, Gemma, small Qwen2)."""
+    out = model.get_output_embeddings()
+    return out is not None and out.weight is model.get_input_embeddings().weight
+
+
+def saved_module_parameters(model, modules_to_save: list[str]) -> int:
+    """Parameters of the full copies peft trains for `modules_to_save`. Each matched module gets its own copy,
+    except a tied embedding / lm_head pair, which build_model keeps tied (peft's `ensure_weight_tying`)."""
+    modules = [m for n, m in model.named_modules() if any(matches(n, t) for t in modules_to_save)]
+    if ties_embeddings(model):
+        return sum(p.numel() for p in {id(p): p for m in modules for p in m.parameters()}.values())
+    return sum(p.numel() for m in modules for p in m.parameters())
+
+
+def preset(model, groups, name: str, targets, modules_to_save: list[str], rank: int, base_total: int) -> Preset:
+    lora = sum(rank * (g.in_features + g.out_features) * g.count for g in matched_groups(groups, targets))
+    saved = saved_module_parameters(model, modules_to_save)
+    trainable = lora + saved
+    target_list = targets if targets == "all-linear" else sorted(set(targets))
+    return Preset(name, target_list, list(modules_to_save), trainable, base_total + trainable)
+
+
+def embedding_module_names(model) -> list[str]:
+    """The last name component of the input embeddings and, when there is one, the output layer."""
+    wanted = [model.get_input_embeddings(), model.get_output_embeddings()]
+    names = [n.rsplit(".", 1)[-1] for m in wanted if m is not None for n, mod in model.named_modules() if mod is m]
+    return list(dict.fromkeys(names))
+
+
+def default_qv_targets(model, groups) -> list[str]:
+    """peft's per-architecture default (q_proj, v_proj for most; c_attn for GPT-2)."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+
+    known = defaults.get(getattr(model.config, "model_type", ""))
+    if known:
+        return list(known)
+    return sorted({g.suffix for g in groups if g.targetable and g.suffix.endswith(("q_proj", "v_proj"))})
+
+
+def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None) -> list[Preset]:
+    base_total = unique_parameter_count(model)
+    attention = sorted({g.suffix for g in groups if g.targetable and not g.output_layer
+                        and set(g.pattern.split(".")) & set(ATTENTION_NAMES)})
+    out = []
+    qv = default_qv_targets(model, groups)
+    if qv and matched_groups(groups, qv):
+        out.append(preset(model, groups, "q,v", qv, [], rank, base_total))
+    if attention:
+        out.append(preset(model, groups, "all attention", attention, [], rank, base_total))
+    out.append(preset(model, groups, "all-linear", "all-linear", [], rank, base_total))
+    out.append(preset(model, groups, "all-linear + embeddings/lm_head saved", "all-linear",
+                      embedding_module_names(model), rank, base_total))
+    if recipe_targets is not None:
+        check_targets(groups, recipe_targets)
+        out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total))
+    return out
+
+
+def meta_model(config, trust_remote_code: bool = False):
+    """The model with every tensor on the meta device: shapes without storage."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except ValueError as exc:
+        raise ModelError(f"transformers cannot build a causal LM from this config: {str(exc).splitlines()[0]}") from None
+
+
+@dataclass
+class Report:
+    source: str
+    architecture: str
+    model_type: str
+    rank: int
+    total_parameters: int
+    groups: list[ModuleGroup]
+    presets: list[Preset]
+
+    def to_json(self) -> dict:
+        modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
+        return {
+            "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
+            "rank": self.rank, "total_parameters": self.total_parameters, "modules": modules,
+            "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
+        }
+
+
+def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None) -> Report:
+    groups = module_groups(model)
+    return Report(source=source, architecture=type(model).__name__,
+                  model_type=getattr(model.config, "model_type", "?"), rank=rank,
+                  total_parameters=unique_parameter_count(model), groups=groups,
+                  presets=presets(model, groups, rank, recipe_targets, recipe_saved))

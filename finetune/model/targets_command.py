@@ -1,0 +1,92 @@
+"""List a model's modules LoRA can target, with trainable parameters for common presets (config only).
+
+    finetune targets recipe.yml              # the recipe's base model, rank and targets
+    finetune targets path/to/model --rank 16 # a model folder, a config.json or a cached hub id
+    finetune targets recipe.yml --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from finetune.errors import ModelError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL_OR_RECIPE",
+                        help="a recipe (.yml/.yaml), a model folder, a config.json, a .gguf file or a hub id")
+    parser.add_argument("--rank", type=int, default=None, help="LoRA rank for the counts (default: the recipe's, or 8)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key (with a recipe)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (no recipe)")
+
+
+def is_recipe(path: str) -> bool:
+    return Path(path).suffix in (".yml", ".yaml")
+
+
+def load_config(source: str, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    path = Path(source)
+    folder = str(path.parent) if path.name == "config.json" else source
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise ModelError(
+            f"cannot read a model config from `{source}` ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). "
+            "Pass a recipe, a folder containing config.json, a config.json, or a hub id that is cached or reachable."
+        ) from None
+
+
+def build_report(args: argparse.Namespace):
+    from finetune.model.loader import resolve_model_path
+    from finetune.model.targets import inspect_model, meta_model
+
+    targets = saved = None
+    if is_recipe(args.model):
+        from finetune.recipe_load import load_recipe
+
+        recipe = load_recipe(args.model, args.overrides)
+        source, trust, rank = recipe.base_model, recipe.trust_remote_code, args.rank or recipe.lora_r
+        if recipe.adapter != "none":
+            targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
+        cache_dir = recipe.cache_dir
+    else:
+        from finetune.recipe import _default_cache_dir
+
+        source, trust, rank, cache_dir = args.model, args.trust_remote_code, args.rank or 8, _default_cache_dir()
+    config = load_config(resolve_model_path(source, cache_dir), trust)
+    return inspect_model(meta_model(config, trust), source, rank, targets, saved)
+
+
+def format_report(report) -> str:
+    rows = [("module pattern", "class", "shape", "count", "params", "LoRA")]
+    for g in report.groups:
+        lora = "output layer" if g.output_layer else ("yes" if g.targetable else "")
+        rows.append((g.pattern, g.cls, g.shape, str(g.count), f"{g.parameters:,}", lora))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [f"{report.architecture} ({report.model_type}) from {report.source}: "
+             f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
+    lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+              .rstrip() for r in rows]
+    lines += ["", f"LoRA presets at rank {report.rank} (trainable of total after adapting, as peft counts):"]
+    for p in report.presets:
+        targets = p.target_modules if isinstance(p.target_modules, str) else "[" + ", ".join(p.target_modules) + "]"
+        saved = f"  modules_to_save: [{', '.join(p.modules_to_save)}]" if p.modules_to_save else ""
+        lines.append(f"  {p.name:<40} {p.trainable_parameters:>14,}  {p.trainable_percent:8.4f}%   "
+                     f"lora_target_modules: {targets}{saved}")
+    lines += ["", "The output layer is left out of all-linear (as peft does); train it in full with "
+                  "lora_modules_to_save instead."]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.rank is not None and args.rank <= 0:
+        raise ModelError(f"--rank must be a positive integer, got {args.rank}")
+    report = build_report(args)
+    print(json.dumps(report.to_json(), indent=2) if args.json else format_report(report))
+    return 0
