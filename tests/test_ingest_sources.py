@@ -255,3 +255,14 @@ def test_database_url_through_sqlalchemy(tmp_path):
     with pytest.raises(DataError, match="query failed"):
         ingest([url], tmp_path / "o.jsonl", IngestOptions(query="DELETE FROM qa", template="{q}"))
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM qa").fetchone()[0] == 3
+
+
+def test_html_pages_parsed_in_worker_processes_come_back_in_order(tmp_path):
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    template = (ASSETS / "html" / "article.html").read_text()
+    for i in range(18):  # over PARALLEL_MIN_FILES
+        (pages / f"p{i:02d}.html").write_text(template.replace("LoRA</h1>", f"LoRA, part {i}</h1>"))
+    one, _, _ = run(tmp_path / "one", [pages], workers=1)
+    two, _, report = run(tmp_path / "two", [pages], workers=2)
+    assert two == one and len(two) == 18 and "part 17" in two[-1]["text"]

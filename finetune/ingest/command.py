@@ -10,6 +10,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from finetune.errors import DataError
@@ -40,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--dialect", choices=SQL_DIALECTS, default="auto", help="SQL dump dialect")
     fmt.add_argument("--unescape-html", action="store_true", help="turn &amp; &lt; ... in cells into characters")
     fmt.add_argument("--chunk-rows", type=int, default=20_000, help="CSV rows held in memory at once")
+    fmt.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
+                     help="processes parsing HTML pages in parallel (default: CPUs, at most 4)")
     clean = parser.add_argument_group("cleaning")
     clean.add_argument("--slop", choices=SLOP_MODES, default="drop",
                        help="drop records with slop phrases, strip the offending sentences, or turn it off")
@@ -62,7 +65,7 @@ def options_from_args(args: argparse.Namespace) -> IngestOptions:
         type=args.type, mapping=parse_map(args.map), template=args.template, table=args.table,
         query=args.query, sql_dialect=args.dialect, html_mode=args.html_mode, html_split_level=args.split_level,
         delimiter=args.delimiter, encoding=args.encoding, unescape_html=args.unescape_html,
-        chunk_rows=args.chunk_rows, slop=args.slop, slop_builtin=not args.no_builtin_slop,
+        chunk_rows=args.chunk_rows, workers=args.workers, slop=args.slop, slop_builtin=not args.no_builtin_slop,
         slop_phrases=tuple(args.slop_phrase), slop_files=tuple(args.slop_phrases), normalize=not args.no_normalize,
         dedup=not args.no_dedup, near_dedup=args.near_dedup, min_chars=args.min_chars, max_chars=args.max_chars,
         strict=args.strict,

@@ -7,7 +7,7 @@ import re
 from collections.abc import Iterator
 
 from finetune.errors import DataError
-from finetune.ingest.html_text import decode_html, is_binary, main_content, parse, render, title_of
+from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import IngestOptions
 from finetune.ingest.report import Reject
@@ -32,13 +32,14 @@ def read_html(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict] | Rej
         yield Reject(where, "binary_file", "it contains NUL bytes: not HTML text")
         return
     text, _ = decode_html(data, opts.encoding)
-    soup = parse(text)
     if opts.mapping:
-        yield from _mapped(soup, where, opts)
+        yield from _mapped(parse(text), where, opts)
         return
-    title = title_of(soup)
-    root = main_content(soup)
-    body = render(root, page_level=root is soup.body or root is soup)
+    title, main_html, page_level = prune_to_main(text)
+    body = ""
+    if main_html is not None:
+        soup = parse(main_html, prestrip=False)  # prune_to_main already removed scripts and styles
+        body = render(soup.body or soup, page_level=page_level)
     if not body.strip():
         yield Reject(where, "empty_document", "no readable text in the page body")
         return
@@ -102,3 +103,36 @@ def _mapped(soup, where: str, opts: IngestOptions) -> Iterator[tuple[str, dict] 
     for i in range(n):
         values = {f: (v[0] if len(v) == 1 else v[i]) for f, v in picked.items()}
         yield f"{where} match {i + 1}", to_record(shape, values)
+
+
+PARALLEL_MIN_FILES = 16  # below this, starting worker processes costs more than it saves
+WINDOW_PER_WORKER = 8  # pages in flight per worker: bounds memory whatever the folder's size
+
+
+def _read_all(args: tuple[str, IngestOptions]) -> list:
+    return list(read_html(*args))
+
+
+def read_html_files(paths: list[str], opts: IngestOptions, workers: int) -> Iterator[tuple[str, list]]:
+    """(path, items) for each page, in order; pages are parsed in `workers` processes when it pays.
+
+    Workers are spawned, not forked: the caller may be a training process holding CUDA or threads."""
+    if workers <= 1 or len(paths) < PARALLEL_MIN_FILES:
+        for path in paths:
+            yield path, _read_all((path, opts))
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    window = workers * WINDOW_PER_WORKER
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: deque = deque()
+        for path in paths:
+            pending.append((path, pool.submit(_read_all, (path, opts))))
+            if len(pending) >= window:
+                done_path, future = pending.popleft()
+                yield done_path, future.result()
+        while pending:
+            done_path, future = pending.popleft()
+            yield done_path, future.result()

@@ -58,10 +58,10 @@ def is_binary(data: bytes) -> bool:
     return looks_binary(data)
 
 
-def parse(text: str):
+def parse(text: str, prestrip: bool = True):
     from bs4 import BeautifulSoup
 
-    return BeautifulSoup(_NEVER_TEXT.sub(" ", text), "lxml")
+    return BeautifulSoup(_NEVER_TEXT.sub(" ", text) if prestrip else text, "lxml")
 
 
 def _is_chrome(tag, page_level: bool) -> bool:
@@ -82,6 +82,49 @@ def _is_chrome(tag, page_level: bool) -> bool:
     return bool(page_level and cls and any(_PAGE_CHROME_WORDS.match(c) for c in cls))
 
 
+_XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
+_ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
+
+
+def _chrome_by_attrs(el, page_level: bool) -> bool:
+    attrs = el.attrib
+    if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
+        return True
+    cls, ident = attrs.get("class", ""), attrs.get("id", "")
+    if _CHROME_WORDS.search(cls) or _CHROME_WORDS.search(ident):
+        return True
+    return page_level and (bool(_PAGE_CHROME_WORDS.match(ident)) or any(map(_PAGE_CHROME_WORDS.match, cls.split())))
+
+
+def prune_to_main(text: str) -> tuple[str, str | None, bool]:
+    """(title, main-content HTML with chrome removed, whether it is page level) using lxml alone.
+
+    lxml builds and prunes the tree in C; beautifulsoup4 then renders only what is left. This is where
+    the speed comes from: bs4 creates a Python object per node, so it should only see the content."""
+    import lxml.html
+    from lxml import etree
+
+    try:
+        doc = lxml.html.document_fromstring(_XML_DECL_TEXT.sub("", _NEVER_TEXT.sub(" ", text), count=1))
+    except (etree.ParserError, ValueError):
+        return "", None, True
+    title_el = doc.find(".//title")
+    title = _WS.sub(" ", title_el.text_content()).strip() if title_el is not None else ""
+    main = next(iter(doc.xpath("//main|//*[@role='main']")), None)
+    if main is None:
+        articles = doc.xpath("//article")
+        main = articles[0] if len(articles) == 1 else doc.find("body")
+    if main is None:
+        return title, None, True
+    page_level = main.tag == "body"
+    doomed = [el for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())) if el is not main]
+    doomed += [el for el in main.xpath(_ATTR_XPATH) if _chrome_by_attrs(el, page_level)]
+    for el in doomed:
+        if el.getparent() is not None:
+            el.drop_tree()  # keeps the element's tail text
+    return title, lxml.html.tostring(main, encoding="unicode"), page_level
+
+
 def main_content(soup):
     """<main>, else role=main, else the only <article>, else <body> (else the whole document)."""
     found = soup.find("main") or soup.find(attrs={"role": "main"})
@@ -95,18 +138,19 @@ def main_content(soup):
 
 def render(root, page_level: bool) -> str:
     """The text of `root` with chrome skipped and structure kept as light Markdown."""
-    out: list[str] = []
-    _walk(root, out, page_level)
-    return _finish("".join(out))
-
-
-def _walk(node, out: list, page_level: bool) -> None:
     from bs4 import NavigableString
     from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
 
-    skip_strings = (Comment, Declaration, Doctype, ProcessingInstruction)
+    out: list[str] = []
+    _walk(root, out, page_level, (NavigableString, (Comment, Declaration, Doctype, ProcessingInstruction)))
+    return _finish("".join(out))
+
+
+def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
+    """Append the text of node's children to `out`; `kinds` is (NavigableString, string types to skip)."""
+    string_type, skip_strings = kinds
     for child in node.children:
-        if isinstance(child, NavigableString):
+        if isinstance(child, string_type):
             if not isinstance(child, skip_strings):
                 out.append(child)
             continue
@@ -123,7 +167,7 @@ def _walk(node, out: list, page_level: bool) -> None:
             out.append(_BR)
         elif name == "li":
             inner: list[str] = []
-            _walk(child, inner, page_level)
+            _walk(child, inner, page_level, kinds)
             out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
             cells = [_WS.sub(" ", c.get_text()).strip() for c in child.find_all(("td", "th"), recursive=False)]
@@ -132,10 +176,10 @@ def _walk(node, out: list, page_level: bool) -> None:
             out.append(f"`{child.get_text()}`")
         elif name in BLOCK_TAGS:
             out.append(_PARA)
-            _walk(child, out, page_level and name not in ("article", "main"))
+            _walk(child, out, page_level and name not in ("article", "main"), kinds)
             out.append(_PARA)
         else:
-            _walk(child, out, page_level)
+            _walk(child, out, page_level, kinds)
 
 
 _FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+import os
+from dataclasses import asdict, dataclass, field
 
 from finetune.errors import DataError
 
@@ -32,6 +33,7 @@ class IngestOptions:
     encoding: str | None = None  # None: BOM / declared charset / detection
     unescape_html: bool = False  # CSV/SQL cells: &amp; -> &
     chunk_rows: int = 20_000  # CSV rows held in memory at a time
+    workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # HTML pages parsed in parallel
     slop: str = "drop"
     slop_builtin: bool = True
     slop_phrases: tuple[str, ...] = ()
@@ -61,12 +63,15 @@ class IngestOptions:
             raise DataError(f"max_chars {self.max_chars} is below min_chars {self.min_chars}")
         if self.chunk_rows < 1:
             raise DataError("chunk_rows must be at least 1")
+        if self.workers < 1:
+            raise DataError("workers must be at least 1")
         return self
 
     def fingerprint(self) -> str:
         """A hash of every option that changes the output, slop list files' contents included."""
         data = asdict(self)
         data.pop("chunk_rows")  # changes memory use, never the output
+        data.pop("workers")  # changes speed, never the output (pages come back in order)
         digest = hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode())
         for path in self.slop_files:
             try:

@@ -70,6 +70,24 @@ def read_unit(kind: str, source: str, opts: IngestOptions) -> Iterator[tuple[str
     return reader(source, opts)
 
 
+def _unit_items(units: list[tuple[str, str]], opts: IngestOptions):
+    """(source, items) per unit, in order. Runs of HTML pages are parsed in worker processes."""
+    i = 0
+    while i < len(units):
+        kind, source = units[i]
+        if kind != "html":
+            yield source, read_unit(kind, source, opts)
+            i += 1
+            continue
+        j = i
+        while j < len(units) and units[j][0] == "html":
+            j += 1
+        from finetune.ingest.from_html import read_html_files
+
+        yield from read_html_files([src for _, src in units[i:j]], opts, opts.workers)
+        i = j
+
+
 def _progress(total_units: int, enabled: bool):
     if not enabled:
         return None
@@ -91,8 +109,8 @@ def ingest(sources: list[str], out: str | os.PathLike, opts: IngestOptions, prog
     out_file, rejects_file = AtomicFile(out), AtomicFile(rejects_path)
     bar = _progress(len(units), progress and sys.stderr.isatty())
     try:
-        for i, (kind, source) in enumerate(units, start=1):
-            for item in read_unit(kind, source, opts):
+        for i, (source, items) in enumerate(_unit_items(units, opts), start=1):
+            for item in items:
                 _account(item, source, cleaner, acct, out_file, rejects_file)
                 if bar is not None:
                     bar.update(1)
