@@ -31,10 +31,8 @@ def is_recipe(path: str) -> bool:
 def load_config(source: str, trust_remote_code: bool):
     from transformers import AutoConfig
 
-    path = Path(source)
-    folder = str(path.parent) if path.name == "config.json" else source
     try:
-        return AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise ModelError(
             f"cannot read a model config from `{source}` ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). "
@@ -59,6 +57,8 @@ def build_report(args: argparse.Namespace):
         from finetune.recipe import _default_cache_dir
 
         source, trust, rank, cache_dir = args.model, args.trust_remote_code, args.rank or 8, _default_cache_dir()
+    if Path(source).name == "config.json":
+        source = str(Path(source).parent)  # a model folder, maybe without weights
     config = load_config(resolve_model_path(source, cache_dir), trust)
     return inspect_model(meta_model(config, trust), source, rank, targets, saved)
 
