@@ -307,6 +307,23 @@ class Recipe(Strict):
         "auto", description="Training precision. `auto`: bf16 where supported, fp16 on older GPUs, fp32 on CPU."
     )
 
+    # --- scale out (docs/distributed.md) -----------------------------------------------------------
+    deepspeed: str | None = Field(
+        None,
+        description=(
+            "DeepSpeed ZeRO config: a shipped one by name (`zero1`, `zero2`, `zero3`, `zero2_offload`, "
+            "`zero3_offload`) or a path to a JSON file (relative to the recipe). Checked against the recipe when "
+            "it is loaded: write \"auto\" for batch sizes, accumulation, clipping, lr and precision."
+        ),
+    )
+    ddp_timeout: int = Field(
+        7200, gt=0,
+        description=(
+            "Seconds a process waits at a collective (e.g. for the main process to tokenize the data) before the "
+            "run fails. Raise it for very large datasets, or run `finetune preprocess` first."
+        ),
+    )
+
     # --- bookkeeping -------------------------------------------------------------------------------
     output_dir: str = Field("outputs", description="Where the adapter/model, checkpoints and run.json go.")
     logging_steps: int = Field(10, gt=0, description="Log the training loss every N optimizer steps.")

@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from finetune.checkpoints import location_problems
+from finetune.deepspeed_config import deepspeed_problems, resolve_deepspeed
 from finetune.errors import RecipeError
 from finetune.recipe import DatasetSpec, Recipe
 
@@ -149,6 +150,8 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
             setattr(recipe, key, _resolve(getattr(recipe, key), base))
     for ds in recipe.datasets:
         ds.path = _resolve(ds.path, base)
+    if recipe.deepspeed is not None:
+        recipe.deepspeed = resolve_deepspeed(recipe.deepspeed, base)
     if isinstance(recipe.resume, str) and recipe.resume != "auto":
         recipe.resume = _resolve(recipe.resume, base)
 
@@ -202,6 +205,7 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
             )
     if recipe.group_by_length and recipe.sample_packing:
         problems.append("`group_by_length` has nothing to group once `sample_packing` fills every row; drop one")
+    problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
     return problems
 
 

@@ -25,7 +25,10 @@ from finetune.redact import redact, redact_text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from finetune.launch import add_launch_arguments
+
     add_recipe_arguments(parser)
+    add_launch_arguments(parser)
 
 
 def log(message: str) -> None:
@@ -42,6 +45,14 @@ def _cuda_available() -> bool:
 def training_arguments(recipe, precision: str, has_eval: bool):
     """TrainingArguments from the recipe: the one place recipe keys become Trainer settings."""
     from transformers import TrainingArguments
+
+    from finetune.deepspeed_config import trainer_deepspeed_config
+
+    cpu_deepspeed = recipe.deepspeed is not None and not _cuda_available()
+    if cpu_deepspeed:
+        from finetune.launch import configure_cpu_deepspeed
+
+        configure_cpu_deepspeed(recipe.ddp_timeout)
 
     warmup = recipe.warmup_steps if recipe.warmup_steps is not None else (recipe.warmup_ratio or 0)
     scheduler, scheduler_kwargs = recipe.lr_scheduler, None
@@ -95,6 +106,13 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         remove_unused_columns=False,  # our columns are exactly what the model takes
         train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
         disable_tqdm=not sys.stderr.isatty(),
+        # the JSON's "auto" values are filled from the arguments above
+        deepspeed=trainer_deepspeed_config(recipe.deepspeed) if recipe.deepspeed else None,
+        # several CPU processes: accelerate makes them a gloo group only when told it runs on CPU (DeepSpeed
+        # brings its own CPU backend, and must not be told)
+        use_cpu=not _cuda_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1 and not recipe.deepspeed,
+        accelerator_config={"use_configured_state": True} if cpu_deepspeed else None,
+        ddp_timeout=recipe.ddp_timeout,  # ranks wait at a barrier while the main process tokenizes
     )
 
 
@@ -268,7 +286,17 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_training(load_recipe(args.recipe, args.overrides))
+    from finetune.launch import check_deepspeed_installed, inside_launch, launch, single_process_env
+
+    launching = args.num_processes is not None and not inside_launch()
+    # validated here, before any process starts, for the process count it will run with
+    recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes if launching else None)
+    if launching and (args.num_processes > 1 or args.num_machines > 1):
+        return launch(args, recipe)
+    check_deepspeed_installed(recipe)
+    if recipe.deepspeed is not None and not inside_launch():
+        os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
+    run_training(recipe)
     return 0
 
 
