@@ -158,6 +158,8 @@ def parameter_count(param) -> int:
     """Elements a parameter stands for: a 4-bit tensor packs 2 weights per byte of its storage."""
     if type(param).__name__ == "Params4bit":
         return param.numel() * 2 * param.element_size()
+    if hasattr(param, "ds_numel"):  # a ZeRO-3 partitioned weight holds an empty placeholder locally
+        return param.ds_numel
     return param.numel()
 
 
