@@ -2,7 +2,7 @@
 measured in the same run and reported as ratios:
 
   HTML  ours: the full ingest of the folder (lxml prunes chrome, bs4 renders the content with structure,
-        pages parsed in one process per CPU, then cleaning + JSONL); also one process, reader only
+        pages parsed in one spawned process per CPU, then cleaning + JSONL); and one process, reader only
         naive: BeautifulSoup(html, "html.parser").get_text()
   CSV   ours: the full ingest (chunked read, mapping, cleaning, JSONL out)
         naive: whole-file pd.read_csv (no records, no cleaning)
@@ -15,6 +15,7 @@ Run: python benchmarks/bench_ingest.py [--scale 1.0]
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -67,14 +68,17 @@ def size_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in files) / 1e6
 
 
-def timed(fn, repeat: int = 3) -> tuple[float, object]:
-    """Best of `repeat` wall times (the machine may be shared; the best run is the least disturbed)."""
-    best = float("inf")
+def timed(*fns, repeat: int = 3) -> list[tuple[float, object]]:
+    """(best wall time, result) per function, the functions run in alternation `repeat` times: on a
+    shared machine the best run is the least disturbed, and alternating exposes each to the same load."""
+    best = [float("inf")] * len(fns)
+    results: list = [None] * len(fns)
     for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            results[i] = fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+    return list(zip(best, results))
 
 
 CHROME = ("Accept all cookies", "Section 7", "Privacy policy", "var x", ".c{color", "Related")
@@ -90,10 +94,12 @@ def bench_html(path: Path, tmp: Path) -> dict:
     from finetune.ingest.pipeline import ingest
 
     files = sorted(path.iterdir())
-    naive_s, naive = timed(lambda: [BeautifulSoup(f.read_text(), "html.parser").get_text() for f in files])
-    one_s, _ = timed(lambda: [rec for f in files for _, rec in read_html(str(f), IngestOptions())])
     out = tmp / "html.jsonl"
-    ours_s, _ = timed(lambda: ingest([str(path)], out, IngestOptions()))  # the whole stage, workers = CPUs
+    (naive_s, naive), (one_s, _), (ours_s, _) = timed(
+        lambda: [BeautifulSoup(f.read_text(), "html.parser").get_text() for f in files],
+        lambda: [rec for f in files for _, rec in read_html(str(f), IngestOptions(workers=1))],
+        lambda: ingest([str(path)], out, IngestOptions(workers=os.cpu_count() or 1)),  # whole stage, 1 worker/CPU
+    )
     ours = [json.loads(line)["text"] for line in out.read_text().splitlines()]
     chrome = lambda texts: sum(any(c in t for c in CHROME) for t in texts)  # noqa: E731
     mb = size_mb(path)
@@ -109,9 +115,8 @@ def bench_csv(path: Path, tmp: Path) -> dict:
     from finetune.ingest.options import IngestOptions
     from finetune.ingest.pipeline import ingest
 
-    naive_s, _ = timed(lambda: pd.read_csv(path))
     opts = IngestOptions(mapping=(("instruction", "question"), ("output", "answer")))
-    ours_s, acct = timed(lambda: ingest([str(path)], tmp / "csv.jsonl", opts))
+    (naive_s, _), (ours_s, acct) = timed(lambda: pd.read_csv(path), lambda: ingest([str(path)], tmp / "csv.jsonl", opts))
     mb = size_mb(path)
     return {"MB": mb, "naive_MBps": mb / naive_s, "ours_MBps": mb / ours_s, "records_out": acct.records_out}
 
@@ -124,9 +129,9 @@ def bench_sql(path: Path, tmp: Path) -> dict:
 
     head = path.read_text()[: 2_000_000]
     head = head[: head.rfind(";\n") + 2]
-    naive_s, _ = timed(lambda: [sqlparse.parse(s) for s in sqlparse.split(head)])
     opts = IngestOptions(mapping=(("instruction", "q"), ("output", "a")))
-    ours_s, acct = timed(lambda: ingest([str(path)], tmp / "sql.jsonl", opts))
+    (naive_s, _), (ours_s, acct) = timed(lambda: [sqlparse.parse(s) for s in sqlparse.split(head)],
+                                         lambda: ingest([str(path)], tmp / "sql.jsonl", opts))
     return {"MB": size_mb(path), "naive_MBps": len(head.encode()) / 1e6 / naive_s,
             "ours_MBps": size_mb(path) / ours_s, "records_out": acct.records_out}
 

@@ -10,7 +10,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from finetune.errors import DataError
@@ -41,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--dialect", choices=SQL_DIALECTS, default="auto", help="SQL dump dialect")
     fmt.add_argument("--unescape-html", action="store_true", help="turn &amp; &lt; ... in cells into characters")
     fmt.add_argument("--chunk-rows", type=int, default=20_000, help="CSV rows held in memory at once")
-    fmt.add_argument("--workers", type=int, default=min(4, os.cpu_count() or 1),
-                     help="processes parsing HTML pages in parallel (default: CPUs, at most 4)")
+    fmt.add_argument("--workers", type=int, default=1,
+                     help="processes parsing HTML pages in parallel (pays on large folders with idle cores)")
     clean = parser.add_argument_group("cleaning")
     clean.add_argument("--slop", choices=SLOP_MODES, default="drop",
                        help="drop records with slop phrases, strip the offending sentences, or turn it off")

@@ -31,6 +31,8 @@ _CHROME_WORDS = re.compile(
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
     r"pagination|toc-sidebar|popup|modal)(?:$|[\s_-])", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
+INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
+               "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
 BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption", "dl",
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
@@ -122,18 +124,9 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
     for el in doomed:
         if el.getparent() is not None:
             el.drop_tree()  # keeps the element's tail text
+    # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
+    etree.strip_tags(main, *INLINE_TAGS)
     return title, lxml.html.tostring(main, encoding="unicode"), page_level
-
-
-def main_content(soup):
-    """<main>, else role=main, else the only <article>, else <body> (else the whole document)."""
-    found = soup.find("main") or soup.find(attrs={"role": "main"})
-    if found is not None:
-        return found
-    articles = soup.find_all("article", limit=2)
-    if len(articles) == 1:
-        return articles[0]
-    return soup.body or soup
 
 
 def render(root, page_level: bool) -> str:
@@ -197,8 +190,3 @@ def _finish(raw: str) -> str:
 
 def _break(m: re.Match) -> str:
     return "\n\n" if _PARA in m.group(0) else "\n"
-
-
-def title_of(soup) -> str:
-    tag = soup.title
-    return _WS.sub(" ", tag.get_text()).strip() if tag is not None else ""

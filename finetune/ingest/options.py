@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from finetune.errors import DataError
 
@@ -33,7 +32,7 @@ class IngestOptions:
     encoding: str | None = None  # None: BOM / declared charset / detection
     unescape_html: bool = False  # CSV/SQL cells: &amp; -> &
     chunk_rows: int = 20_000  # CSV rows held in memory at a time
-    workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))  # HTML pages parsed in parallel
+    workers: int = 1  # processes parsing HTML pages; >1 pays on large folders with idle cores
     slop: str = "drop"
     slop_builtin: bool = True
     slop_phrases: tuple[str, ...] = ()
