@@ -125,6 +125,9 @@ def configure_cpu_deepspeed(timeout_s: int) -> None:
 
     from accelerate import PartialState
 
+    # `accelerate launch` with `use_cpu: true` sets ACCELERATE_USE_CPU, which makes accelerate skip DeepSpeed
+    # altogether (its state then breaks in the Trainer); the group formed here is already a CPU one
+    os.environ.pop("ACCELERATE_USE_CPU", None)
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
     try:
         PartialState(backend="gloo", timeout=timedelta(seconds=timeout_s))
