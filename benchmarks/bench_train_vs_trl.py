@@ -79,6 +79,16 @@ def worker_finetune(args) -> dict:
         return counters[-1]
 
     collate_module.Collator = counting  # instrumentation only: count slots exactly as TRL's side does
+    import finetune.model.isolation as isolation
+
+    guard = isolation.guard_packing
+
+    def guard_then_reset(model, collator, attn):  # the isolation probe's tiny batch is not training data
+        leak = guard(model, collator, attn)
+        collator.slots = collator.real = collator.supervised = 0
+        return leak
+
+    isolation.guard_packing = guard_then_reset
     work = Path(args.work)
     recipe = {
         "base_model": args.model_path, "adapter": "lora", "lora_r": HYPER["lora_r"],

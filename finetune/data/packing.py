@@ -15,6 +15,8 @@ label is never a target either (causal LM losses shift by one), so the loss is u
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from finetune.errors import DataError
@@ -90,7 +92,7 @@ def _flat(column) -> tuple[np.ndarray, np.ndarray]:
     chunked = column if isinstance(column, pa.ChunkedArray) else pa.chunked_array([column])
     array = chunked.combine_chunks()
     offsets = array.offsets.to_numpy().astype(np.int64)
-    values = array.values.to_numpy(zero_copy_only=False).astype(np.int64)
+    values = array.values.to_numpy(zero_copy_only=False)
     return values[offsets[0]:], offsets - offsets[0]
 
 
@@ -103,7 +105,7 @@ def packed_columns(input_ids, labels, lengths, bins) -> dict[str, np.ndarray]:
     ex_len = lengths[example_order]
     # token index of every token, example after example in packed order
     ex_start_out = np.concatenate([[0], np.cumsum(ex_len)[:-1]])
-    within = np.arange(ex_len.sum()) - np.repeat(ex_start_out, ex_len)
+    within = np.arange(ex_len.sum(), dtype=np.int64) - np.repeat(ex_start_out, ex_len)
     gather = np.repeat(ids_offsets[example_order], ex_len) + within
     new_labels = label_values[gather]
     new_labels[ex_start_out] = IGNORE_INDEX  # never the target of the previous example's last token
@@ -125,7 +127,7 @@ def pack_dataset(dataset, sequence_len: int, seed: int):
     bins = pack_lengths(lengths, sequence_len, seed)
     cols = packed_columns(ids, labels, lengths, bins)
     offsets = pa.array(cols["offsets"].astype(np.int32))
-    packed = pa.table({name: pa.ListArray.from_arrays(offsets, pa.array(cols[name].astype(np.int32)))
+    packed = pa.table({name: pa.ListArray.from_arrays(offsets, pa.array(cols[name].astype(np.int32, copy=False)))
                        for name in ("input_ids", "labels", "position_ids")})
     stats = {
         "examples": int(lengths.size),
@@ -134,4 +136,7 @@ def pack_dataset(dataset, sequence_len: int, seed: int):
         "sequence_len": sequence_len,
         "efficiency": round(packing_efficiency(lengths, bins, sequence_len), 4),
     }
-    return Dataset(packed), stats
+    # a fingerprint from the source's saves datasets hashing every token again
+    source = f"{getattr(dataset, '_fingerprint', '')}-packed-{sequence_len}-{seed}"
+    fingerprint = hashlib.sha256(source.encode()).hexdigest()[:16]
+    return Dataset(packed, fingerprint=fingerprint), stats
