@@ -139,6 +139,8 @@ def apply_override(data: dict, assignment: str) -> None:
 
 
 def _resolve(value: str, base: Path) -> str:
+    if "://" in value:  # a database URL, not a path
+        return value
     expanded = os.path.expanduser(value)
     return str(Path(expanded) if os.path.isabs(expanded) else (base / expanded).resolve())
 
@@ -150,6 +152,8 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
             setattr(recipe, key, _resolve(getattr(recipe, key), base))
     for ds in recipe.datasets:
         ds.path = _resolve(ds.path, base)
+        if getattr(ds, "slop_file", None):
+            ds.slop_file = _resolve(ds.slop_file, base)
     if recipe.deepspeed is not None:
         recipe.deepspeed = resolve_deepspeed(recipe.deepspeed, base)
     if isinstance(recipe.resume, str) and recipe.resume != "auto":

@@ -11,6 +11,7 @@ is created, so a bad run leaves nothing half-written behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -73,7 +74,9 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         gradient_accumulation_steps=recipe.gradient_accumulation_steps,
         num_train_epochs=recipe.num_epochs,
         max_steps=recipe.max_steps or -1,
-        learning_rate=recipe.learning_rate,
+        # `learning_rate: auto` needs the data counted first: run_training sets the derived value on
+        # these arguments before the Trainer (and a DeepSpeed "auto" lr) ever reads it.
+        learning_rate=recipe.learning_rate if recipe.learning_rate != "auto" else 0.0,
         lr_scheduler_type=scheduler,
         lr_scheduler_kwargs=scheduler_kwargs,
         warmup_steps=warmup,  # an int is steps, a float < 1 a ratio of all steps
@@ -181,6 +184,9 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.data import build_dataset
     from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
     from finetune.model.loader import load_tokenizer, resolve_model_path
+    from finetune.plan.lr_recipe import resolve_learning_rate
+    from finetune.callbacks import ThroughputCallback
+    from finetune.curves import write_curves
 
     started = time.time()
     precision = resolve_precision(recipe)
@@ -196,6 +202,11 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         f"supervised tokens; truncated {stats['truncated']}"
         f"{' (cached)' if prepared.reused else ''}")
     numbers = plan_numbers(recipe, prepared, world_size)
+    # steps come from what the Trainer iterates: examples, or packed rows with sample_packing
+    rows = {**stats["train"], "examples": len(prepared.train)}
+    args.learning_rate, lr_plan = resolve_learning_rate(recipe, rows, world_size)
+    if lr_plan is not None:
+        log(f"learning_rate auto: {lr_plan.describe()}")
     log(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
         f"{numbers['examples_per_step']} examples = ~{numbers['tokens_per_step']:.0f} tokens "
         f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
@@ -231,13 +242,14 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     for stale in remove_stale_staging(layout):
         log(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
+    throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
     trainer = Trainer(
-        callbacks=[*callbacks, *extra_callbacks],
+        callbacks=[*callbacks, throughput, *extra_callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,
         eval_dataset=prepared.eval,
-        data_collator=collator,
+        data_collator=throughput.wrap(collator),
         processing_class=tokenizer,
     )
     eval_before = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
@@ -267,6 +279,8 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         "eval_loss_before": eval_before,
         **losses(trainer.state.log_history),
         "final_eval_loss": eval_after,
+        "learning_rate": args.learning_rate,
+        "learning_rate_plan": dataclasses.asdict(lr_plan) if lr_plan is not None else None,
         "train_runtime_s": result.metrics.get("train_runtime"),
         "wall_time_s": time.time() - started,
         "log_history": trainer.state.log_history,
@@ -275,6 +289,9 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         "nonfinite_skipped_steps": guard.skipped_steps,
         "loss_spikes": guard.spikes,
     }
+    if trainer.is_world_process_zero():
+        summary["curves"] = write_curves(output_dir, trainer.state.log_history)  # loss_curve.png + verdict
+        log(f"learning curve: {summary['curves'].get('verdict')}: {summary['curves'].get('reason', '')}")
     summary = redact(summary)  # no password, token or API key reaches run.json
     if trainer.is_world_process_zero():
         with clear_write_errors(layout, "run.json"):

@@ -108,3 +108,17 @@ def test_tensorboard_logs_land_in_output_dir_not_cwd(make_recipe, tmp_path, monk
     run_training(load_recipe(make_recipe("completion", n=8, adapter="lora", max_steps=1, report_to=["tensorboard"])))
     assert list((tmp_path / "out" / "tensorboard").glob("events.out.tfevents.*"))
     assert list(cwd.iterdir()) == []
+
+
+def test_auto_learning_rate_curves_and_throughput_are_recorded(make_recipe, tmp_path):
+    recipe = load_recipe(make_recipe("instruction", n=16, adapter="lora", val_set_size=4, max_steps=4,
+                                     learning_rate="auto", lr_base=1e-3, lr_pretrained_batch_tokens=4000))
+    summary = run_training(recipe)
+    plan = summary["learning_rate_plan"]
+    expected = 1e-3 * (plan["supervised_tokens"] / plan["total_steps"] * plan["num_epochs"] / 4000) ** 0.5
+    assert plan["total_steps"] == 4 and summary["learning_rate"] == pytest.approx(expected, rel=1e-6)
+    assert summary["recipe"]["learning_rate"] == "auto"
+    assert (tmp_path / "out" / "loss_curve.png").stat().st_size > 1000
+    assert summary["curves"]["verdict"] in {"underfit", "overfit", "well-fit", "unknown"}
+    assert any("tokens_per_second" in k or "tokens/s" in k for e in summary["log_history"] for k in e), \
+        summary["log_history"][-3:]
