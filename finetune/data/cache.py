@@ -88,7 +88,12 @@ def save_prepared(root: str | os.PathLike, key: str, dataset_dict, stats: dict) 
         if final.exists():  # another process finished first; keep theirs
             shutil.rmtree(tmp)
             return
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # lost a race with another node's main process on a shared filesystem
+            if not (final / "stats.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,0 +1,51 @@
+"""Run several trainings one after another inside ONE multi-process launch (tests/test_distributed.py).
+
+    torchrun --nproc_per_node 2 tests/multiproc_driver.py RECIPE RESULTS_DIR NAME=KEY=VALUE,KEY=VALUE ...
+
+Starting processes costs ~10-20 s each on a small shared CPU (imports), training the tiny model under a
+second, so the tests pay the start once. Each run is what `python -m finetune.train RECIPE --set ...` does
+in a launched process: load_recipe with WORLD_SIZE from the launcher, then run_training. Each rank writes
+RESULTS_DIR/rank{R}.json: per run, the logged losses and how many times this rank tokenized the data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main() -> int:
+    recipe_path, results_dir, *runs = sys.argv[1:]
+    import finetune.data as data
+    from finetune.recipe_load import load_recipe
+    from finetune.train import run_training
+
+    calls = {"n": 0}
+    tokenize_all = data.tokenize_all
+
+    def counting_tokenize_all(*args, **kwargs):  # a test probe: does this rank tokenize, or read the cache?
+        calls["n"] += 1
+        return tokenize_all(*args, **kwargs)
+
+    data.tokenize_all = counting_tokenize_all
+    results = {}
+    for run in runs:
+        name, _, overrides = run.partition("=")
+        calls["n"] = 0
+        summary = run_training(load_recipe(recipe_path, [o for o in overrides.split(",") if o]))
+        results[name] = {
+            "losses": [[e["step"], e["loss"]] for e in summary["log_history"] if "loss" in e],
+            "tokenize_calls": calls["n"],
+            "steps": summary["steps"],
+            "world_size": summary["plan"]["world_size"],
+            "resumed_from": summary.get("resumed_from"),
+        }
+    rank = int(os.environ["RANK"])
+    Path(results_dir, f"rank{rank}.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
