@@ -50,7 +50,9 @@ def run_verb(module_name: str, prog: str, argv: list[str]) -> int:
     try:
         return int(module.run(args) or 0)
     except FinetuneError as err:
-        print(f"error: {err}", file=sys.stderr)
+        from finetune.redact import redact_text
+
+        print(f"error: {redact_text(str(err))}", file=sys.stderr)  # a database URL's password stays out
         return err.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -15,7 +15,9 @@ MASK = "***"
 SECRET_ENV = ("WANDB_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_HUB_TOKEN", "OPENAI_API_KEY",
               "PGPASSWORD", "MYSQL_PWD", "DATABASE_URL")
 _SECRET_KEY = re.compile(r"(passw(or)?d|secret|api[_-]?key|credential|(^|[_-])(token|auth)$|^auth[_-])", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/?#@\s]*:)(?P<pw>[^@/\s]+)(?P<at>@)")
+# user:PASSWORD@host after `scheme://`, or after a `/` when a URL was joined onto a folder (`.../postgresql:/u:p@h`)
+_URL_PASSWORD = re.compile(r"(?P<head>(?:[a-zA-Z][a-zA-Z0-9+.\-]*:/?/|(?<=/))[^:/?#@\s`'\"]*:)(?P<pw>[^@/\s`'\"]+)"
+                           r"(?P<at>@)")
 _QUERY_SECRET = re.compile(r"(?P<head>[?&;](?:passw(?:or)?d|pwd|token|secret|api[_-]?key|access_token|key)=)"
                            r"(?P<value>[^&;#\s]+)", re.IGNORECASE)
 _KEEP_KEYS = {"tokens", "special_tokens", "max_tokens", "tokens_per_step", "supervised_tokens", "pad_token",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from finetune.recipe_load import dump_recipe, load_recipe
+from finetune.redact import redact_text
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,5 +25,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes)
-    print(dump_recipe(recipe), end="")
+    print(redact_text(dump_recipe(recipe)), end="")  # a database URL's password is not echoed
     return 0
