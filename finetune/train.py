@@ -67,6 +67,8 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(recipe.output_dir, "tensorboard")
     if "wandb" in reporters and recipe.wandb_project:
         os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
+    if "wandb" in reporters:
+        os.environ.setdefault("WANDB_DIR", recipe.output_dir)  # wandb's files stay in output_dir, not ./wandb
     return TrainingArguments(
         output_dir=recipe.output_dir,
         per_device_train_batch_size=recipe.micro_batch_size,
