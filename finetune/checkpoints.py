@@ -177,11 +177,10 @@ def find_resume(recipe, fingerprint: dict) -> str | None:
 
 
 def prepare_staging(layout: Layout, step: int) -> Path:
-    """An empty staging folder for the Trainer to write step `step` into."""
+    """The flagged staging folder for the Trainer to write step `step` into. Never emptied here: other ranks
+    may already be writing into it; leftovers of a dead run were removed at start (remove_stale_staging)."""
     folder = layout.staging(step)
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / STAGING_FLAG).touch()
     return folder
 
