@@ -202,6 +202,22 @@ def test_finetune_train_num_processes_zero3(workdir, single, tiny_model_dir):
         assert torch.allclose(tensor, reference[name], atol=ADAPTER_ATOL), name
 
 
+@pytest.mark.multiproc
+def test_one_process_under_deepspeed_needs_no_launcher(workdir, single):
+    """`python -m finetune.train` with `deepspeed:` and no launcher: finetune supplies the rendezvous variables
+    (without them DeepSpeed goes looking for MPI)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "finetune.train", "recipe.yml", "--set", "deepspeed=zero1", "--set", "max_steps=2",
+         "--set", "output_dir=one_zero1"],
+        capture_output=True, text=True, timeout=600, cwd=workdir, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    run = json.loads((workdir / "one_zero1" / "run.json").read_text())
+    assert run["plan"]["world_size"] == 1 and run["recipe"]["gradient_accumulation_steps"] == 2
+    assert_same_losses(losses(run), losses(single["lora"])[:2])
+
+
 # --- refusals before anything starts (no processes launched) ----------------------------------------------
 
 
