@@ -115,8 +115,8 @@ only asks for `torch>=2.4`.
         code('''
 BASE_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"  # any causal LM on the hub; small instruct models fit a T4
 WORKDIR = "qlora_quickstart"               # everything this notebook writes goes under here
-N_ROWS = 200                               # rows in the sample CSV
-MAX_STEPS = 60                             # optimizer steps
+N_ROWS = 400                               # rows in the sample CSV
+MAX_STEPS = 50                             # optimizer steps (~2 epochs of 360 training rows)
 MICRO_BATCH_SIZE = 8
 GRADIENT_ACCUMULATION_STEPS = 2            # 8 x 2 = 16 examples per optimizer step
 SEQUENCE_LEN = 256
@@ -136,7 +136,8 @@ print(torch.cuda.get_device_name(0), f"{torch.cuda.get_device_properties(0).tota
 
 A support-desk style CSV: a `question` and an `answer` column. It carries the kind of rows real exports
 have: an exact duplicate and a canned assistant refusal ("As an AI language model..."), which ingestion
-drops and counts in its report. `finetune ingest` maps columns to the instruction record shape.
+drops and counts in its report. `finetune ingest` maps the columns to a chat record (a user turn and an
+assistant turn), so training and chatting both use the model's own chat template.
 """),
         code('''
 import csv, json, random
@@ -161,8 +162,8 @@ with open(work / "faq.csv", "w", newline="") as fh:
 
 from finetune.cli import main as finetune
 
-# finetune ingest faq.csv --map instruction=question --map output=answer -o faq.jsonl
-rc = finetune(["ingest", str(work / "faq.csv"), "--map", "instruction=question", "--map", "output=answer",
+# finetune ingest faq.csv --map user=question --map assistant=answer -o faq.jsonl
+rc = finetune(["ingest", str(work / "faq.csv"), "--map", "user=question", "--map", "assistant=answer",
                "-o", str(work / "faq.jsonl"), "--quiet"])
 assert rc == 0, "ingest failed: see the message above"
 report = json.loads((work / "faq.report.json").read_text())
@@ -186,7 +187,7 @@ recipe_path.write_text(yaml.safe_dump({
     "lora_r": LORA_R,
     "lora_alpha": 2 * LORA_R,
     "lora_target_modules": "all-linear",
-    "datasets": [{"path": "faq.jsonl", "type": "instruction"}],  # relative to the recipe file
+    "datasets": [{"path": "faq.jsonl", "type": "chat"}],  # relative to the recipe file
     "sequence_len": SEQUENCE_LEN,
     "val_set_size": 0.1,
     "micro_batch_size": MICRO_BATCH_SIZE,
