@@ -207,6 +207,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     # steps come from what the Trainer iterates: examples, or packed rows with sample_packing
     rows = {**stats["train"], "examples": len(prepared.train)}
     args.learning_rate, lr_plan = resolve_learning_rate(recipe, rows, world_size)
+    if recipe.deepspeed:  # a DeepSpeed optimizer block's "auto" lr was filled before the lr was known
+        from finetune.deepspeed_config import fill_resolved_learning_rate
+
+        fill_resolved_learning_rate(args, recipe.deepspeed)
     if lr_plan is not None:
         log(f"learning_rate auto: {lr_plan.describe()}")
     log(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "

@@ -205,17 +205,27 @@ def test_finetune_train_num_processes_zero3(workdir, single, tiny_model_dir):
 @pytest.mark.multiproc
 def test_one_process_under_deepspeed_needs_no_launcher(workdir, single):
     """`python -m finetune.train` with `deepspeed:` and no launcher: finetune supplies the rendezvous variables
-    (without them DeepSpeed goes looking for MPI)."""
+    (without them DeepSpeed goes looking for MPI). The config brings its own optimizer with an "auto" lr and
+    the recipe says `learning_rate: auto`, resolved only after the data is counted: DeepSpeed's optimizer must
+    get the resolved value (2e-3 x sqrt(56.25 supervised tokens per step / 225) = 1e-3), not a placeholder."""
+    config = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+              "gradient_clipping": "auto", "zero_optimization": {"stage": 1},
+              "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                          "weight_decay": "auto", "torch_adam": True}}}
+    name = write_ds(workdir, "zero1_adamw.json", config)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    overrides = [f"deepspeed={name}", "output_dir=one_zero1", "learning_rate=auto", "lr_base=2e-3",
+                 "lr_pretrained_batch_tokens=225"]
     proc = subprocess.run(
-        [sys.executable, "-m", "finetune.train", "recipe.yml", "--set", "deepspeed=zero1", "--set", "max_steps=2",
-         "--set", "output_dir=one_zero1"],
+        [sys.executable, "-m", "finetune.train", "recipe.yml", *(a for o in overrides for a in ("--set", o))],
         capture_output=True, text=True, timeout=600, cwd=workdir, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-5000:]
     run = json.loads((workdir / "one_zero1" / "run.json").read_text())
     assert run["plan"]["world_size"] == 1 and run["recipe"]["gradient_accumulation_steps"] == 2
-    assert_same_losses(losses(run), losses(single["lora"])[:2])
+    assert run["learning_rate"] == pytest.approx(1e-3)
+    assert all(e["learning_rate"] == pytest.approx(1e-3) for e in run["log_history"] if "loss" in e)
+    assert_same_losses(losses(run), losses(single["lora"]))
 
 
 # --- refusals before anything starts (no processes launched) ----------------------------------------------
