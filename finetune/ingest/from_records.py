@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from finetune.errors import DataError
 from finetune.ingest.options import IngestOptions
+from finetune.ingest.records import parse_json_list
 from finetune.ingest.report import Reject
 from finetune.ingest.textio import looks_binary, open_text, read_sample
 
@@ -34,11 +35,5 @@ def read_record_file(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict
 
 
 def _json_list(path: str, text: str) -> Iterator[tuple[str, dict] | Reject]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"`{path}` line {exc.lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(data, list):
-        raise DataError(f"`{path}`: a .json record file must hold a list of records")
-    for i, item in enumerate(data, start=1):
+    for i, item in enumerate(parse_json_list(path, text), start=1):
         yield f"{path} item {i}", item

@@ -66,6 +66,17 @@ def record_problem(record: object, shape: str) -> str | None:
     return None
 
 
+def parse_json_list(path: str | os.PathLike, text: str) -> list:
+    """The records of a .json file: one JSON list. DataError naming the file and line otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"`{path}` line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise DataError(f"`{path}`: a .json record file must hold a list of records")
+    return data
+
+
 def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) for each record in a .jsonl file or a .json list.
 
@@ -84,13 +95,7 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
             f"`{path}` is not UTF-8 text (byte {exc.start}: {exc.reason}); re-encode it as UTF-8"
         ) from None
     if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"`{path}` line {exc.lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(data, list):
-            raise DataError(f"`{path}`: a .json data file must hold a list of records")
-        yield from ((1, item) for item in data)
+        yield from ((1, item) for item in parse_json_list(path, text))
         return
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

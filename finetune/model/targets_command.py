@@ -28,18 +28,6 @@ def is_recipe(path: str) -> bool:
     return Path(path).suffix in (".yml", ".yaml")
 
 
-def load_config(source: str, trust_remote_code: bool):
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise ModelError(
-            f"cannot read a model config from `{source}` ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). "
-            "Pass a recipe, a folder containing config.json, a config.json, or a hub id that is cached or reachable."
-        ) from None
-
-
 def build_report(args: argparse.Namespace):
     from finetune.model.loader import resolve_model_path
     from finetune.model.targets import inspect_model, meta_model
@@ -59,6 +47,8 @@ def build_report(args: argparse.Namespace):
         source, trust, rank, cache_dir = args.model, args.trust_remote_code, args.rank or 8, _default_cache_dir()
     if Path(source).name == "config.json":
         source = str(Path(source).parent)  # a model folder, maybe without weights
+    from finetune.plan.model_size import load_config
+
     config = load_config(resolve_model_path(source, cache_dir), trust)
     return inspect_model(meta_model(config, trust), source, rank, targets, saved)
 

@@ -19,8 +19,8 @@ def load_config(model: str, trust_remote_code: bool = False):
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise FinetuneError(
-            f"cannot read a model config from `{model}` ({exc.__class__.__name__}: {str(exc).splitlines()[0]}). "
-            "Pass a folder containing config.json, or a hub id that is cached or reachable."
+            f"cannot read a model config from `{model}` ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]}). "
+            "Pass a recipe, a folder containing config.json, a config.json, or a hub id that is cached or reachable."
         ) from None
 
 
