@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,12 +258,50 @@ def test_database_url_through_sqlalchemy(tmp_path):
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM qa").fetchone()[0] == 3
 
 
-def test_html_pages_parsed_in_worker_processes_come_back_in_order(tmp_path):
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_html_pages_parsed_in_worker_processes_come_back_in_order(tmp_path, monkeypatch, method):
+    if method == "fork" and sys.platform != "linux":
+        pytest.skip("fork workers are used on Linux only")
+    monkeypatch.setattr("finetune.ingest.from_html.start_method", lambda: method)
     pages = tmp_path / "pages"
     pages.mkdir()
     template = (ASSETS / "html" / "article.html").read_text()
     for i in range(18):  # over PARALLEL_MIN_FILES
         (pages / f"p{i:02d}.html").write_text(template.replace("LoRA</h1>", f"LoRA, part {i}</h1>"))
-    one, _, _ = run(tmp_path / "one", [pages], workers=1)
-    two, _, report = run(tmp_path / "two", [pages], workers=2)
+    shutil.copy(pages / "p03.html", pages / "p03_copy.html")  # a duplicate: dedup stays in the parent
+    shutil.copy(ASSETS / "html" / "slop_post.html", pages / "p99_slop.html")  # cleaned inside a worker
+    shutil.copy(ASSETS / "html" / "binary.html", pages / "p98_binary.html")
+    one, one_rejects, one_report = run(tmp_path / "one", [pages], workers=1)
+    two, two_rejects, two_report = run(tmp_path / "two", [pages], workers=2)
     assert two == one and len(two) == 18 and "part 17" in two[-1]["text"]
+    assert two_rejects == one_rejects and two_report == one_report
+    assert two_report["dropped"] == {"duplicate": 1, "slop": 1, "binary_file": 1}
+    assert sum(two_report["slop_phrases"].values()) >= 1
+
+
+def test_html_worker_start_method_is_fork_only_when_safe():
+    import subprocess
+
+    probe = "import finetune.ingest.from_html as f; {}print(f.start_method())"
+    plain = subprocess.run([sys.executable, "-c", probe.format("")], capture_output=True, text=True, check=True)
+    with_torch = subprocess.run([sys.executable, "-c", probe.format("import torch; ")], capture_output=True,
+                                text=True, check=True)
+    assert plain.stdout.strip() == ("fork" if sys.platform == "linux" else "spawn")
+    assert with_torch.stdout.strip() == "spawn"  # a training process: no fork under CUDA / OpenMP threads
+
+
+def test_html_indentation_and_attributes_do_not_change_the_text(tmp_path):
+    compact = ("<html><head><title>T</title></head><body><main><h1>Title</h1><p class='lead'>One <b>bold</b>"
+               " word.</p><ul><li>a</li><li>b <code>x</code> <code>y</code></li></ul><pre>  keep\n    this</pre>"
+               "<table><tr><td>1</td><td>2</td></tr></table><p>Tail<br>line</p></main></body></html>")
+    pretty = ("<html>\n <head>\n  <title>T</title>\n </head>\n <body>\n  <main id='m'>\n   <h1>Title</h1>\n"
+              "   <p class='lead'>One <b>bold</b> word.</p>\n   <ul>\n    <li>a</li>\n    <li>b <code>x</code> "
+              "<code>y</code></li>\n   </ul>\n   <pre>  keep\n    this</pre>\n   <table>\n    <tr>\n     "
+              "<td>1</td>\n     <td>2</td>\n    </tr>\n   </table>\n   <p>Tail<br>\n line</p>\n  </main>\n"
+              " </body>\n</html>")
+    (tmp_path / "a.html").write_text(compact)
+    (tmp_path / "b.html").write_text(pretty)
+    (a,), _, _ = run(tmp_path / "a", [tmp_path / "a.html"], dedup=False)
+    (b,), _, _ = run(tmp_path / "b", [tmp_path / "b.html"], dedup=False)
+    assert a == b
+    assert a["text"] == "# Title\n\nOne bold word.\n\n- a\n- b `x` `y`\n\n```\n  keep\n    this\n```\n\n1 | 2\n\nTail\nline"

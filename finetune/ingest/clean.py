@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from dataclasses import dataclass, field
 
 from finetune.ingest.near_dup import NearDuplicateIndex
 from finetune.ingest.options import IngestOptions
@@ -22,8 +23,7 @@ from finetune.ingest.slop import SlopMatcher
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u200b\u200c\u200d\u2060\ufeff]")
 _INLINE_SPACE = re.compile(r"[ \t\u00a0\u2000-\u200a\u202f\u205f\u3000]+")
 _TRAILING = re.compile(r"[ \t]+\n")
-_BLANK_LINES = re.compile(r"\n{3,}")
-_DEDUP_SPACE = re.compile(r"\s+")
+_BLANK_LINES = re.compile("\n\n\n+")
 
 
 def normalize_text(text: str) -> str:
@@ -38,10 +38,22 @@ def normalize_text(text: str) -> str:
 
 
 def _tidy(text: str, strip: bool) -> str:
-    text = _INLINE_SPACE.sub(" ", text)
-    text = _TRAILING.sub("\n", text)
-    text = _BLANK_LINES.sub("\n\n", text)
+    # Each regex runs only when a C-level substring test says it has work: a pattern whose first
+    # character is a space is tried at every space of the text, which made this the costliest step.
+    if _needs_inline_tidy(text):
+        text = _INLINE_SPACE.sub(" ", text)
+    if " \n" in text or "\t\n" in text:
+        text = _TRAILING.sub("\n", text)
+    if "\n\n\n" in text:
+        text = _BLANK_LINES.sub("\n\n", text)
     return text.strip() if strip else text
+
+
+_ODD_SPACES = re.compile("[\t\u00a0\u2000-\u200a\u202f\u205f\u3000]")
+
+
+def _needs_inline_tidy(text: str) -> bool:
+    return "  " in text or _ODD_SPACES.search(text) is not None
 
 
 def text_fields(record: dict, shape: str) -> list[str]:
@@ -74,6 +86,22 @@ def _map_all(record: dict, shape: str, fn) -> dict:
     return {**record, "messages": [{**m, "content": fn(m["content"])} for m in record["messages"]]}
 
 
+@dataclass
+class Prepared:
+    """A record after the stateless steps (validation, normalization, slop, length bounds).
+
+    HTML worker processes prepare records in parallel; only `Cleaner.admit` (dedup) needs the one place
+    that remembers what was kept."""
+
+    where: str
+    raw: object  # the record as read, for the rejects file
+    record: dict | None  # cleaned; None when `verdict` rejected it
+    shape: str | None
+    verdict: tuple[str, str] | None  # (reason, detail)
+    phrases: list[str] = field(default_factory=list)  # slop phrases found (dropped or stripped)
+    stripped: int = 0  # sentences removed by slop: strip
+
+
 class Cleaner:
     """Stateful (it remembers what it kept, for dedup); one per ingest run."""
 
@@ -82,73 +110,82 @@ class Cleaner:
         self.slop = SlopMatcher.build(opts.slop_builtin, opts.slop_phrases, opts.slop_files)
         self.seen: set[bytes] = set()
         self.near = NearDuplicateIndex(opts.near_dedup) if opts.near_dedup else None
-        self.phrases_found: list[str] = []  # of the last apply(); the pipeline counts them
+        self.phrases_found: list[str] = []  # of the last apply()
         self.sentences_stripped = 0
 
     def apply(self, record: object) -> tuple[dict | None, tuple[str, str] | None]:
-        self.phrases_found = []
-        self.sentences_stripped = 0
+        """prepare() then admit(): the cleaned record or None, and the (reason, detail) of a rejection."""
+        prep = self.prepare("", record)
+        self.phrases_found, self.sentences_stripped = prep.phrases, prep.stripped
+        verdict = prep.verdict or self.admit(prep)
+        return (None, verdict) if verdict else (prep.record, None)
+
+    def prepare(self, where: str, record: object) -> Prepared:
+        """Every step that looks at this record alone; safe to run in any process."""
         shape = detect_shape(record) if isinstance(record, dict) else None
         problem = record_problem(record, shape) if shape else "not a record: no text, instruction/output or messages"
         if problem:
-            return None, ("invalid_record", problem)
+            return Prepared(where, record, None, shape, ("invalid_record", problem))
+        cleaned = record
         if self.opts.normalize:
-            record = _map_all(record, shape, normalize_text)
-            problem = record_problem(record, shape)
+            cleaned = _map_all(record, shape, normalize_text)
+            problem = record_problem(cleaned, shape)
             if problem:
-                return None, ("invalid_record", f"after normalization: {problem}")
-        record, verdict = self._slop(record, shape)
-        if verdict:
-            return None, verdict
+                return Prepared(where, record, None, shape, ("invalid_record", f"after normalization: {problem}"))
+        cleaned, verdict, phrases, stripped = self._slop(cleaned, shape)
+        if verdict is None:
+            verdict = self._length(cleaned, shape)
+        return Prepared(where, record, None if verdict else cleaned, shape, verdict, phrases, stripped)
+
+    def _length(self, record: dict, shape: str) -> tuple[str, str] | None:
         size = sum(len(t) for t in text_fields(record, shape))
         if size < self.opts.min_chars:
-            return None, ("too_short", f"{size} characters, under min_chars {self.opts.min_chars}")
+            return "too_short", f"{size} characters, under min_chars {self.opts.min_chars}"
         if self.opts.max_chars is not None and size > self.opts.max_chars:
-            return None, ("too_long", f"{size} characters, over max_chars {self.opts.max_chars}")
-        return self._dedup(record, shape)
+            return "too_long", f"{size} characters, over max_chars {self.opts.max_chars}"
+        return None
 
-    def _slop(self, record: dict, shape: str) -> tuple[dict, tuple[str, str] | None]:
+    def _slop(self, record: dict, shape: str) -> tuple[dict, tuple[str, str] | None, list[str], int]:
+        """(record, verdict, phrases found, sentences stripped)."""
         if self.opts.slop == "off" or self.slop.regex is None:
-            return record, None
+            return record, None, [], 0
         if self.opts.slop == "drop":
-            for text in _supervised(record, shape):
-                self.phrases_found += self.slop.find(text)
-            if self.phrases_found:
-                return record, ("slop", f'contains "{self.phrases_found[0]}"')
-            return record, None
-        stripped = []
+            found = [p for text in _supervised(record, shape) for p in self.slop.find(text)]
+            return record, (("slop", f'contains "{found[0]}"') if found else None), found, 0
+        stripped: list[str] = []
 
         def strip(text: str) -> str:
-            new, found = self.slop.strip(text)
-            stripped.extend(found)
+            new, hits = self.slop.strip(text)
+            stripped.extend(hits)
             return new
 
         cleaned = _map_supervised(record, shape, strip)
-        self.phrases_found = stripped
-        self.sentences_stripped = len(stripped)
+        n_stripped = len(stripped)
         leftover = [p for text in _supervised(cleaned, shape) for p in self.slop.find(text)]
         if leftover:  # a phrase spanning a sentence break: cannot strip it cleanly
-            self.phrases_found += leftover
-            return cleaned, ("slop", f'"{leftover[0]}" spans sentences; cannot strip it cleanly')
+            return cleaned, ("slop", f'"{leftover[0]}" spans sentences; cannot strip it cleanly'), \
+                stripped + leftover, n_stripped
         problem = record_problem(cleaned, shape)
         if problem:
-            return cleaned, ("slop", f"nothing left after stripping slop sentences ({problem})")
-        return cleaned, None
+            return cleaned, ("slop", f"nothing left after stripping slop sentences ({problem})"), stripped, n_stripped
+        return cleaned, None, stripped, n_stripped
 
-    def _dedup(self, record: dict, shape: str) -> tuple[dict | None, tuple[str, str] | None]:
+    def admit(self, prep: Prepared) -> tuple[str, str] | None:
+        """Dedup against the records kept so far (and remember this one): None, or why it is dropped."""
         if not (self.opts.dedup or self.near):
-            return record, None
-        joined = "\x1f".join(_DEDUP_SPACE.sub(" ", t).strip().lower() for t in text_fields(record, shape))
+            return None
+        fields = text_fields(prep.record, prep.shape)
+        joined = "\x1f".join(" ".join(t.split()).lower() for t in fields)  # str.split(): what \s matches, in C
         if self.opts.dedup:
             digest = hashlib.blake2b(joined.encode(), digest_size=16).digest()
             if digest in self.seen:
-                return None, ("duplicate", "same normalized text as an earlier record")
+                return "duplicate", "same normalized text as an earlier record"
             self.seen.add(digest)
         if self.near is not None:
             similar = self.near.check_and_add(joined)
             if similar is not None:
-                return None, ("near_duplicate", f"about {similar:.0%} similar to an earlier record")
-        return record, None
+                return "near_duplicate", f"about {similar:.0%} similar to an earlier record"
+        return None
 
 
 def _supervised(record: dict, shape: str) -> list[str]:

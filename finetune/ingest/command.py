@@ -13,7 +13,16 @@ import argparse
 import sys
 
 from finetune.errors import DataError
-from finetune.ingest.options import HTML_MODES, SLOP_MODES, SOURCE_TYPES, SQL_DIALECTS, IngestOptions, parse_map
+from finetune.ingest.options import (
+    HTML_MODES,
+    PARALLEL_MIN_FILES,
+    SLOP_MODES,
+    SOURCE_TYPES,
+    SQL_DIALECTS,
+    IngestOptions,
+    default_workers,
+    parse_map,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fmt.add_argument("--dialect", choices=SQL_DIALECTS, default="auto", help="SQL dump dialect")
     fmt.add_argument("--unescape-html", action="store_true", help="turn &amp; &lt; ... in cells into characters")
     fmt.add_argument("--chunk-rows", type=int, default=20_000, help="CSV rows held in memory at once")
-    fmt.add_argument("--workers", type=int, default=1,
-                     help="processes parsing HTML pages in parallel (pays on large folders with idle cores)")
+    fmt.add_argument("--workers", type=int, default=None,
+                     help="processes parsing HTML pages in parallel (default: one per CPU, at most 8; used "
+                          f"for {PARALLEL_MIN_FILES} or more pages)")
     clean = parser.add_argument_group("cleaning")
     clean.add_argument("--slop", choices=SLOP_MODES, default="drop",
                        help="drop records with slop phrases, strip the offending sentences, or turn it off")
@@ -64,7 +74,7 @@ def options_from_args(args: argparse.Namespace) -> IngestOptions:
         type=args.type, mapping=parse_map(args.map), template=args.template, table=args.table,
         query=args.query, sql_dialect=args.dialect, html_mode=args.html_mode, html_split_level=args.split_level,
         delimiter=args.delimiter, encoding=args.encoding, unescape_html=args.unescape_html,
-        chunk_rows=args.chunk_rows, workers=args.workers, slop=args.slop, slop_builtin=not args.no_builtin_slop,
+        chunk_rows=args.chunk_rows, workers=default_workers() if args.workers is None else args.workers, slop=args.slop, slop_builtin=not args.no_builtin_slop,
         slop_phrases=tuple(args.slop_phrase), slop_files=tuple(args.slop_phrases), normalize=not args.no_normalize,
         dedup=not args.no_dedup, near_dedup=args.near_dedup, min_chars=args.min_chars, max_chars=args.max_chars,
         strict=args.strict,

@@ -4,12 +4,14 @@ picked by CSS selectors (`map: {instruction: ".question h1", output: ".answer .b
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import sys
+import threading
+from collections.abc import Callable, Iterator
 
 from finetune.errors import DataError
 from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render
 from finetune.ingest.mapping import mapping_shape, to_record
-from finetune.ingest.options import IngestOptions
+from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
 from finetune.ingest.textio import open_binary
 
@@ -105,34 +107,59 @@ def _mapped(soup, where: str, opts: IngestOptions) -> Iterator[tuple[str, dict] 
         yield f"{where} match {i + 1}", to_record(shape, values)
 
 
-PARALLEL_MIN_FILES = 16  # below this, starting worker processes costs more than it saves
-WINDOW_PER_WORKER = 8  # pages in flight per worker: bounds memory whatever the folder's size
+PAGES_PER_TASK = 4
+WINDOW_PER_WORKER = 2  # tasks in flight per worker (8 pages): bounds memory whatever the folder's size
 
 
-def _read_all(args: tuple[str, IngestOptions]) -> list:
-    return list(read_html(*args))
+def _read_all(args: tuple) -> list:
+    path, opts, prepare = args
+    items = read_html(path, opts)
+    return [prepare(item, opts) for item in items] if prepare else list(items)
 
 
-def read_html_files(paths: list[str], opts: IngestOptions, workers: int) -> Iterator[tuple[str, list]]:
+def _read_batch(args: tuple) -> list[list]:
+    paths, opts, prepare = args
+    return [_read_all((path, opts, prepare)) for path in paths]
+
+
+def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
+                    prepare: Callable | None = None) -> Iterator[tuple[str, list]]:
     """(path, items) for each page, in order; pages are parsed in `workers` processes when it pays.
 
-    Workers are spawned, not forked: the caller may be a training process holding CUDA or threads."""
+    `prepare(item, opts)`, a module-level function, runs on each item inside the worker (the pipeline's
+    stateless cleaning), so that the parent process is left with little more than writing. Pages travel
+    in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a pickle round per page."""
     if workers <= 1 or len(paths) < PARALLEL_MIN_FILES:
         for path in paths:
-            yield path, _read_all((path, opts))
+            yield path, _read_all((path, opts, None))
         return
     import multiprocessing
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
+    batches = [paths[i:i + PAGES_PER_TASK] for i in range(0, len(paths), PAGES_PER_TASK)]
     window = workers * WINDOW_PER_WORKER
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start_method())) as pool:
         pending: deque = deque()
-        for path in paths:
-            pending.append((path, pool.submit(_read_all, (path, opts))))
+        for batch in batches:
+            pending.append((batch, pool.submit(_read_batch, (batch, opts, prepare))))
             if len(pending) >= window:
-                done_path, future = pending.popleft()
-                yield done_path, future.result()
+                yield from _done(*pending.popleft())
         while pending:
-            done_path, future = pending.popleft()
-            yield done_path, future.result()
+            yield from _done(*pending.popleft())
+
+
+def _done(batch: list[str], future) -> Iterator[tuple[str, list]]:
+    yield from zip(batch, future.result())
+
+
+def start_method() -> str:
+    """How worker processes start: fork where that is safe, else spawn.
+
+    fork starts a worker in milliseconds with bs4 and lxml already imported; spawn re-imports them (and
+    the caller's main module), which cost as much as the parallelism saved on a few hundred pages. fork is
+    only safe on Linux in a process with one thread and no torch loaded (the `finetune ingest` command);
+    a training process holding CUDA or OpenMP threads gets spawn."""
+    if sys.platform == "linux" and threading.active_count() == 1 and "torch" not in sys.modules:
+        return "fork"
+    return "spawn"

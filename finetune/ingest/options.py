@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 
 from finetune.errors import DataError
@@ -16,6 +17,17 @@ SOURCE_TYPES = ("html", "csv", "sql", "sqlite", "database", "records")
 SLOP_MODES = ("drop", "strip", "off")
 HTML_MODES = ("document", "sections")
 SQL_DIALECTS = ("auto", "mysql", "postgres", "sqlite")
+PARALLEL_MIN_FILES = 16  # HTML pages: below this, starting worker processes costs more than it saves
+MAX_DEFAULT_WORKERS = 8
+
+
+def default_workers() -> int:
+    """`finetune ingest`'s default: one HTML worker process per CPU this process may use, at most 8."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_DEFAULT_WORKERS))
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from finetune.errors import DataError
-from finetune.ingest.clean import Cleaner
+from finetune.ingest.clean import Cleaner, Prepared
 from finetune.ingest.locate import expand_sources
 from finetune.ingest.options import IngestOptions
 from finetune.ingest.report import INPUT_PROBLEMS, Accounting, Reject
@@ -71,7 +71,8 @@ def read_unit(kind: str, source: str, opts: IngestOptions) -> Iterator[tuple[str
 
 
 def _unit_items(units: list[tuple[str, str]], opts: IngestOptions):
-    """(source, items) per unit, in order. Runs of HTML pages are parsed in worker processes."""
+    """(source, items) per unit, in order. Runs of HTML pages are parsed, and their records prepared
+    (everything but dedup), in worker processes."""
     i = 0
     while i < len(units):
         kind, source = units[i]
@@ -84,7 +85,7 @@ def _unit_items(units: list[tuple[str, str]], opts: IngestOptions):
             j += 1
         from finetune.ingest.from_html import read_html_files
 
-        yield from read_html_files([src for _, src in units[i:j]], opts, opts.workers)
+        yield from read_html_files([src for _, src in units[i:j]], opts, opts.workers, prepare_item)
         i = j
 
 
@@ -95,6 +96,8 @@ def _progress(total_units: int, enabled: bool):
         from tqdm import tqdm
     except ImportError:
         return None
+    # No monitor thread: HTML workers are forked only from a single-threaded process (from_html.start_method).
+    tqdm.monitor_interval = 0
     return tqdm(total=None, unit=" rec", desc="ingest", file=sys.stderr, dynamic_ncols=True,
                 mininterval=0.5, postfix={"files": f"0/{total_units}"})
 
@@ -132,22 +135,36 @@ def ingest(sources: list[str], out: str | os.PathLike, opts: IngestOptions, prog
 
 def _account(item, source: str, cleaner: Cleaner, acct: Accounting, out_file: AtomicFile,
              rejects_file: AtomicFile) -> None:
+    """Count one item in and write it out or to the rejects. `item` is a Reject, a (where, record) pair,
+    or a record that an HTML worker process already prepared."""
     acct.count_in(source)
     if isinstance(item, Reject):
         acct.drop(source, item.reason)
         rejects_file.write_json(item.as_json())
         return
-    where, record = item
-    cleaned, verdict = cleaner.apply(record)
-    acct.slop_phrases.update(cleaner.phrases_found)
+    prep = item if isinstance(item, Prepared) else cleaner.prepare(*item)
+    acct.slop_phrases.update(prep.phrases)
+    verdict = prep.verdict or cleaner.admit(prep)
     if verdict is None:
-        acct.slop_stripped += cleaner.sentences_stripped
+        acct.slop_stripped += prep.stripped
         acct.keep(source)
-        out_file.write_json(cleaned)
+        out_file.write_json(prep.record)
         return
     reason, detail = verdict
     acct.drop(source, reason)
-    rejects_file.write_json(Reject(where, reason, detail, raw=record).as_json())
+    rejects_file.write_json(Reject(prep.where, reason, detail, raw=prep.raw).as_json())
+
+
+_WORKER_CLEANERS: dict = {}  # per process, by options: each HTML worker builds its slop matcher once
+
+
+def prepare_item(item, opts: IngestOptions):
+    """The stateless cleaning of one reader item, run inside an HTML worker process."""
+    if isinstance(item, Reject):
+        return item
+    if opts not in _WORKER_CLEANERS:
+        _WORKER_CLEANERS[opts] = Cleaner(opts)
+    return _WORKER_CLEANERS[opts].prepare(*item)
 
 
 def _verdict(acct: Accounting, opts: IngestOptions, report_path: Path) -> None:

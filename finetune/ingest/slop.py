@@ -67,12 +67,13 @@ DEFAULT_PHRASES = (
 )
 
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
-_SPACE = re.compile(r"\s+")
 
 
 def canonical(phrase: str) -> str:
     """The form phrases are counted under: lower case, straight apostrophes, single spaces."""
-    return _SPACE.sub(" ", phrase.translate(_APOSTROPHES).strip().lower())
+    if "\u2019" in phrase or "\u2018" in phrase or "\u02bc" in phrase:
+        phrase = phrase.translate(_APOSTROPHES)
+    return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
 
 
 def read_phrase_file(path: str) -> list[str]:
