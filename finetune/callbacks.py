@@ -51,11 +51,11 @@ class ThroughputCallback(TrainerCallback):
             self.supervised += int((labels != IGNORE_INDEX).sum())
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from finetune.model import base_causal_lm
         from finetune.plan.model_size import model_shape
 
         self._world = max(args.world_size, 1)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self._shape = model_shape(base)
+        self._shape = model_shape(base_causal_lm(model))
         is_peft = hasattr(model, "peft_config")
         self._lora_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if is_peft else None
         if self.peak_tflops is None:

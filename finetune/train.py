@@ -184,7 +184,15 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.callbacks_guard import Interrupted, build_callbacks, clear_write_errors, interrupted_message
     from finetune.checkpoints import Layout, find_resume, remove_stale_staging, run_fingerprint
     from finetune.data import build_dataset
-    from finetune.model import build_model, count_parameters, resolve_attn_implementation, resolve_precision
+    from finetune.model import (
+        base_causal_lm,
+        build_model,
+        count_parameters,
+        resolve_attn_implementation,
+        resolve_precision,
+    )
+    from finetune.model.supervised_logits import attach as attach_supervised_logits
+    from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
     from finetune.callbacks import ThroughputCallback
@@ -235,12 +243,19 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=attn == "flash_attention_2")
+    causal_lm = base_causal_lm(model)
+    if stats.get("packing") and attn == "sdpa" and args.device.type == "cpu" and use_varlen_attention(causal_lm):
+        log("packed rows on CPU: attention runs example by example (no masked-out work)")
     if stats.get("packing"):
         from finetune.model.isolation import guard_packing
 
         leak = guard_packing(model, collator, attn)
         log(f"packed examples are isolated: logits of a packed example match it alone (leak {leak:.1e} of "
             "full cross-attention)")
+    if attach_supervised_logits(model, recipe.seed) is not None:
+        log("loss on supervised positions only: the LM head skips prompt, padding and boundary positions")
+    else:
+        log("LM head on every position: this model's forward does not allow gathering supervised positions")
     trainable, total = count_parameters(model)
 
     output_dir = Path(recipe.output_dir)
@@ -266,6 +281,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     if interrupt.fired:
         raise Interrupted(interrupted_message(interrupt, layout))
     eval_after = trainer.evaluate()["eval_loss"] if prepared.eval is not None else None
+    restore_sdpa(causal_lm)  # the saved config must name an attention implementation every loader has
     with clear_write_errors(layout, "the trained model"):
         trainer.save_model(str(output_dir))
         if trainer.is_world_process_zero():

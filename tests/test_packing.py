@@ -205,6 +205,7 @@ def test_packed_training_runs_the_planned_steps_and_records_efficiency(make_reci
     assert run["data"]["packing"]["train"]["efficiency"] == packing["train"]["efficiency"]
     err = capfd.readouterr().err
     assert "efficiency" in err and "isolated" in err
+    assert "attention runs example by example" in err and "supervised positions only" in err
 
 
 def test_group_by_length_trains_and_conflicts_with_packing(make_recipe):

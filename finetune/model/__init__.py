@@ -17,6 +17,12 @@ from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
 
 
+def base_causal_lm(model):
+    """The transformers causal LM inside `model`: under a PEFT wrapper, its base model (LoRA layers in it)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
 def resolve_precision(recipe) -> str:
     """`auto`: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
     if recipe.precision != "auto":

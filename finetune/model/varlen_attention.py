@@ -1,0 +1,103 @@
+"""Packed rows on CPU: attention computed one example at a time instead of over the whole row.
+
+With `sample_packing`, a 512-token row holds several examples that must not see each other. transformers
+expresses that as a block-diagonal mask, and SDPA then scores every (query, key) pair of the row: 512 x 512
+for a row whose four ~128-token examples need a quarter of that. On GPU, flash-attn's variable-length
+kernel skips the masked blocks; on CPU nothing does, and attention (forward + backward) was ~17% of a
+SmolLM2-135M LoRA step. So on CPU each example of a packed row gets its own causal SDPA call on its own
+slice of queries, keys and values: the same numbers as the masked kernel (the masked-out scores are
+exactly zero weights there), a fraction of the work, and isolation by construction (the packing guard
+still proves it on the real model before training).
+
+Registered with transformers' public AttentionInterface / AttentionMaskInterface under NAME. Example
+boundaries come from `position_ids` (a position that does not follow its predecessor starts an example),
+as transformers itself detects packed rows. Anything else (a padding mask, a KV cache, decoding, models
+with sliding windows or attention extras) goes to the stock SDPA function.
+"""
+
+from __future__ import annotations
+
+NAME = "finetune_sdpa_varlen"
+# Decoder families whose attention is plain causal softmax(QK^T * scaling) V: no sliding window, softcap,
+# sinks or position bias that a per-example call would have to reproduce.
+MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "granite", "olmo", "olmo2",
+                         "smollm3", "helium", "glm"})
+_registered = False
+
+
+def segments(positions: list[int]) -> list[tuple[int, int]]:
+    """[start, end) of each example in a packed row: a new one starts where positions stop counting up."""
+    starts = [0] + [t for t in range(1, len(positions)) if positions[t] != positions[t - 1] + 1]
+    return list(zip(starts, starts[1:] + [len(positions)]))
+
+
+def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None,
+                        is_causal=None, **kwargs):
+    """(batch, seq, heads, head_dim) attention output, example by example; stock SDPA when not a packed row."""
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    position_ids = kwargs.get("position_ids")
+    q_length = query.shape[2]
+    plain = (attention_mask is not None or position_ids is None or q_length == 1 or key.shape[2] != q_length
+             or not getattr(module, "is_causal", True) or kwargs.get("softcap") is not None)
+    if plain:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    groups = getattr(module, "num_key_value_groups", 1)
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    position_ids = position_ids.expand(query.shape[0], -1).tolist()
+    rows = []
+    for b, positions in enumerate(position_ids):
+        pieces = [
+            torch.nn.functional.scaled_dot_product_attention(
+                query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e],
+                dropout_p=dropout if module.training else 0.0, scale=scaling, is_causal=e - s > 1)
+            for s, e in segments(positions)
+        ]
+        rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
+    out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def varlen_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                attention_mask=None, **kwargs):
+    """No mask for packed rows (the attention function reads position_ids); SDPA's mask when padded."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all())):
+        return None
+    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                     kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, **kwargs)
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(NAME, varlen_sdpa_forward)
+        AttentionMaskInterface.register(NAME, varlen_mask)
+        _registered = True
+
+
+def supported(config) -> bool:
+    layer_types = getattr(config, "layer_types", None) or []
+    return (config.model_type in MODEL_TYPES and not getattr(config, "sliding_window", None)
+            and all(t == "full_attention" for t in layer_types))
+
+
+def use_varlen_attention(causal_lm) -> bool:
+    """Switch an SDPA model to per-example attention for packed rows; False when the model is not eligible."""
+    if causal_lm.config._attn_implementation != "sdpa" or not supported(causal_lm.config):
+        return False
+    _register()
+    causal_lm.set_attn_implementation(NAME)
+    return causal_lm.config._attn_implementation == NAME
+
+
+def restore_sdpa(causal_lm) -> None:
+    """Back to stock SDPA, so that what is saved or served afterwards names an implementation everyone has."""
+    if causal_lm.config._attn_implementation == NAME:
+        causal_lm.set_attn_implementation("sdpa")
