@@ -212,9 +212,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         f"supervised tokens; truncated {stats['truncated']}"
         f"{' (cached)' if prepared.reused else ''}")
     numbers = plan_numbers(recipe, prepared, world_size)
-    # steps come from what the Trainer iterates: examples, or packed rows with sample_packing
-    rows = {**stats["train"], "examples": len(prepared.train)}
-    args.learning_rate, lr_plan = resolve_learning_rate(recipe, rows, world_size)
+    args.learning_rate, lr_plan = resolve_learning_rate(recipe, prepared.train_counts(), world_size)
     if recipe.deepspeed:  # a DeepSpeed optimizer block's "auto" lr was filled before the lr was known
         from finetune.deepspeed_config import fill_resolved_learning_rate
 

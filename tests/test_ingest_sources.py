@@ -140,6 +140,16 @@ def test_csv_empty_and_binary_files_are_clear_errors(tmp_path):
         ingest([str(tmp_path / "img.csv")], tmp_path / "o.jsonl", IngestOptions(template="{a}"))
 
 
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be"])
+def test_csv_in_utf16_without_bom_is_text_not_binary(tmp_path, encoding):
+    text = 'question,answer\n"Où est le café ?","Rue de l’Église — à gauche."\n"2+2?","4"\n'
+    (tmp_path / "export.csv").write_bytes(text.encode(encoding))  # no BOM, as some Windows tools write
+    records, _, report = run(tmp_path, [tmp_path / "export.csv"], mapping=(("instruction", "question"),
+                                                                          ("output", "answer")))
+    assert records[0] == {"instruction": "Où est le café ?", "input": "", "output": "Rue de l’Église — à gauche."}
+    assert report["records_out"] == 2
+
+
 def test_truncated_gzip_is_a_clear_error(tmp_path):
     data = (ASSETS / "csv" / "notes.tsv.gz").read_bytes()
     (tmp_path / "cut.tsv.gz").write_bytes(data[: len(data) // 2])

@@ -39,3 +39,26 @@ def test_plan_a_recipe_prints_the_exact_step_count(make_recipe, capsys):
 def test_unknown_gpu_is_a_user_error(tmp_path, capsys):
     assert main(["plan", str(_config_dir(tmp_path)), "--gpu", "voodoo5"]) == 2
     assert "--gpu-memory-gib" in capsys.readouterr().err
+
+
+def test_plan_and_lr_count_packed_rows_like_training(make_recipe, capsys):
+    """With sample_packing the Trainer iterates packed rows: `plan` and `lr` must count steps from them."""
+    import argparse
+
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+    from finetune.plan.lr_command import _from_recipe
+    from finetune.recipe_load import load_recipe
+    from finetune.train import plan_numbers
+
+    path = make_recipe("chat", n=40, sample_packing=True, sequence_len=256, micro_batch_size=2, num_epochs=2,
+                       learning_rate="auto", lr_base=3e-4, lr_pretrained_batch_tokens=4_000_000)
+    recipe = load_recipe(path)
+    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    planned = plan_numbers(recipe, prepared, 1)["total_steps"]
+    assert len(prepared.train) < 40 and planned == 2 * -(-len(prepared.train) // 2)  # rows, not examples
+    assert main(["plan", str(path), "--gpu-memory-gib", "8"]) == 0
+    out = capsys.readouterr().out
+    assert f"steps: {planned:,} optimizer steps" in out and f"{len(prepared.train):,} packed rows (40 examples)" in out
+    lr_plan = _from_recipe(argparse.Namespace(recipe=str(path), overrides=[], num_processes=None))
+    assert lr_plan.total_steps == planned

@@ -30,6 +30,11 @@ class Prepared:
     cache_path: str = ""
     reused: bool = False
 
+    def train_counts(self) -> dict:
+        """stats["train"] with `examples` replaced by what the Trainer iterates: the packed rows with
+        sample_packing, else the examples. Optimizer steps, and so the learning-rate plan, count these."""
+        return {**self.stats["train"], "examples": len(self.train)}
+
 
 def prepared_root(recipe) -> Path:
     return Path(recipe.dataset_prepared_path or os.path.join(recipe.cache_dir, "prepared"))

@@ -71,9 +71,26 @@ def bom_encoding(sample: bytes) -> str | None:
     return None
 
 
+def utf16_without_bom(sample: bytes) -> str | None:
+    """"utf-16-le" / "utf-16-be" for BOM-less UTF-16 text (what some Windows tools export), else None.
+
+    Text in a Latin or similar script has a NUL as the high byte of most characters, so NULs crowd one byte
+    parity and are nearly absent from the other; a binary file's NULs fall on both."""
+    head = sample[:8192]
+    head = head[: len(head) - len(head) % 2]
+    if len(head) < 8:
+        return None
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    half = len(head) // 2
+    for zeros, other, name in ((odd, even, "utf-16-le"), (even, odd, "utf-16-be")):
+        if zeros >= 0.3 * half and other <= 0.01 * half and _decodes(head, name):
+            return name
+    return None
+
+
 def looks_binary(sample: bytes) -> bool:
-    """NUL bytes in text that has no UTF-16/32 BOM: an image, archive or database, not text."""
-    return b"\x00" in sample[:8192] and bom_encoding(sample) is None
+    """NUL bytes in text that is not UTF-16/32 (with or without BOM): an image, archive or database."""
+    return b"\x00" in sample[:8192] and bom_encoding(sample) is None and utf16_without_bom(sample) is None
 
 
 def _decodes(sample: bytes, encoding: str) -> bool:
@@ -89,7 +106,7 @@ def _decodes(sample: bytes, encoding: str) -> bool:
 
 def detect_encoding(sample: bytes, declared: str | None = None) -> str:
     """BOM, then a declared charset that actually decodes, then UTF-8, then charset-normalizer's guess."""
-    bom = bom_encoding(sample)
+    bom = bom_encoding(sample) or utf16_without_bom(sample)
     if bom:
         return bom
     if declared:

@@ -58,7 +58,7 @@ def _from_recipe(args: argparse.Namespace):
     world_size = args.num_processes or 1
     recipe = load_recipe(args.recipe, args.overrides, world_size=world_size)
     prepared = build_dataset(recipe, load_tokenizer(recipe))
-    train = prepared.stats["train"]
+    train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
     return lr_plan_for_recipe(recipe, train["examples"], train["supervised_tokens"], world_size)
 
 

@@ -77,12 +77,16 @@ def _steps_line(recipe, world_size: int) -> str:
     from finetune.model.loader import load_tokenizer
     from finetune.plan.steps import optimizer_steps
 
-    train = build_dataset(recipe, load_tokenizer(recipe)).stats["train"]
+    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
     total = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                             world_size, recipe.num_epochs, recipe.max_steps)
     per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                                 world_size, 1, None)
-    return (f"steps: {total:,} optimizer steps ({per_epoch:,} per epoch); {train['examples']:,} examples, "
+    packed = prepared.stats.get("packing", {}).get("train")
+    what = (f"{train['examples']:,} packed rows ({packed['examples']:,} examples)" if packed
+            else f"{train['examples']:,} examples")
+    return (f"steps: {total:,} optimizer steps ({per_epoch:,} per epoch); {what}, "
             f"{train['tokens']:,} tokens, {train['supervised_tokens']:,} supervised "
             f"(~{train['supervised_tokens'] / per_epoch:,.0f} per step)")
 
