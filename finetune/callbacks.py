@@ -127,3 +127,13 @@ class EarlyStopOnEvalRise(TrainerCallback):
             self.bad += 1
             if self.bad >= self.patience:
                 control.should_training_stop = True
+
+
+class AtTrainBegin(TrainerCallback):
+    """Runs `fn(model)` once training begins, after the Trainer has wrapped the model (DeepSpeed engine)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.fn(model)

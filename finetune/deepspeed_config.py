@@ -181,3 +181,13 @@ def fill_resolved_learning_rate(args, path: str) -> None:
     for section, key in (("optimizer", "lr"), ("scheduler", "warmup_max_lr")):
         if ((original.get(section) or {}).get("params") or {}).get(key) == "auto":
             hf_config.config[section]["params"][key] = args.learning_rate
+
+
+def weights_partitioned() -> bool:
+    """True under ZeRO-3 (transformers loaded each rank's shard only): a forward pass must wait for the
+    DeepSpeed engine, which gathers the weights layer by layer."""
+    try:
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    except ImportError:
+        return False
+    return is_deepspeed_zero3_enabled()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -174,6 +175,23 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
+    """What needs a forward pass of the real model: proving packed examples isolated (refusing to train
+    otherwise), and the supervised-only logits, enabled only where a probe shows the loss unchanged."""
+    from finetune.model.supervised_logits import attach
+
+    if packed:
+        from finetune.model.isolation import guard_packing
+
+        leak = guard_packing(model, collator, attn)
+        log(f"packed examples are isolated: logits of a packed example match it alone (leak {leak:.1e} of "
+            "full cross-attention)")
+    if attach(model, seed) is not None:
+        log("loss on supervised positions only: the LM head skips prompt, padding and boundary positions")
+    else:
+        log("LM head on every position: this model's forward does not allow gathering supervised positions")
+
+
 def run_training(recipe, extra_callbacks: list = ()) -> dict:
     """Train as the recipe says; returns what run.json records. `extra_callbacks`: more TrainerCallbacks
     (run after finetune's own), for tools and tests."""
@@ -191,11 +209,11 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         resolve_attn_implementation,
         resolve_precision,
     )
-    from finetune.model.supervised_logits import attach as attach_supervised_logits
     from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
-    from finetune.callbacks import ThroughputCallback
+    from finetune.callbacks import AtTrainBegin, ThroughputCallback
+    from finetune.deepspeed_config import weights_partitioned
     from finetune.curves import write_curves
 
     started = time.time()
@@ -242,18 +260,13 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=attn == "flash_attention_2")
     causal_lm = base_causal_lm(model)
-    if stats.get("packing") and attn == "sdpa" and args.device.type == "cpu" and use_varlen_attention(causal_lm):
+    packed = bool(stats.get("packing"))
+    if packed and attn == "sdpa" and args.device.type == "cpu" and use_varlen_attention(causal_lm):
         log("packed rows on CPU: attention runs example by example (no masked-out work)")
-    if stats.get("packing"):
-        from finetune.model.isolation import guard_packing
-
-        leak = guard_packing(model, collator, attn)
-        log(f"packed examples are isolated: logits of a packed example match it alone (leak {leak:.1e} of "
-            "full cross-attention)")
-    if attach_supervised_logits(model, recipe.seed) is not None:
-        log("loss on supervised positions only: the LM head skips prompt, padding and boundary positions")
-    else:
-        log("LM head on every position: this model's forward does not allow gathering supervised positions")
+    probe = functools.partial(probe_model, collator=collator, attn=attn, packed=packed, seed=recipe.seed)
+    at_train_begin = [AtTrainBegin(probe)] if weights_partitioned() else []  # ZeRO-3: after the engine
+    if not at_train_begin:
+        probe(model)  # before anything is written: a refusal costs nothing
     trainable, total = count_parameters(model)
 
     output_dir = Path(recipe.output_dir)
@@ -263,7 +276,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
     throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
     trainer = Trainer(
-        callbacks=[*callbacks, throughput, *extra_callbacks],
+        callbacks=[*callbacks, throughput, *at_train_begin, *extra_callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,

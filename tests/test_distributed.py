@@ -83,8 +83,10 @@ def single(workdir) -> dict:
     recipe = workdir / "recipe.yml"
     lora = run_training(load_recipe(recipe, world_size=1))
     full = run_training(load_recipe(recipe, ["adapter=none", "max_steps=2", "output_dir=single_full"], world_size=1))
+    packed = run_training(load_recipe(recipe, ["sample_packing=true", "sequence_len=256", "output_dir=single_packed"],
+                                      world_size=1))
     assert lora["plan"]["world_size"] == 1 and lora["plan"]["examples_per_step"] == 4
-    return {"lora": lora, "full": full}
+    return {"lora": lora, "full": full, "packed": packed}
 
 
 RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers keeps it process-wide)
@@ -95,6 +97,9 @@ RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers kee
     "zero2_offload": "output_dir=mp_zero2_offload,deepspeed=zero2_offload",
     "zero3_offload": "output_dir=mp_zero3_offload,deepspeed=zero3_offload",
     "zero3_full": "output_dir=mp_zero3_full,deepspeed=zero3,adapter=none,max_steps=2",
+    # the packing guard and the supervised-logits probe need a forward pass: under ZeRO-3 they wait for
+    # the engine (each rank holds a shard of the weights until then)
+    "zero3_packed": "output_dir=mp_zero3_packed,deepspeed=zero3,sample_packing=true,sequence_len=256",
 }
 
 
@@ -130,6 +135,15 @@ def test_two_processes_match_one_process(multiproc, single, run):
         result = multiproc[rank][run]
         assert result["world_size"] == 2 and result["steps"] == 4
         assert_same_losses(losses(result), losses(single["lora"]))
+
+
+@pytest.mark.multiproc
+def test_zero3_with_packing_proves_isolation_and_matches_one_process(multiproc, single):
+    assert single["packed"]["data"]["packing"]["train"]["rows"] < 32  # examples were packed
+    for rank in (0, 1):
+        result = multiproc[rank]["zero3_packed"]
+        assert result["world_size"] == 2 and result["steps"] == 4
+        assert_same_losses(losses(result), losses(single["packed"]))
 
 
 @pytest.mark.multiproc

@@ -79,7 +79,8 @@ def _probe_loss(model, batch: dict, seed: int):
 
 
 def attach(model, seed: int = 0) -> SupervisedLogits | None:
-    """Enable supervised-only logits on `model` if a short probe shows the loss unchanged; else None."""
+    """Enable supervised-only logits on `model` if a short probe shows the loss unchanged; else None.
+    Under DeepSpeed ZeRO-3, call it once the engine exists (the probe is a forward pass)."""
     import torch
 
     from finetune.model import base_causal_lm
@@ -87,13 +88,6 @@ def attach(model, seed: int = 0) -> SupervisedLogits | None:
     causal_lm = base_causal_lm(model)  # its forward takes `labels` and calls the head
     if not hasattr(causal_lm, "loss_function") or causal_lm.get_output_embeddings() is None:
         return None
-    if _params_partitioned():
-        # ZeRO-3 holds each rank's shard of the weights until the engine runs the model: no probe forward.
-        # Attach where the architecture hands its loss to `loss_function` (all current HF causal LMs).
-        import inspect
-
-        uses_loss_function = "self.loss_function(" in inspect.getsource(type(causal_lm).forward)
-        return SupervisedLogits(causal_lm) if uses_loss_function else None
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, model.config.vocab_size, (2, 12), generator=gen).to(device)
@@ -118,10 +112,3 @@ def attach(model, seed: int = 0) -> SupervisedLogits | None:
         return None
     return hooks
 
-
-def _params_partitioned() -> bool:
-    try:
-        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-    except ImportError:
-        return False
-    return is_deepspeed_zero3_enabled()
