@@ -261,6 +261,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     collator = Collator(pad_id, flatten=attn == "flash_attention_2")
     causal_lm = base_causal_lm(model)
     packed = bool(stats.get("packing"))
+    if packed:
+        # a KV cache makes transformers skip the packed-row mask (see guard_packing); under ZeRO-3 the guard,
+        # which also turns it off, runs only at train begin: after the "eval loss before" pass
+        model.config.use_cache = False
     if packed and attn == "sdpa" and args.device.type == "cpu" and use_varlen_attention(causal_lm):
         log("packed rows on CPU: attention runs example by example (no masked-out work)")
     probe = functools.partial(probe_model, collator=collator, attn=attn, packed=packed, seed=recipe.seed)
