@@ -16,16 +16,16 @@ from finetune.errors import FinetuneError
 VERBS: dict[str, tuple[str, str]] = {
     "validate": ("finetune.commands.validate", "check a recipe; print it resolved or every problem (exit 2)"),
     "schema": ("finetune.commands.schema", "print the recipe's JSON schema (or --markdown for docs/recipe.md)"),
-    "ingest": ("finetune.ingest.command", "turn HTML / CSV / SQL / record files into clean JSONL records"),
+    "ingest": ("finetune.commands.ingest", "turn HTML / CSV / SQL / record files into clean JSONL records"),
     "preprocess": ("finetune.commands.preprocess", "tokenize and cache a recipe's datasets; print counts"),
-    "train": ("finetune.train", "fine-tune from a recipe (also: accelerate launch -m finetune.train)"),
-    "lr": ("finetune.plan.lr_command", "learning rate from supervised tokens per step"),
-    "plan": ("finetune.plan.plan_command", "memory and steps plan for a recipe or a model config"),
-    "targets": ("finetune.model.targets_command", "list a model's modules LoRA can target, with parameter counts"),
-    "merge": ("finetune.model.merge_command", "merge a trained LoRA adapter into its base model"),
-    "chat": ("finetune.model.chat_command", "chat with the trained model"),
-    "generate": ("finetune.model.generate_command", "generate a reply to one prompt with the trained model"),
-    "curves": ("finetune.curves_command", "re-render loss_curve.png and re-diagnose a finished run"),
+    "train": ("finetune.commands.train", "fine-tune from a recipe (also: accelerate launch -m finetune.train)"),
+    "lr": ("finetune.commands.lr", "learning rate from supervised tokens per step"),
+    "plan": ("finetune.commands.plan", "memory and steps plan for a recipe or a model config"),
+    "targets": ("finetune.commands.targets", "list a model's modules LoRA can target, with parameter counts"),
+    "merge": ("finetune.commands.merge", "merge a trained LoRA adapter into its base model"),
+    "chat": ("finetune.commands.chat", "chat with the trained model"),
+    "generate": ("finetune.commands.generate", "generate a reply to one prompt with the trained model"),
+    "curves": ("finetune.commands.curves", "re-render loss_curve.png and re-diagnose a finished run"),
 }
 
 

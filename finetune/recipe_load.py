@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from finetune.checkpoints import location_problems
-from finetune.deepspeed_config import deepspeed_problems, resolve_deepspeed
+from finetune.train.checkpoints import location_problems
+from finetune.train.deepspeed_config import deepspeed_problems, resolve_deepspeed
 from finetune.errors import RecipeError
 from finetune.recipe import DatasetSpec, Recipe
 

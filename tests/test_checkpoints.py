@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune import checkpoints as ck
+from finetune.train import checkpoints as ck
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
 

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from finetune.cli import main
-from finetune.curves import diagnose, write_curves
+from finetune.train.curves import diagnose, write_curves
 
 
 def _history(train_fn, eval_fn=None, steps=100, eval_every=10):

@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from conftest import make_records, write_jsonl
 from finetune.errors import RecipeError
-from finetune.launch import LaunchError, free_port, launch_command
+from finetune.train.launch import LaunchError, free_port, launch_command
 from finetune.recipe_load import load_recipe
 
 TOLERANCE = 1e-5  # relative, on each logged loss; fp32 differs only in the order of the gradient all-reduce
@@ -275,7 +275,7 @@ def test_missing_deepspeed_config_names_the_shipped_ones(workdir):
 
 
 def test_shipped_configs_load_and_say_auto_for_what_the_recipe_owns(workdir):
-    from finetune.deepspeed_config import SHIPPED, shipped_path, trainer_deepspeed_config
+    from finetune.train.deepspeed_config import SHIPPED, shipped_path, trainer_deepspeed_config
 
     for name in SHIPPED:
         recipe = load_recipe(workdir / "recipe.yml", [f"deepspeed={name}"], world_size=2)
@@ -319,7 +319,7 @@ def test_launcher_picks_accelerate_on_gpus_and_torchrun_on_cpu():
 
 
 def test_process_group_timeout_comes_from_the_recipe(workdir):
-    from finetune.train import training_arguments
+    from finetune.train.run import training_arguments
 
     recipe = load_recipe(workdir / "recipe.yml", ["ddp_timeout=12345"], world_size=1)
     assert training_arguments(recipe, "fp32", has_eval=False).ddp_timeout == 12345

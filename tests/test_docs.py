@@ -117,7 +117,7 @@ def test_the_checker_catches_a_wrong_verb_and_a_wrong_option():
 
 
 def test_the_example_curves_get_the_verdicts_in_their_captions():
-    from finetune.curves import diagnose
+    from finetune.train.curves import diagnose
 
     examples = runpy.run_path(str(ROOT / "docs" / "img" / "make_curves.py"))["histories"]()
     page = (ROOT / "docs" / "learning-curves.md").read_text()

@@ -14,7 +14,7 @@ from finetune.data.collate import Collator
 from finetune.model import build_model
 from finetune.model.loader import load_tokenizer
 from finetune.recipe_load import load_recipe
-from finetune.train import training_arguments
+from finetune.train.run import training_arguments
 
 TOLERANCE = 1e-5
 

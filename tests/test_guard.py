@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from finetune.callbacks_guard import Interrupted, NonFiniteError, NonFiniteGuard
-from finetune.checkpoints import Layout, read_marker
+from finetune.train.callbacks.guard import NonFiniteError, NonFiniteGuard
+from finetune.train.callbacks.interrupt import Interrupted
+from finetune.train.checkpoints import Layout, read_marker
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
 

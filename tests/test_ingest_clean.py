@@ -170,7 +170,7 @@ def test_cli_user_error_is_one_paragraph_exit_2(tmp_path):
 
 
 def test_ingestion_never_imports_torch():
-    code = ("import sys, finetune.ingest.command, finetune.ingest.pipeline, finetune.ingest.source;"
+    code = ("import sys, finetune.commands.ingest, finetune.ingest.pipeline, finetune.ingest.source;"
             "from finetune.ingest.pipeline import read_unit;"
             "import finetune.ingest.from_html, finetune.ingest.from_csv, finetune.ingest.from_sql;"
             "import finetune.ingest.from_db, finetune.ingest.clean;"

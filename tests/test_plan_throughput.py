@@ -36,7 +36,7 @@ def test_throughput_callback_logs_tokens_and_tflops_on_cpu(tmp_path, peak):
     import torch
     from transformers import DataCollatorForSeq2Seq, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    from finetune.callbacks import ThroughputCallback
+    from finetune.train.callbacks.throughput import ThroughputCallback
 
     class Tok:  # what DataCollatorForSeq2Seq needs from a tokenizer
         pad_token_id, padding_side, model_input_names = 0, "right", ["input_ids", "attention_mask"]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from finetune.checkpoints import MARKER, read_marker
+from finetune.train.checkpoints import MARKER, read_marker
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
 
@@ -75,7 +75,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp
 
 
 def test_resume_false_starts_over_and_a_changed_recipe_is_refused(make_recipe, tmp_path):
-    from finetune.checkpoints import CheckpointError
+    from finetune.train.checkpoints import CheckpointError
 
     recipe = make_recipe("completion", n=8, adapter="lora", lora_r=2, max_steps=2, checkpoint_interval=1)
     first = run_training(load_recipe(recipe))

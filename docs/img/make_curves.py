@@ -3,7 +3,7 @@
     python docs/img/make_curves.py     # -> docs/img/curve-*.png
 
 The log histories are synthetic (shapes typical of real runs, with a little noise), so that each verdict
-has a clean example; tests/test_docs.py checks that `finetune.curves.diagnose` gives each its label.
+has a clean example; tests/test_docs.py checks that `finetune.train.curves.diagnose` gives each its label.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def histories() -> dict[str, tuple[str, list[dict]]]:
 
 
 def main() -> None:
-    from finetune.curves import diagnose, plot_curves
+    from finetune.train.curves import diagnose, plot_curves
 
     for name, (_, history) in histories().items():
         diagnosis = diagnose(history)

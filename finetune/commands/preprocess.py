@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from finetune.commands.validate import add_recipe_arguments
+from finetune.commands.args import add_recipe_arguments
 from finetune.data.formats import IGNORE_INDEX
 from finetune.recipe_load import load_recipe
 

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from finetune.commands.args import add_recipe_arguments
 from finetune.recipe_load import dump_recipe, load_recipe
 from finetune.redact import redact_text
-
-
-def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """The recipe path and `--set KEY=VALUE` overrides, shared by every verb that reads a recipe."""
-    parser.add_argument("recipe", help="path to the YAML recipe")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a recipe key (YAML value), e.g. --set learning_rate=1e-4 --set datasets.0.path=x.jsonl",
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune.curves import read_log_history, write_curves
+    from finetune.train.curves import read_log_history, write_curves
 
     diagnosis = write_curves(args.output_dir, read_log_history(args.output_dir))
     print(f"{diagnosis['verdict']}: {diagnosis['reason']}")

@@ -1,8 +1,7 @@
-"""Fine-tune from a recipe: load, build, train, save.
+"""The training run: count the data, build the model, train, save, record what ran.
 
-    python -m finetune.train recipe.yml [--set key=value ...]
-    accelerate launch -m finetune.train recipe.yml
-    finetune train recipe.yml
+The command line (`finetune train`, `python -m finetune.train`, `accelerate launch -m finetune.train`)
+lives in finetune/commands/train.py; this module is the library it calls.
 
 Everything that can fail because of the user (recipe, data, base model) is checked before output_dir
 is created, so a bad run leaves nothing half-written behind.
@@ -10,7 +9,6 @@ is created, so a bad run leaves nothing half-written behind.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -19,18 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from finetune.commands.validate import add_recipe_arguments
-from finetune.errors import FinetuneError
 from finetune.model.bnb import resolve_optimizer
-from finetune.recipe_load import dump_recipe, load_recipe
+from finetune.recipe_load import dump_recipe
 from finetune.redact import redact, redact_text
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from finetune.launch import add_launch_arguments
-
-    add_recipe_arguments(parser)
-    add_launch_arguments(parser)
 
 
 def log(message: str) -> None:
@@ -48,11 +37,11 @@ def training_arguments(recipe, precision: str, has_eval: bool):
     """TrainingArguments from the recipe: the one place recipe keys become Trainer settings."""
     from transformers import TrainingArguments
 
-    from finetune.deepspeed_config import trainer_deepspeed_config
+    from finetune.train.deepspeed_config import trainer_deepspeed_config
 
     cpu_deepspeed = recipe.deepspeed is not None and not _cuda_available()
     if cpu_deepspeed:
-        from finetune.launch import configure_cpu_deepspeed
+        from finetune.train.launch import configure_cpu_deepspeed
 
         configure_cpu_deepspeed(recipe.ddp_timeout)
 
@@ -102,7 +91,7 @@ def training_arguments(recipe, precision: str, has_eval: bool):
         logging_first_step=True,
         eval_strategy=eval_strategy,
         eval_steps=recipe.eval_steps,
-        # Saving is scheduled, staged, completed and rotated by finetune/callbacks_guard.CheckpointCallback
+        # Saving is scheduled, staged, completed and rotated by finetune/train/callbacks/checkpoint.CheckpointCallback
         # (checkpoint_interval, export_interval, max_checkpoints): the Trainer only writes when asked.
         save_strategy="no",
         save_total_limit=None,
@@ -199,8 +188,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
 
     from finetune.data.collate import Collator
 
-    from finetune.callbacks_guard import Interrupted, build_callbacks, clear_write_errors, interrupted_message
-    from finetune.checkpoints import Layout, find_resume, remove_stale_staging, run_fingerprint
+    from finetune.train.callbacks import build_callbacks
+    from finetune.train.callbacks.checkpoint import clear_write_errors
+    from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
+    from finetune.train.checkpoints import Layout, find_resume, remove_stale_staging, run_fingerprint
     from finetune.data import build_dataset
     from finetune.model import (
         base_causal_lm,
@@ -212,9 +203,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
-    from finetune.callbacks import AtTrainBegin, ThroughputCallback
-    from finetune.deepspeed_config import weights_partitioned
-    from finetune.curves import write_curves
+    from finetune.train.callbacks.stages import AtTrainBegin
+    from finetune.train.callbacks.throughput import ThroughputCallback
+    from finetune.train.deepspeed_config import weights_partitioned
+    from finetune.train.curves import write_curves
 
     started = time.time()
     precision = resolve_precision(recipe)
@@ -232,7 +224,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     numbers = plan_numbers(recipe, prepared, world_size)
     args.learning_rate, lr_plan = resolve_learning_rate(recipe, prepared.train_counts(), world_size)
     if recipe.deepspeed:  # a DeepSpeed optimizer block's "auto" lr was filled before the lr was known
-        from finetune.deepspeed_config import fill_resolved_learning_rate
+        from finetune.train.deepspeed_config import fill_resolved_learning_rate
 
         fill_resolved_learning_rate(args, recipe.deepspeed)
     if lr_plan is not None:
@@ -337,28 +329,3 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         log(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
             f"{summary['final_train_loss']}, eval loss {eval_before} -> {eval_after}; saved to {output_dir}")
     return summary
-
-
-def run(args: argparse.Namespace) -> int:
-    from finetune.launch import check_deepspeed_installed, inside_launch, launch, single_process_env
-
-    launching = args.num_processes is not None and not inside_launch()
-    # validated here, before any process starts, for the process count it will run with
-    recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes if launching else None)
-    if launching and (args.num_processes > 1 or args.num_machines > 1):
-        return launch(args, recipe)
-    check_deepspeed_installed(recipe)
-    if recipe.deepspeed is not None and not inside_launch():
-        os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
-    run_training(recipe)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from finetune.cli import run_verb
-
-    return run_verb(__name__, "python -m finetune.train", list(sys.argv[1:] if argv is None else argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

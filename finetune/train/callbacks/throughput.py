@@ -1,5 +1,4 @@
-"""Trainer callbacks: throughput (tokens/s, supervised tokens/s, model TFLOP/s, MFU) and an early stop when
-eval loss turns up. Importing this module does nothing but define classes.
+"""Throughput: tokens/s, supervised tokens/s, model TFLOP/s and MFU, added to each training log.
 
 Tokens are counted where the batches are made: wrap the data collator with `ThroughputCallback.wrap()`.
 
@@ -108,32 +107,3 @@ def _detect_peak_tflops(args) -> float | None:
     dtype = "bf16" if args.bf16 else "fp16" if args.fp16 else "tf32" if args.tf32 else "fp32"
     peak = gpu.peak_flops(dtype)
     return None if peak is None else peak / 1e12
-
-
-class EarlyStopOnEvalRise(TrainerCallback):
-    """Stop when eval loss has stayed above its best for `patience` evaluations in a row."""
-
-    def __init__(self, patience: int = 2, min_delta: float = 0.0):
-        self.patience, self.min_delta = patience, min_delta
-        self.best, self.bad = float("inf"), 0
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        loss = (metrics or {}).get("eval_loss")
-        if loss is None:
-            return
-        if loss < self.best - self.min_delta:
-            self.best, self.bad = loss, 0
-        else:
-            self.bad += 1
-            if self.bad >= self.patience:
-                control.should_training_stop = True
-
-
-class AtTrainBegin(TrainerCallback):
-    """Runs `fn(model)` once training begins, after the Trainer has wrapped the model (DeepSpeed engine)."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.fn(model)

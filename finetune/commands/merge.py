@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from finetune.commands.args import add_overrides
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="RECIPE_OR_ADAPTER_DIR",
@@ -17,8 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="where to write the merged model (default: ADAPTER_DIR/merged)")
     parser.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
                         help="precision of the merged weights (default fp32; the base is loaded unquantized)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key (with a recipe)")
+    add_overrides(parser)
 
 
 def run(args: argparse.Namespace) -> int:

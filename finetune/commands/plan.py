@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
 from finetune.plan.memory import GIB
 
@@ -23,8 +24,7 @@ KNOBS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="a YAML recipe, or a model: folder with config.json, config.json, or hub id")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key, e.g. --set micro_batch_size=8")
+    add_overrides(parser)
     parser.add_argument("--gpu", default=None, help="GPU for the verdict: h100, h200, a100-80gb, l40s, rtx-4090, t4...")
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU, for a GPU not in the table")
     parser.add_argument("--num-gpus", type=int, default=1, help="data-parallel GPUs (default 1)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from finetune.model.generate_command import add_generation_arguments, first_messages
+from finetune.commands.generate import add_generation_arguments, first_messages
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

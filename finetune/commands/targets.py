@@ -11,6 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
+from finetune.commands.args import add_overrides
 from finetune.errors import ModelError
 
 
@@ -19,8 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a recipe (.yml/.yaml), a model folder, a config.json, a .gguf file or a hub id")
     parser.add_argument("--rank", type=int, default=None, help="LoRA rank for the counts (default: the recipe's, or 8)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key (with a recipe)")
+    add_overrides(parser)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow the model's own code (no recipe)")
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import argparse
 
+from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
 from finetune.plan.lr import FAMILIES, family_by_name, format_lr, plan_learning_rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", help="a YAML recipe (omit to work from the numbers below)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key, e.g. --set micro_batch_size=8")
+    add_overrides(parser)
     parser.add_argument("--num-processes", type=int, default=None, help="processes the run will use (default 1)")
     parser.add_argument("--supervised-tokens", type=int, help="total supervised (label != -100) tokens in the data")
     parser.add_argument("--steps", type=int, help="total optimizer steps")

@@ -301,3 +301,10 @@ def location_problems(recipe, recipe_dir: Path) -> list[str]:
     if problem:
         problems.append(problem)
     return problems
+
+
+def last_good_message(layout: Layout) -> str:
+    newest = newest_complete(layout)
+    if newest is None:
+        return "No checkpoint had been written yet."
+    return f"The last good checkpoint, `{newest}`, is intact; the next run resumes from it (`resume: auto`)."

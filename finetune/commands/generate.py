@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from finetune.commands.args import add_overrides
+
 
 def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     """Shared by `chat` and `generate`."""
@@ -17,8 +19,7 @@ def add_generation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sample")
     parser.add_argument("--system", default=None, help="a system message to start the conversation with")
     parser.add_argument("--raw", action="store_true", help="plain text continuation: no chat template")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key (with a recipe)")
+    add_overrides(parser)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

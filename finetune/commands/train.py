@@ -1,0 +1,37 @@
+"""Fine-tune from a recipe: load, build, train, save.
+
+    finetune train recipe.yml [--set key=value ...] [--num-processes N]
+    python -m finetune.train recipe.yml
+    accelerate launch -m finetune.train recipe.yml
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from finetune.commands.args import add_recipe_arguments
+from finetune.recipe_load import load_recipe
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from finetune.train.launch import add_launch_arguments
+
+    add_recipe_arguments(parser)
+    add_launch_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune.train.launch import check_deepspeed_installed, inside_launch, launch, single_process_env
+    from finetune.train.run import run_training
+
+    launching = args.num_processes is not None and not inside_launch()
+    # validated here, before any process starts, for the process count it will run with
+    recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes if launching else None)
+    if launching and (args.num_processes > 1 or args.num_machines > 1):
+        return launch(args, recipe)
+    check_deepspeed_installed(recipe)
+    if recipe.deepspeed is not None and not inside_launch():
+        os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
+    run_training(recipe)
+    return 0

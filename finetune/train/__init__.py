@@ -1,0 +1,22 @@
+"""The training run: one resolved plan, the HF Trainer, callbacks, checkpoints, DeepSpeed and launch.
+
+    run.py              run_training(recipe): count data -> resolve settings -> TrainingArguments -> Trainer
+    callbacks/          TrainerCallbacks, one concern a module: guard, interrupt, checkpoint, throughput, stages
+    checkpoints.py      where checkpoints live, when one is complete, which one to resume
+    deepspeed_config.py the DeepSpeed JSON: shipped configs, checks against the recipe, "auto" values
+    launch.py           starting N processes (accelerate / torchrun)
+    curves.py           loss_curve.png and the underfit / overfit verdict
+    __main__.py         `python -m finetune.train` (the same as `finetune train`)
+
+Nothing heavy is imported here: `run_training` is reached through a lazy attribute.
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    if name in ("run_training", "training_arguments"):
+        from finetune.train import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module 'finetune.train' has no attribute {name!r}")
