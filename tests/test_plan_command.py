@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from finetune.cli import main
 
 
@@ -62,3 +64,57 @@ def test_plan_and_lr_count_packed_rows_like_training(make_recipe, capsys):
     assert f"steps: {planned:,} optimizer steps" in out and f"{len(prepared.train):,} packed rows (40 examples)" in out
     lr_plan = _from_recipe(argparse.Namespace(recipe=str(path), overrides=[], num_processes=None))
     assert lr_plan.total_steps == planned
+
+
+# --- precision: auto resolves per GPU as training resolves it (issue 14 item 9) ----------------------------
+
+
+def _planned_precision(out: str) -> str:
+    return re.search(r"setup: adapter \w+, (\w+)", out).group(1)
+
+
+def test_plan_resolves_auto_precision_per_gpu_like_training(tmp_path, capsys):
+    """T4 (Turing) has no bf16 tensor cores: a run there trains in fp16, so the plan must count fp16."""
+    model = str(_config_dir(tmp_path))
+    recipe = tmp_path / "r.yml"
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"text": "a b c"}\n')
+    recipe.write_text(f"base_model: {model}\ndatasets: [{{path: {data}}}]\nadapter: qlora\nprecision: auto\n"
+                      "gradient_checkpointing: full\nsequence_len: 512\n")
+    main(["plan", str(recipe), "--gpu", "t4", "--no-data"])
+    t4 = capsys.readouterr().out
+    main(["plan", str(recipe), "--gpu", "a100", "--no-data"])
+    a100 = capsys.readouterr().out
+    assert _planned_precision(t4) == "fp16" and "auto on t4" in t4
+    assert _planned_precision(a100) == "bf16"
+    # the numbers are the fp16 plan's, not a bf16 plan relabelled
+    main(["plan", str(recipe), "--gpu", "t4", "--no-data", "--precision", "fp16"])
+    explicit = capsys.readouterr().out
+    assert t4.split("per-GPU memory:")[1] == explicit.split("per-GPU memory:")[1]
+
+
+def test_explicit_bf16_on_a_t4_is_warned(tmp_path, capsys):
+    main(["plan", str(_config_dir(tmp_path)), "--gpu", "t4", "--precision", "bf16", "--adapter", "qlora"])
+    assert "t4 has no bf16 tensor cores" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("capability,expected", [((7, 5), "fp16"), ((7, 0), "fp16"), ((8, 0), "bf16"),
+                                                 ((9, 0), "bf16")])
+def test_training_resolves_auto_by_the_same_rule(monkeypatch, capability, expected):
+    """The live-device side: a T4 (sm_75) can build bf16 tensors, so torch's default is_bf16_supported() says
+    True there (emulation); training must still pick fp16, as the GPU table and the plan do."""
+    import torch
+
+    from finetune.model import resolve_precision
+    from finetune.plan.gpus import GPUS
+    from finetune.plan.precision import resolve_precision as rule
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"major": capability[0]})())
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)  # emulation works on sm_75
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert resolve_precision(type("R", (), {"precision": "auto"})()) == expected
+    gpu = {(7, 5): "t4", (8, 0): "a100-80gb", (9, 0): "h100-sxm"}.get(capability)
+    if gpu:
+        assert rule("auto", True, GPUS[gpu].native_bf16) == expected

@@ -44,6 +44,32 @@ def _is_recipe(source: str) -> bool:
     return Path(source).suffix in (".yml", ".yaml")
 
 
+def _auto_precision(args: argparse.Namespace) -> str:
+    """`precision: auto` as a run on the planned GPU resolves it (the same rule training applies to its device).
+    Without --gpu the card is unknown: plan for one with bf16, as every GPU of the last generations has."""
+    from finetune.plan.precision import resolve_precision
+
+    native_bf16 = True
+    if args.gpu:
+        from finetune.plan.gpus import find_gpu
+
+        native_bf16 = find_gpu(args.gpu).native_bf16
+    return resolve_precision("auto", has_gpu=True, native_bf16=native_bf16)
+
+
+def _precision_warning(args: argparse.Namespace, precision: str) -> str | None:
+    """An explicit bf16 on a GPU without bf16 tensor cores: say so before the run finds out."""
+    if precision != "bf16" or not args.gpu:
+        return None
+    from finetune.plan.gpus import find_gpu
+
+    gpu = find_gpu(args.gpu)
+    if gpu.native_bf16:
+        return None
+    return (f"warning: {gpu.name} has no bf16 tensor cores (bf16 runs emulated, several times slower); "
+            "use `precision: auto` (fp16 there) or `precision: fp16`")
+
+
 def _knobs(args: argparse.Namespace, recipe) -> dict:
     """Each knob from the flag, else the recipe, else the bare-config default."""
     out = {}
@@ -53,7 +79,8 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
             value = getattr(recipe, field) if recipe is not None else default
         out[flag] = value
     if out["precision"] == "auto":
-        out["precision"] = "bf16"  # plan for a GPU; the run picks fp16 on pre-Ampere cards
+        out["precision"] = _auto_precision(args)
+        out["precision_from"] = f"auto on {args.gpu}" if args.gpu else "auto, assuming a bf16 GPU; pass --gpu"
     if out["attn"] == "auto":
         out["attn"] = "sdpa"  # flash_attention_2 keeps the same activations
     if isinstance(out["gradient_checkpointing"], bool):
@@ -110,7 +137,8 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
     lines = [f"model: {shape.total_params / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
              f"{shape.hidden_size}, vocab {shape.vocab_size}); training {trainable.trainable_params:,} "
              f"({100 * trainable.trainable_params / shape.total_params:.2f}%)",
-             f"setup: adapter {knobs['adapter']}, {knobs['precision']}, {knobs['optimizer']}, "
+             f"setup: adapter {knobs['adapter']}, {knobs['precision']}"
+             f"{' (' + knobs['precision_from'] + ')' if knobs.get('precision_from') else ''}, {knobs['optimizer']}, "
              f"{knobs['micro_batch_size']} x {knobs['seq_len']} tokens per micro batch, checkpointing "
              f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}",
              "per-GPU memory:"]
@@ -139,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
                         gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
                         zero_stage=args.zero_stage, num_gpus=args.num_gpus)
     print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
+    warning = _precision_warning(args, knobs["precision"])
+    if warning:
+        print(warning)
     if recipe is not None and not args.no_data:
         print(_steps_line(recipe, args.num_gpus))
     budget, label = _budget(args)

@@ -24,14 +24,18 @@ def base_causal_lm(model):
 
 
 def resolve_precision(recipe) -> str:
-    """`auto`: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."""
+    """`auto`: bf16 on GPUs with bf16 tensor cores, fp16 on older GPUs, fp32 on CPU (finetune/plan/precision.py)."""
+    from finetune.plan.precision import resolve_precision as rule
+
     if recipe.precision != "auto":
         return recipe.precision
     import torch
 
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "fp32"
+    has_gpu = torch.cuda.is_available()
+    # including_emulation=False: a T4 "supports" bf16 only by emulation (torch's default answers True there),
+    # which is several times slower than fp16; the GPU table and the planner say fp16 for it.
+    native_bf16 = has_gpu and torch.cuda.is_bf16_supported(including_emulation=False)
+    return rule(recipe.precision, has_gpu, native_bf16)
 
 
 def resolve_attn_implementation(recipe) -> str:

@@ -25,6 +25,11 @@ class GPU:
     def memory_bytes(self) -> int:
         return self.memory_mib * 2**20
 
+    @property
+    def native_bf16(self) -> bool:
+        """bf16 tensor cores (Ampere and newer): the table lists a bf16 peak only for those."""
+        return "bf16" in self.peak_tflops
+
     def peak_flops(self, dtype: str) -> float | None:
         """Peak FLOP/s for a dtype (`bf16`, `fp16`, `fp32`, `tf32`, `fp8`), or None if the GPU lacks it."""
         tflops = self.peak_tflops.get(dtype)
