@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from finetune.train.checkpoints import location_problems
 from finetune.train.deepspeed_config import deepspeed_problems, resolve_deepspeed
 from finetune.errors import RecipeError
+from finetune.port import axolotl
 from finetune.recipe import DatasetSpec, Recipe
 
 # Keys whose values are filesystem paths, resolved relative to the recipe file's folder.
@@ -79,6 +80,9 @@ def _describe(err: dict, lines: dict[tuple, int]) -> str:
         owner = _model_at(loc[:-1])
         key = str(loc[-1])
         hint = ""
+        ported = axolotl.key_hint(loc)  # an axolotl key gets its mapping, not a fuzzy did-you-mean
+        if ported:
+            return f"`{where}`{at}: {ported}"
         if owner is not None:
             for name, field in owner.model_fields.items():  # e.g. save_total_limit next to max_checkpoints
                 if key in getattr(field.validation_alias, "choices", ()):
@@ -92,7 +96,8 @@ def _describe(err: dict, lines: dict[tuple, int]) -> str:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    return f"`{where}`{at}: got {shown}; {err['msg'].lower()}"
+    ported = axolotl.value_hint(loc, value)
+    return f"`{where}`{at}: got {shown}; {err['msg'].lower()}" + (f"; {ported}" if ported else "")
 
 
 def _dedupe_union_errors(errors: list[dict]) -> list[dict]:
@@ -255,7 +260,8 @@ def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: 
         errors = _dedupe_union_errors(exc.errors())
         # in file order: the first problem listed is the first one the user meets reading the recipe
         errors.sort(key=lambda e: (lines or {}).get(_clean_loc(e["loc"]), 10**9))
-        raise RecipeError([_describe(e, lines or {}) for e in errors], source) from None
+        messages = axolotl.with_port_tip([_describe(e, lines or {}) for e in errors], source)
+        raise RecipeError(messages, source) from None
     _resolve_paths(recipe, base_dir)
     problems = cross_checks(recipe, explicit, world_size or world_size_from_env())
     problems += location_problems(recipe, base_dir)

@@ -1,0 +1,79 @@
+"""Convert an axolotl recipe into a finetune recipe, with a comment on every key that changed or was dropped.
+
+    finetune port axolotl.yml -o recipe.yml
+    finetune port axolotl.yml -o recipe.yml --set base_model=path/to/model --set datasets.0.path=data.jsonl
+
+The result is validated as it is written: exit 0 when it loads as a finetune recipe, 1 when it was written
+but still needs edits (the problems are listed, e.g. a hub dataset id to download), 2 when nothing was
+written (unreadable input, an output that exists, a kind of training finetune does not do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from finetune.commands.args import add_overrides
+from finetune.errors import FinetuneError, RecipeError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("axolotl_recipe", help="the axolotl YAML config to convert")
+    parser.add_argument("-o", "--output", required=True, help="where to write the finetune recipe")
+    add_overrides(parser)
+    parser.add_argument("--force", action="store_true", help="replace the output file if it exists")
+
+
+def _read(path: Path) -> dict:
+    import yaml
+
+    if not path.is_file():
+        raise FinetuneError(f"no axolotl recipe at `{path}`; check the path")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise FinetuneError(f"`{path}` is not a readable YAML file ({exc.__class__.__name__}: {exc})") from None
+    if not isinstance(data, dict):
+        raise FinetuneError(f"`{path}` is not a mapping of keys to values; is it an axolotl recipe?")
+    return data
+
+
+def _write(path: Path, text: str) -> None:
+    """Temp file + rename in the same folder: never a half-written recipe; the umask applies as for any file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from finetune import __version__
+    from finetune.port.convert import port_axolotl, render
+    from finetune.recipe_load import apply_override, recipe_from_dict
+
+    source, output = Path(args.axolotl_recipe), Path(args.output)
+    if output.exists() and not args.force:
+        raise FinetuneError(f"`{output}` exists; choose another -o, or pass --force to replace it")
+    ported = port_axolotl(_read(source), source.parent.resolve())
+    for assignment in args.overrides:
+        apply_override(ported.settings, assignment)
+        ported.note(assignment.split("=", 1)[0].split(".")[0], f"set on the command line: --set {assignment}")
+    header = [f"Converted from the axolotl recipe {source.name} by `finetune port` (finetune {__version__}).",
+              "Every axolotl key that changed or was dropped has a comment saying why. Relative paths are "
+              "relative to this file (axolotl reads them from the working directory). "
+              "docs/porting-from-axolotl.md"]
+    _write(output, render(ported, header))
+    print(f"wrote {output}: {len(ported.settings)} keys set, {len(ported.dropped)} axolotl keys dropped "
+          f"(each with a comment saying why)")
+    try:
+        recipe_from_dict(ported.settings, base_dir=output.parent.resolve(), source=str(output))
+    except RecipeError as err:
+        print(f"{output} needs edits before it trains:\n{err}", file=sys.stderr)
+        return 1
+    print(f"{output} is a valid finetune recipe: `finetune validate {output}` shows it resolved")
+    if ported.hub_paths:
+        print(f"before training, download the dataset(s) {', '.join(ported.hub_paths)} and point `path` at the "
+              "files (see the comments in the recipe)")
+    return 0

@@ -1,0 +1,299 @@
+"""axolotl keys and values with their finetune equivalent, or why none is needed (pure data + small functions).
+
+Checked against axolotl's schema (src/axolotl/utils/schemas/*.py) and its examples/ at commit 067b021
+(2026-07). Keys whose name and meaning are the same in both (base_model, adapter, lora_r, sequence_len,
+micro_batch_size, learning_rate, special_tokens...) are not listed: they port as they are.
+
+Used twice: `finetune validate` names the equivalent of an axolotl key it does not know (recipe_load._describe),
+and `finetune port` converts a whole axolotl recipe (finetune/port/convert.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import PurePath
+from typing import Any, Callable
+
+Settings = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AxolotlKey:
+    """One axolotl key. `hint`: what to write in finetune, or "not needed: why" / "not in finetune: what instead".
+    `convert(value, config)`: the finetune settings it becomes ({} when dropped); None: always dropped."""
+
+    hint: str
+    convert: Callable[[Any, dict], Settings] | None = field(default=None, compare=False)
+
+
+def _precision_bf16(value, config) -> Settings:
+    if value == "auto":
+        return {"precision": "auto"}
+    if value is True:
+        return {"precision": "bf16"}
+    return {} if config.get("fp16") or config.get("float16") else {"precision": "fp32"}
+
+
+def _when_true(settings: Settings) -> Callable[[Any, dict], Settings]:
+    return lambda value, config: dict(settings) if value is True else {}
+
+
+def _resume(value, config) -> Settings:
+    return {"resume": value} if value else {}
+
+
+def _wandb_project(value, config) -> Settings:
+    return {"wandb_project": value, "report_to": ["wandb"]} if value else {}
+
+
+_NO_TYPES = "not needed: transformers' Auto classes read the model's config.json and tokenizer_config.json"
+_FSDP = ("not in finetune: it scales out with DeepSpeed ZeRO instead of FSDP; `deepspeed: zero3` shards like "
+         "full_shard (`zero3_offload` for fsdp_offload_params); see docs/distributed.md")
+_KERNEL = ("not needed: axolotl's fused Triton LoRA kernels are a speed option with the same math; finetune uses "
+           "peft's LoRA layers")
+_WANDB_ENV = "not in finetune: wandb reads it from the environment (WANDB_ENTITY, WANDB_NAME, WANDB_WATCH, " \
+             "WANDB_LOG_MODEL, WANDB_RUN_ID, WANDB_MODE)"
+_NO_HUB = ("not in finetune: it never uploads; push output_dir yourself (`huggingface-cli upload REPO output_dir`)")
+_ATTN = "write `attn_implementation: {}`"
+
+KEYS: dict[str, AxolotlKey] = {
+    # --- precision ---
+    "bf16": AxolotlKey("write `precision: bf16` (`bf16: auto` is `precision: auto`: bf16 where the GPU has it, "
+                       "fp16 on older GPUs, fp32 on CPU)", _precision_bf16),
+    "fp16": AxolotlKey("write `precision: fp16`", _when_true({"precision": "fp16"})),
+    "bfloat16": AxolotlKey("write `precision: bf16`", _when_true({"precision": "bf16"})),
+    "float16": AxolotlKey("write `precision: fp16`", _when_true({"precision": "fp16"})),
+    "float32": AxolotlKey("write `precision: fp32`", _when_true({"precision": "fp32"})),
+    "tf32": AxolotlKey("not in finetune: TF32 matmuls stay at PyTorch's default (off); it only speeds up fp32 "
+                       "math on Ampere and newer, and with `precision: bf16`/`auto` the matmuls run in 16 bits anyway"),
+    # --- attention (axolotl's legacy boolean flags; `attn_implementation` is the same key in both) ---
+    "flash_attention": AxolotlKey(_ATTN.format("flash_attention_2"), _when_true({"attn_implementation": "flash_attention_2"})),
+    "sdp_attention": AxolotlKey(_ATTN.format("sdpa"), _when_true({"attn_implementation": "sdpa"})),
+    "eager_attention": AxolotlKey(_ATTN.format("eager"), _when_true({"attn_implementation": "eager"})),
+    "xformers_attention": AxolotlKey("not in finetune: xformers is not used; `attn_implementation: sdpa` (or "
+                                     "`auto`) is the memory-efficient kernel"),
+    "flex_attention": AxolotlKey("not in finetune: use `attn_implementation: sdpa` or `flash_attention_2`"),
+    "sage_attention": AxolotlKey("not in finetune: use `attn_implementation: sdpa` or `flash_attention_2`"),
+    "flash_attn_cross_entropy": AxolotlKey(_KERNEL.replace("LoRA kernels", "cross-entropy kernel")),
+    "flash_attn_rms_norm": AxolotlKey(_KERNEL.replace("LoRA kernels", "RMSNorm kernel")),
+    "flash_attn_fuse_qkv": AxolotlKey("not needed: a fused-QKV speed patch; finetune does not patch models"),
+    "flash_attn_fuse_mlp": AxolotlKey("not needed: a fused-MLP speed patch; finetune does not patch models"),
+    # --- LoRA ---
+    "lora_target_linear": AxolotlKey("write `lora_target_modules: all-linear` (every Linear but the output layer)",
+                                     _when_true({"lora_target_modules": "all-linear"})),
+    "lora_model_dir": AxolotlKey("not in finetune: it starts new adapters; to continue a finetune run use "
+                                 "`resume:` (its output_dir or a checkpoint path)"),
+    "lora_mlp_kernel": AxolotlKey(_KERNEL),
+    "lora_qkv_kernel": AxolotlKey(_KERNEL),
+    "lora_o_kernel": AxolotlKey(_KERNEL),
+    "lora_fan_in_fan_out": AxolotlKey("not needed: peft detects Conv1D layers (GPT-2 style) itself"),
+    "peft_use_dora": AxolotlKey("not in finetune: DoRA is not supported; plain LoRA is trained"),
+    "peft_use_rslora": AxolotlKey("not in finetune: the LoRA scale is lora_alpha / lora_r; for rsLoRA's "
+                                  "alpha / sqrt(r), set lora_alpha to alpha x sqrt(r), rounded"),
+    "lora_on_cpu": AxolotlKey("not in finetune"),
+    "peft_layers_to_transform": AxolotlKey("not in finetune: LoRA adapts the matching modules of every layer"),
+    "loraplus_lr_ratio": AxolotlKey("not in finetune: LoRA+ (a separate LR for B) is not supported"),
+    # --- model and tokenizer loading ---
+    "model_type": AxolotlKey(_NO_TYPES),
+    "tokenizer_type": AxolotlKey(_NO_TYPES),
+    "base_model_config": AxolotlKey("not needed: the config is read from base_model"),
+    "tokenizer_use_fast": AxolotlKey("not needed: the fast tokenizer is always used"),
+    "tokenizer_legacy": AxolotlKey("not needed: the tokenizer's own setting is used"),
+    "is_llama_derived_model": AxolotlKey("not needed: the architecture comes from config.json"),
+    "is_mistral_derived_model": AxolotlKey("not needed: the architecture comes from config.json"),
+    "is_qwen_derived_model": AxolotlKey("not needed: the architecture comes from config.json"),
+    "is_falcon_derived_model": AxolotlKey("not needed: the architecture comes from config.json"),
+    "gptq": AxolotlKey("not in finetune: GPTQ bases are not supported; use `adapter: qlora` (4-bit NF4)"),
+    "strict": AxolotlKey("not needed: finetune is always strict: an unknown key is an error"),
+    # --- precision of the run / memory ---
+    "gradient_checkpointing_kwargs": AxolotlKey("not needed: finetune always checkpoints non-reentrantly "
+                                                "(use_reentrant: false)"),
+    "pad_to_sequence_len": AxolotlKey("not needed: batches are padded to their longest example, or packed "
+                                      "(`sample_packing`)"),
+    "sample_packing_eff_est": AxolotlKey("not needed: finetune counts packed rows exactly"),
+    "total_num_tokens": AxolotlKey("not needed: finetune counts tokens from the data"),
+    # --- schedule, evaluation, checkpoints ---
+    "evals_per_epoch": AxolotlKey("not in finetune as such: it evaluates at the end of each epoch (the same as 1); "
+                                  "for more, set `eval_steps` to steps per epoch / N (`finetune plan recipe.yml` "
+                                  "prints steps per epoch)"),
+    "saves_per_epoch": AxolotlKey("not in finetune as such: it checkpoints at the end of each epoch (the same as "
+                                  "1); for more, set `checkpoint_interval` to steps per epoch / N"),
+    "save_strategy": AxolotlKey("not needed: `checkpoint_interval` (steps) or the default (each epoch) decides"),
+    "eval_strategy": AxolotlKey("not needed: `eval_steps` (steps) or the default (each epoch) decides"),
+    "save_first_step": AxolotlKey("not in finetune"),
+    "resume_from_checkpoint": AxolotlKey("write `resume: PATH` (finetune's default `resume: auto` already continues "
+                                         "from the newest checkpoint in output_dir)", _resume),
+    "auto_resume_from_checkpoints": AxolotlKey("not needed: `resume: auto` is finetune's default"),
+    "early_stopping_patience": AxolotlKey("not in finetune's recipe: the library has "
+                                          "finetune.train.callbacks.stages.EarlyStopOnEvalRise(patience)"),
+    "loss_watchdog_threshold": AxolotlKey("not in finetune as such: `loss_spike_factor` warns when a logged loss "
+                                          "jumps above N x the recent median, `on_nonfinite` stops on NaN/inf"),
+    "loss_watchdog_patience": AxolotlKey("not in finetune as such: see `loss_spike_factor` and `on_nonfinite`"),
+    "lr_quadratic_warmup": AxolotlKey("not in finetune: warmup is linear"),
+    "eval_batch_size": AxolotlKey("not needed: evaluation uses micro_batch_size"),
+    "eval_table_size": AxolotlKey("not in finetune: `finetune generate` samples from the trained model"),
+    "eval_max_new_tokens": AxolotlKey("not in finetune: `finetune generate` samples from the trained model"),
+    # --- scale out ---
+    "fsdp": AxolotlKey(_FSDP),
+    "fsdp_config": AxolotlKey(_FSDP),
+    "fsdp_version": AxolotlKey(_FSDP),
+    "fsdp_final_state_dict_type": AxolotlKey(_FSDP),
+    "local_rank": AxolotlKey("not needed: accelerate sets the process rank"),
+    # --- logging and upload ---
+    "wandb_entity": AxolotlKey(_WANDB_ENV),
+    "wandb_watch": AxolotlKey(_WANDB_ENV),
+    "wandb_name": AxolotlKey(_WANDB_ENV),
+    "wandb_run_id": AxolotlKey(_WANDB_ENV),
+    "wandb_log_model": AxolotlKey(_WANDB_ENV),
+    "wandb_mode": AxolotlKey(_WANDB_ENV),
+    "use_tensorboard": AxolotlKey("not needed: `report_to: [tensorboard]` is finetune's default"),
+    "hub_model_id": AxolotlKey(_NO_HUB),
+    "hub_strategy": AxolotlKey(_NO_HUB),
+    "push_dataset_to_hub": AxolotlKey(_NO_HUB),
+    "hf_use_auth_token": AxolotlKey("not needed: huggingface_hub reads HF_TOKEN or the saved login"),
+    "debug": AxolotlKey("not in finetune: `finetune preprocess` prints the counts, `finetune validate` the recipe"),
+    "dataset_shard_num": AxolotlKey("not in finetune: shard the JSONL file yourself"),
+    "dataset_shard_idx": AxolotlKey("not in finetune: shard the JSONL file yourself"),
+    "shuffle_merged_datasets": AxolotlKey("not needed: the training split is shuffled each epoch by `seed`"),
+    "test_datasets": AxolotlKey("not in finetune: the eval split comes from `val_set_size`"),
+    "default_system_message": AxolotlKey("not in finetune: put the system turn in the records' messages"),
+    "torch_compile": AxolotlKey("not in finetune"),
+}
+
+# Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
+UNPORTABLE = {
+    "rl": "finetune trains supervised fine-tuning only; `rl: {value}` (preference / RL training) has no equivalent",
+    "reward_model": "finetune trains causal LMs with supervised fine-tuning only; reward models have no equivalent",
+    "process_reward_model": "finetune trains supervised fine-tuning only; process reward models have no equivalent",
+    "pretraining_dataset": "finetune has no streaming pretraining datasets; use `datasets:` with `type: completion`",
+}
+
+
+# --- inside a `datasets:` entry ---------------------------------------------------------------------------------
+
+_RENAME_FIELDS = "not in finetune: records files use fixed field names; rename the field in the file"
+_ALPACA_PROMPT = "not in finetune: `type: instruction` renders the alpaca prompt as it is"
+
+DATASET_KEYS: dict[str, AxolotlKey] = {
+    "ds_type": AxolotlKey("not needed: the file's extension (.jsonl / .json) says"),
+    "data_files": AxolotlKey("not in finetune: give the file itself as `path`"),
+    "split": AxolotlKey("not needed: `path` is one file; the eval split comes from `val_set_size`"),
+    "name": AxolotlKey("not in finetune: hub dataset configs are not loaded; download the file, give its `path`"),
+    "revision": AxolotlKey("not needed: `path` is a local file"),
+    "trust_remote_code": AxolotlKey("not needed: `path` is a local file"),
+    "shards": AxolotlKey("not in finetune: shard the file yourself"),
+    "field_messages": AxolotlKey(_RENAME_FIELDS + " to `messages`"),
+    "message_property_mappings": AxolotlKey(_RENAME_FIELDS + "s to `role` and `content`"),
+    "message_field_role": AxolotlKey(_RENAME_FIELDS + " to `role`"),
+    "message_field_content": AxolotlKey(_RENAME_FIELDS + " to `content`"),
+    "field_instruction": AxolotlKey(_RENAME_FIELDS + " to `instruction`"),
+    "field_input": AxolotlKey(_RENAME_FIELDS + " to `input`"),
+    "field_output": AxolotlKey(_RENAME_FIELDS + " to `output`"),
+    "field_system": AxolotlKey(_RENAME_FIELDS),
+    "field": AxolotlKey(_RENAME_FIELDS),
+    "system_prompt": AxolotlKey(_ALPACA_PROMPT),
+    "system_format": AxolotlKey(_ALPACA_PROMPT),
+    "format": AxolotlKey(_ALPACA_PROMPT),
+    "no_input_format": AxolotlKey(_ALPACA_PROMPT),
+    "roles_to_train": AxolotlKey("not in finetune: assistant turns carry the loss (all roles with "
+                                 "`train_on_inputs: true`)"),
+    "train_on_eos": AxolotlKey("not in finetune: assistant turns carry the loss as the chat template renders them"),
+    "train_on_eot": AxolotlKey("not in finetune: assistant turns carry the loss as the chat template renders them"),
+    "chat_template": AxolotlKey("not in finetune per dataset: one top-level `chat_template` renders every chat record"),
+    "conversation": AxolotlKey("not in finetune: chat records are rendered with the top-level `chat_template`"),
+    "drop_system_message": AxolotlKey("not in finetune: remove system turns from the records"),
+}
+
+# Defaults that need no comment when a recipe spells them out.
+DATASET_DEFAULTS = {"split": "train", "ds_type": "json", "field_messages": "messages",
+                    "message_field_role": "role", "message_field_content": "content",
+                    "message_property_mappings": {"role": "role", "content": "content"},
+                    "roles_to_train": ["assistant"]}
+
+DATASET_TYPES = {
+    "alpaca": ("instruction", "{instruction, input, output} records with the alpaca prompt"),
+    "chat_template": ("chat", "{messages: [{role, content}]} records rendered with `chat_template`"),
+    "completion": ("completion", "{text} records"),
+    "pretrain": ("completion", "{text} records"),
+    "sharegpt": ("chat", "finetune reads {messages: [{role, content}]}: ShareGPT `conversations` with from/value "
+                         "must be converted to that shape"),
+}
+
+
+def dataset_type(value) -> tuple[str | None, str]:
+    """(finetune `type`, note) for an axolotl dataset type; None when finetune has no equivalent."""
+    if isinstance(value, str) and value in DATASET_TYPES:
+        return DATASET_TYPES[value]
+    if isinstance(value, str) and value in ("instruction", "chat", "auto"):
+        return value, ""
+    shown = value if isinstance(value, str) else "a custom prompt mapping"
+    return None, (f"axolotl's `{shown}` prompt format has no finetune equivalent: convert the records to "
+                  "{instruction, input, output} (`instruction`), {text} (`completion`) or {messages} (`chat`)")
+
+
+# --- values of keys both tools have ------------------------------------------------------------------------------
+
+SAME_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "jinja")
+
+
+def chat_template(value) -> tuple[str, str]:
+    """axolotl names templates (llama3, qwen_25, gemma...); finetune renders with the tokenizer's own."""
+    if value in SAME_CHAT_TEMPLATES:
+        return value, ""
+    return "tokenizer_default", (
+        f"axolotl's `{value}` template: finetune renders with the tokenizer's own chat template (an instruct "
+        "model's tokenizer ships it; ChatML if it has none); for another one use `chat_template: jinja` with "
+        "`chat_template_jinja`")
+
+
+def deepspeed(value: str) -> tuple[str, str]:
+    """axolotl's deepspeed_configs/zero3_bf16.json etc. -> finetune's shipped config of the same stage."""
+    stem = PurePath(value).stem.lower()
+    for stage in ("zero3", "zero2", "zero1"):
+        if stem.startswith(stage):
+            name = f"{stage}_offload" if "offload" in stem and stage != "zero1" else stage
+            return name, f"axolotl's `{value}` -> finetune's shipped `{name}` (same ZeRO stage; \"auto\" values)"
+    return value, ""
+
+
+def gradient_checkpointing(value) -> tuple[str, str]:
+    if value is True or value == "full":
+        return "full", ""
+    if value in (False, None, "off"):
+        return "off", ""
+    return "full", f"axolotl's `{value}` checkpointing (activation offload) is not in finetune: full checkpointing"
+
+
+def value_hint(loc: tuple, value) -> str | None:
+    """For `finetune validate`: a value axolotl accepts where finetune does not, with what to write."""
+    keys = [p for p in loc if isinstance(p, str)]
+    if keys == ["datasets", "type"]:
+        ported, note = dataset_type(value)
+        return f"axolotl's `type: {value}` is finetune's `type: {ported}`" if ported else note
+    if keys == ["chat_template"] and value not in SAME_CHAT_TEMPLATES:
+        return chat_template(value)[1]
+    if keys == ["gradient_checkpointing"]:
+        return gradient_checkpointing(value)[1] or None
+    return None
+
+
+def key_hint(loc: tuple) -> str | None:
+    """For `finetune validate`: an unknown key that is an axolotl key, with its finetune equivalent."""
+    keys = [p for p in loc if isinstance(p, str)]
+    table = KEYS if len(keys) == 1 else DATASET_KEYS if keys[:1] == ["datasets"] and len(keys) == 2 else {}
+    entry = table.get(keys[-1]) if keys else None
+    if entry is None and len(keys) == 1 and keys[0] in UNPORTABLE:
+        return f"an axolotl key: {UNPORTABLE[keys[0]].format(value='...')}"
+    if entry is None:
+        return None
+    return f"an axolotl key: {entry.hint}"
+
+
+def with_port_tip(messages: list[str], source: str) -> list[str]:
+    """Point the first axolotl-flavoured problem at `finetune port`, once rather than on every line."""
+    for i, message in enumerate(messages):
+        if "axolotl" in message:
+            tip = (f" (this looks like an axolotl recipe: `finetune port {source} -o recipe.yml` converts all of it; "
+                   "docs/porting-from-axolotl.md)")
+            return [*messages[:i], message + tip, *messages[i + 1:]]
+    return messages

@@ -1,0 +1,154 @@
+"""An axolotl recipe (a dict) -> a finetune recipe (a dict) and the YAML text with a comment on every key
+that changed or was dropped, saying why. Pure: no files, no torch; commands/port.py does the I/O.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from finetune.errors import FinetuneError
+from finetune.port import axolotl
+from finetune.recipe import OPTIMIZERS, DatasetSpec, Recipe
+
+# Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
+_ALIASES = {alias for f in Recipe.model_fields.values() for alias in getattr(f.validation_alias, "choices", ())}
+_RECIPE_KEYS = set(Recipe.model_fields) | _ALIASES
+_DATASET_KEYS = set(DatasetSpec.model_fields)
+_EMPTY = "dropped: empty in the axolotl recipe, so unset (finetune's default applies)"
+_LOCAL_SUFFIXES = re.compile(r"\.(jsonl|json|csv|tsv|sql|db|sqlite3?|html?|gz|bz2|zip|xz)$", re.I)
+
+
+@dataclass
+class Ported:
+    """The converted recipe and, for the YAML, one comment per axolotl key that did not port as it was."""
+
+    settings: dict = field(default_factory=dict)
+    comments: dict[str, list[str]] = field(default_factory=dict)  # finetune key (or "" = dropped) -> comments
+    # (how many keys were set before it, "key: value" as written, why): rendered as comments in the source's order
+    dropped: list[tuple[int, str, str]] = field(default_factory=list)
+    hub_paths: list[str] = field(default_factory=list)  # dataset paths that look like hub ids: download first
+
+    def note(self, key: str, text: str) -> None:
+        self.comments.setdefault(key, []).append(text)
+
+    def drop(self, key: str, value: Any, why: str) -> None:
+        written = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=100).rstrip()
+        self.dropped.append((len(self.settings), written, why))
+
+
+def _inline(value: Any) -> str:
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = text[:-4].strip() if text.endswith("...") else text  # safe_dump ends a bare scalar with "..."
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _shared_value(key: str, value: Any, out: Ported) -> None:
+    """A key both tools have: the value as finetune spells it, with a comment when it changed or cannot port."""
+    note, ported = "", value
+    if key == "chat_template":
+        ported, note = axolotl.chat_template(value)
+    elif key == "deepspeed":
+        ported, note = axolotl.deepspeed(str(value))
+    elif key == "gradient_checkpointing":
+        ported, note = axolotl.gradient_checkpointing(value)
+    elif key == "optimizer" and value not in OPTIMIZERS:
+        return out.drop(key, value, f"not in finetune; it has {', '.join(OPTIMIZERS)} (default adamw_torch)")
+    elif key in ("lr_scheduler", "attn_implementation"):
+        allowed = Recipe.model_fields[key].annotation.__args__
+        if value not in allowed:
+            return out.drop(key, value, f"not in finetune; it has {', '.join(allowed)}")
+    out.settings[key] = ported
+    if note or ported != value:
+        out.note(key, note or f"axolotl `{key}: {_inline(value)}` is written `{_inline(ported)}` here")
+
+
+def _dataset(i: int, spec: Any, source_dir, out: Ported) -> dict | None:
+    where = f"datasets[{i}]"
+    if not isinstance(spec, dict):
+        out.note("datasets", f"{where}: not a mapping; left out")
+        return None
+    result: dict = {}
+    for key, value in spec.items():
+        if key == "type":
+            ported, note = axolotl.dataset_type(value)
+            if ported:
+                result["type"] = ported
+                if ported != value:
+                    out.note("datasets", f"{where}.type: axolotl `{value}` -> `{ported}`: {note}")
+            else:
+                result["type"] = "auto"
+                out.note("datasets", f"{where}.type: {note}; set to `auto` until then")
+        elif key == "path":
+            result["path"] = value
+            if isinstance(value, str) and not _LOCAL_SUFFIXES.search(value) and not (source_dir / value).exists():
+                out.hub_paths.append(value)
+                out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id; finetune reads "
+                         f"local files: download it (huggingface-cli download --repo-type dataset {value} "
+                         "--local-dir data/) and point `path` at the JSONL/JSON file")
+        elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
+            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
+        elif key in axolotl.DATASET_KEYS:
+            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+        elif key in _DATASET_KEYS:
+            result[key] = value
+        else:
+            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, not a finetune key and not in the "
+                     "axolotl table (docs/recipe.md lists the dataset keys)")
+    return result
+
+
+def port_axolotl(config: dict, source_dir) -> Ported:
+    """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: dpo...)."""
+    for key, why in axolotl.UNPORTABLE.items():
+        if config.get(key):
+            raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
+    out = Ported()
+    for key, value in config.items():
+        if key == "datasets" and isinstance(value, list):
+            specs = [_dataset(i, spec, source_dir, out) for i, spec in enumerate(value)]
+            out.settings["datasets"] = [s for s in specs if s is not None]
+        elif key in axolotl.KEYS:
+            entry = axolotl.KEYS[key]
+            settings = entry.convert(value, config) if entry.convert and value is not None else {}
+            if not settings:
+                out.drop(key, value, _EMPTY if value is None else "dropped, " + entry.hint)
+            for name, new in settings.items():
+                out.settings[name] = new
+                out.note(name, f"from axolotl `{key}: {_inline(value)}`")
+        elif value is None:
+            out.drop(key, value, _EMPTY)
+        elif key in _RECIPE_KEYS:
+            _shared_value(key, value, out)
+        else:
+            out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
+    if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
+        out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
+        out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
+                 "linear layer to it")
+    return out
+
+
+def _comment(text: str, indent: str = "") -> list[str]:
+    return textwrap.wrap(text, width=110, initial_indent=f"# {indent}", subsequent_indent=f"# {indent}  ")
+
+
+def render(ported: Ported, header: list[str]) -> str:
+    """The recipe as YAML: each key set after the comments on where it came from, each dropped axolotl key as a
+    comment (`# key: value` and why) where it stood in the source."""
+    lines = [line for text in header for line in _comment(text)]
+    keys = list(ported.settings)
+    for k in range(len(keys) + 1):
+        for _, written, why in (d for d in ported.dropped if d[0] == k):
+            lines += [f"# {line}" for line in written.splitlines()] + _comment(why, " ^ ")
+        if k == len(keys):
+            break
+        key = keys[k]
+        lines += [line for text in ported.comments.get(key, []) for line in _comment(text)]
+        lines.append(yaml.safe_dump({key: ported.settings[key]}, sort_keys=False, allow_unicode=True,
+                                    width=110).rstrip())
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,151 @@
+"""Porting axolotl recipes (issue 14 item 10): `finetune port` on axolotl's published examples, and `finetune
+validate` naming the finetune equivalent of an axolotl key instead of a fuzzy did-you-mean."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from finetune.cli import main
+
+ASSETS = Path(__file__).parent / "assets" / "axolotl"
+EXAMPLES = sorted(p.name for p in ASSETS.glob("*.y*ml"))
+
+
+def _local_overrides(tmp_path, tiny_model_dir) -> list[str]:
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"instruction": "say hi", "input": "", "output": "hi"}\n')
+    return ["--set", f"base_model={tiny_model_dir}", "--set", f"datasets.0.path={data}"]
+
+
+def _flat(text: str) -> str:
+    """The recipe's comments with their wrapped lines joined."""
+    return re.sub(r"\n#\s+(?![\w\[\]-]+:)", " ", text)
+
+
+def _accounted_for(key: str, text: str, recipe: dict) -> bool:
+    """A source key is in the ported recipe, or a comment names it (dropped, or what it became)."""
+    return key in recipe or re.search(rf"^# {re.escape(key)}:", text, re.M) is not None \
+        or f"from axolotl `{key}:" in text
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_port_of_an_axolotl_example_validates_and_accounts_for_every_key(name, tmp_path, tiny_model_dir, capsys):
+    from finetune.recipe_load import load_recipe
+
+    assert len(EXAMPLES) >= 6
+    source = yaml.safe_load((ASSETS / name).read_text())
+    out = tmp_path / "recipe.yml"
+    assert main(["port", str(ASSETS / name), "-o", str(out), *_local_overrides(tmp_path, tiny_model_dir)]) == 0
+    assert "is a valid finetune recipe" in capsys.readouterr().out
+    text = out.read_text()
+    recipe = yaml.safe_load(text)
+    missing = [k for k in source if not _accounted_for(k, text, recipe)]
+    assert not missing, f"{name}: keys neither ported nor commented: {missing}"
+    for i, spec in enumerate(source["datasets"]):
+        for key in spec:
+            assert key in recipe["datasets"][i] or f"datasets[{i}].{key}" in text, (name, key)
+    loaded = load_recipe(out)  # the file as written loads, comments and all
+    # what the axolotl keys meant survives
+    assert loaded.adapter == source["adapter"] and loaded.lora_r == source["lora_r"]
+    assert loaded.precision == "auto"  # bf16: auto in every example
+    assert loaded.datasets[0].type == {"alpaca": "instruction", "chat_template": "chat"}[source["datasets"][0]["type"]]
+    if source.get("lora_target_linear"):
+        assert loaded.lora_target_modules == "all-linear"
+    else:
+        assert loaded.lora_target_modules == source["lora_target_modules"]
+    assert loaded.gradient_checkpointing == ("full" if source["gradient_checkpointing"] else "off")
+    assert loaded.load_in_4bit == bool(source.get("load_in_4bit"))
+
+
+def test_port_explains_the_dropped_keys(tmp_path, capsys):
+    out = tmp_path / "r.yml"
+    assert main(["port", str(ASSETS / "mistral-qlora.yml"), "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    text = _flat(out.read_text())
+    assert "mhenrichsen/alpaca_2k_test` looks like a Hugging Face dataset id" in text
+    assert "download the dataset(s) mhenrichsen/alpaca_2k_test" in printed
+    assert re.search(r"^# tokenizer_type: LlamaTokenizer \^ dropped, not needed: transformers' Auto", text, re.M)
+    assert re.search(r"^# tf32: false \^ dropped, not in finetune: TF32", text, re.M)
+    assert "# from axolotl `bf16: auto`\nprecision: auto" in out.read_text()
+    assert "lora_target_linear: true` adds every linear layer" in text
+
+
+def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
+    """Older axolotl spellings (boolean attention flags, fp16, a deepspeed JSON path, sharegpt)."""
+    src = tmp_path / "old.yml"
+    src.write_text(yaml.safe_dump({
+        "base_model": str(tiny_model_dir), "datasets": [{"path": "d.jsonl", "type": "sharegpt", "conversation": "chatml"}],
+        "fp16": True, "bf16": False, "flash_attention": True, "deepspeed": "deepspeed_configs/zero3_bf16.json",
+        "chat_template": "qwen_25", "lr_scheduler": "one_cycle", "optimizer": "lion_8bit", "micro_batch_size": 2,
+        "gradient_checkpointing": "offload",
+    }, sort_keys=False))
+    out = tmp_path / "new.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 0
+    recipe = yaml.safe_load(out.read_text())
+    assert recipe["precision"] == "fp16" and recipe["attn_implementation"] == "flash_attention_2"
+    assert recipe["deepspeed"] == "zero3" and recipe["chat_template"] == "tokenizer_default"
+    assert recipe["datasets"][0]["type"] == "chat" and recipe["gradient_checkpointing"] == "full"
+    assert "lr_scheduler" not in recipe and "optimizer" not in recipe
+    text = _flat(out.read_text())
+    assert "# lr_scheduler: one_cycle" in text and "# optimizer: lion_8bit" in text
+    assert "ShareGPT `conversations` with from/value" in text and "datasets[0].conversation" in text
+
+
+def test_preference_training_is_refused_and_nothing_is_written(tmp_path, capsys):
+    src = tmp_path / "dpo.yml"
+    src.write_text("base_model: x\nrl: dpo\ndatasets: [{path: d.jsonl}]\n")
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 2
+    assert "supervised fine-tuning only" in capsys.readouterr().err and not out.exists()
+
+
+def test_an_existing_output_is_not_replaced(tmp_path, capsys):
+    out = tmp_path / "r.yml"
+    out.write_text("mine\n")
+    assert main(["port", str(ASSETS / "llama-3-lora-1b.yml"), "-o", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err and out.read_text() == "mine\n"
+
+
+def test_a_result_that_does_not_validate_is_written_and_exits_1(tmp_path, capsys):
+    src = tmp_path / "a.yml"
+    src.write_text("base_model: x\ndatasets: [{path: d.jsonl, type: alpaca}]\nlearning_rate: -1\n")
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 1
+    assert "learning_rate" in capsys.readouterr().err and out.exists()
+
+
+# --- validate on an axolotl recipe ---------------------------------------------------------------------------
+
+
+def test_validate_names_the_equivalent_of_axolotl_keys(capsys):
+    assert main(["validate", str(ASSETS / "llama-3-lora-1b-kernels.yml")]) == 2
+    err = capsys.readouterr().err
+    line = {m.group(1): m.group(2) for m in re.finditer(r"^  - `([\w.\[\]]+)` \(line \d+\): (.*)$", err, re.M)}
+    assert "lora_r" not in line["lora_o_kernel"] and "Triton" in line["lora_o_kernel"]
+    assert "precision: bf16" in line["bf16"] and "`precision: auto`" in line["bf16"]
+    assert "TF32" in line["tf32"]
+    assert "finetune's `type: instruction`" in line["datasets[0].type"]
+    assert err.count("finetune port") == 1  # the tip once, not on every line
+
+
+def test_validate_on_more_axolotl_keys(tmp_path, capsys):
+    path = tmp_path / "a.yml"
+    path.write_text("base_model: x\ntokenizer_type: AutoTokenizer\nfp16: true\nflash_attention: true\n"
+                    "lora_target_linear: true\ndatasets: [{path: d.jsonl, type: chat_template}]\n")
+    assert main(["validate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean" not in err and "Auto classes" in err
+    assert "write `precision: fp16`" in err and "write `attn_implementation: flash_attention_2`" in err
+    assert "write `lora_target_modules: all-linear`" in err
+    assert "axolotl's `type: chat_template` is finetune's `type: chat`" in err
+
+
+def test_a_plain_typo_still_gets_did_you_mean(tmp_path, capsys):
+    path = tmp_path / "a.yml"
+    path.write_text("base_model: x\nlora_rr: 8\ndatasets: [{path: d.jsonl}]\n")
+    assert main(["validate", str(path)]) == 2
+    assert "did you mean `lora_r`?" in capsys.readouterr().err
