@@ -134,7 +134,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
-    return textwrap.wrap(text, width=110, initial_indent=f"# {indent}", subsequent_indent=f"# {indent}  ")
+    return textwrap.wrap(text, width=110, initial_indent=f"# {indent}", subsequent_indent=f"# {' ' * len(indent)}  ")
 
 
 def render(ported: Ported, header: list[str]) -> str:
