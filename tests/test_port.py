@@ -94,6 +94,11 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
     assert "# lr_scheduler: one_cycle" in text and "# optimizer: lion_8bit" in text
     assert "ShareGPT `conversations` with from/value" in text and "datasets[0].conversation" in text
 
+    (tmp_path / "ds3.json").write_text("{}")  # a DeepSpeed JSON of one's own next to the recipe is kept as it is
+    src.write_text(src.read_text().replace("deepspeed_configs/zero3_bf16.json", "ds3.json"))
+    assert main(["port", str(src), "-o", str(out), "--force"]) in (0, 1)
+    assert yaml.safe_load(out.read_text())["deepspeed"] == "ds3.json"
+
 
 def test_preference_training_is_refused_and_nothing_is_written(tmp_path, capsys):
     src = tmp_path / "dpo.yml"

@@ -47,12 +47,12 @@ def _inline(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _shared_value(key: str, value: Any, out: Ported) -> None:
+def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     """A key both tools have: the value as finetune spells it, with a comment when it changed or cannot port."""
     note, ported = "", value
     if key == "chat_template":
         ported, note = axolotl.chat_template(value)
-    elif key == "deepspeed":
+    elif key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
         ported, note = axolotl.gradient_checkpointing(value)
@@ -123,7 +123,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         elif value is None:
             out.drop(key, value, _EMPTY)
         elif key in _RECIPE_KEYS:
-            _shared_value(key, value, out)
+            _shared_value(key, value, out, source_dir)
         else:
             out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
     if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
