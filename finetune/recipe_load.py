@@ -11,11 +11,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from finetune.train.checkpoints import location_problems
-from finetune.train.deepspeed_config import deepspeed_problems, resolve_deepspeed
 from finetune.errors import RecipeError
 from finetune.port import axolotl
 from finetune.recipe import DatasetSpec, Recipe
+from finetune.recipe_checks import deepspeed_problems, location_problems, resolve_deepspeed
 
 # Keys whose values are filesystem paths, resolved relative to the recipe file's folder.
 PATH_KEYS = ("output_dir", "dataset_prepared_path", "cache_dir")

@@ -10,7 +10,8 @@ checkpoints/ or exports/, so a run killed mid-write leaves only a staging folder
 and is removed by the next run. Deleting an old checkpoint removes its marker first, so a run killed
 mid-delete leaves a folder that no longer looks complete.
 
-Pure filesystem code: no torch, no transformers (the recipe loader imports it).
+Pure filesystem code: no torch, no transformers. Reading a marker and the recipe-time checks (where a run
+may write, what `resume:` names) live in finetune/recipe_checks.py, below every stage, for the recipe loader.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import FinetuneError
+# the read side of a marker and the recipe-time checks live below every stage, for the recipe loader
+from finetune.recipe_checks import MARKER, location_problems, read_marker, resume_problem  # noqa: F401
 
-MARKER = "COMPLETE"  # JSON: step, time, fingerprint, files {relative path: size}
 STAGING_FLAG = ".finetune-staging"  # put in a staging folder before the Trainer writes into it
 STEP_PREFIX = "step-"
 
@@ -98,19 +100,6 @@ def write_marker(folder: Path, step: int, fingerprint: dict) -> None:
     _fsync_path(folder)
 
 
-def read_marker(folder: Path) -> dict | None:
-    """The marker of a complete checkpoint; None when the folder is incomplete or damaged."""
-    try:
-        data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
-        for name, size in data["files"].items():
-            if (Path(folder) / name).stat().st_size != size:
-                return None
-        int(data["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return data
-
-
 def complete_checkpoints(layout: Layout) -> list[tuple[int, Path]]:
     """(step, folder) of every complete checkpoint and export, oldest first (checkpoints before exports)."""
     found = []
@@ -125,19 +114,6 @@ def complete_checkpoints(layout: Layout) -> list[tuple[int, Path]]:
 
 
 # --- resume -----------------------------------------------------------------------------------------
-
-
-def resume_problem(resume, base: Path | None = None) -> str | None:
-    """A recipe-time check of an explicit `resume: PATH` (auto and false need nothing)."""
-    if resume in ("auto", False) or not isinstance(resume, str):
-        return None
-    folder = Path(resume)
-    if not folder.is_dir():
-        return f"`resume`: no checkpoint folder at `{resume}`; use `auto`, `false` or an existing checkpoint"
-    if read_marker(folder) is None:
-        return (f"`resume`: `{resume}` is not a complete checkpoint (no {MARKER} marker, or a file is missing or "
-                "truncated); pick another one from output_dir/checkpoints or output_dir/exports")
-    return None
 
 
 def _differences(saved: dict, current: dict) -> list[str]:
@@ -263,44 +239,6 @@ def rotate(layout: Layout, keep: int) -> list[Path]:
 def newest_complete(layout: Layout) -> Path | None:
     found = complete_checkpoints(layout)
     return found[-1][1] if found else None
-
-
-# --- where a recipe may write -----------------------------------------------------------------------
-
-
-def _is_ancestor_or_same(a: Path, b: Path) -> bool:
-    return a == b or a in b.parents
-
-
-def location_problems(recipe, recipe_dir: Path) -> list[str]:
-    """Refuse write locations whose contents the toolkit could clobber or mix with a run's files.
-
-    output_dir may not be the filesystem root, the home folder or one of its ancestors, the recipe's own
-    folder or one of its ancestors (checkpoints and the final model would land beside the user's files), nor
-    hold or equal the cache. cache_dir / dataset_prepared_path may not be the root or the home folder.
-    """
-    home = Path(os.path.expanduser("~")).resolve()
-    out = Path(recipe.output_dir).resolve()
-    problems = []
-    if out == Path(out.anchor):
-        problems.append(f"`output_dir` is the filesystem root `{out}`; use a folder of its own, e.g. outputs/run1")
-    elif _is_ancestor_or_same(out, home):
-        problems.append(f"`output_dir` `{out}` is the home folder (or above it); use a folder of its own")
-    elif _is_ancestor_or_same(out, recipe_dir.resolve()):
-        problems.append(
-            f"`output_dir` `{out}` is the recipe's own folder (or above it): the run's files would mix with yours; "
-            "use a subfolder such as outputs/"
-        )
-    elif _is_ancestor_or_same(out, Path(recipe.cache_dir).resolve()):
-        problems.append(f"`output_dir` `{out}` holds the cache `{recipe.cache_dir}`; keep them apart")
-    for key in ("cache_dir", "dataset_prepared_path"):
-        value = getattr(recipe, key)
-        if value and Path(value).resolve() in (Path(Path(value).resolve().anchor), home):
-            problems.append(f"`{key}` `{value}` is the filesystem root or the home folder; use a folder of its own")
-    problem = resume_problem(recipe.resume)
-    if problem:
-        problems.append(problem)
-    return problems
 
 
 def last_good_message(layout: Layout) -> str:
