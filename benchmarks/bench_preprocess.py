@@ -1,5 +1,6 @@
-"""Preprocessing throughput: tokenize + mask, finetune's batched path against a plain `datasets.map`
-baseline (one record per call, the per-record encoder), measured in one run. Labels are checked equal.
+"""Preprocessing throughput: tokenize + mask, finetune's encoder against a plain `datasets.map` baseline
+(one record per call, the per-record oracle of tests/oracle_encoder.py), measured in one run. Labels are
+checked equal.
 
 Data: the quickstart chat records and generated instruction/completion records, repeated to --records.
 Tokenizer: SmolLM2-135M-Instruct's (converted from the GGUF file once), or --tiny for the test tokenizer.
@@ -52,7 +53,8 @@ def baseline(tokenizer, shaped):
     """What a plain pipeline does: datasets.map over records, one encode() call per record."""
     from datasets import Dataset
 
-    from finetune.data.formats import encode
+    sys.path.insert(0, str(ROOT / "tests"))
+    from oracle_encoder import encode
 
     table = Dataset.from_dict({"shape": [s for s, _ in shaped], "record": [json.dumps(r) for _, r in shaped]})
 
@@ -71,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     from datasets.utils.logging import disable_progress_bar
 
-    from finetune.data.batched import encode_stream
+    from finetune.data.encode import encode_stream
 
     disable_progress_bar()
     tokenizer = load_tokenizer(args.tiny)
@@ -91,7 +93,7 @@ def main() -> None:
     print(f"{args.records:,} records, {tokens:,} tokens; labels identical to the baseline: {same}")
     print(f"baseline datasets.map, per record: {base_s:6.2f} s  {tokens / base_s:10,.0f} tokens/s")
     for processes, seconds in timings.items():
-        print(f"finetune batched, {processes} process(es): {seconds:6.2f} s  {tokens / seconds:10,.0f} tokens/s  "
+        print(f"finetune encoder, {processes} process(es): {seconds:6.2f} s  {tokens / seconds:10,.0f} tokens/s  "
               f"{base_s / seconds:.2f}x")
 
 

@@ -116,11 +116,11 @@ def worker_trl(args) -> dict:
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from finetune.data.formats import encode
+    from finetune.data.encode import encode_batch
     from finetune.ingest.records import read_records
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    examples = [encode(tokenizer, shape, record, False) for shape, record in read_records(args.data, "chat")]
+    examples = encode_batch(tokenizer, list(read_records(args.data, "chat")), False)  # the same labels as ours
     dataset = Dataset.from_dict({"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]})
     config = SFTConfig(
         output_dir=str(Path(args.work) / "out"), per_device_train_batch_size=8, num_train_epochs=1,

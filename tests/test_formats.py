@@ -1,12 +1,24 @@
-"""Labels are -100 exactly where they should be, token by token, for each record shape."""
+"""Labels are -100 exactly where they should be, token by token, for each record shape: by hand on a few
+records, and against the per-record oracle (tests/oracle_encoder.py) on many varied ones."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
-from finetune.data.formats import IGNORE_INDEX, alpaca_prompt, encode
+import oracle_encoder
+from finetune.contract import IGNORE_INDEX
+from finetune.data import fit_length
+from finetune.data.encode import encode_batch
+from finetune.data.formats import alpaca_prompt
 
 IGN = IGNORE_INDEX
+
+
+def encode(tokenizer, shape, record, train_on_inputs):
+    """One record through the production encoder."""
+    return encode_batch(tokenizer, [(shape, record)], train_on_inputs)[0]
 
 
 def ids(tok, text, special=False):
@@ -81,3 +93,83 @@ def test_chat_with_a_template_that_is_not_prefix_stable_is_a_clear_error(tiny_mo
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     with pytest.raises(DataError, match="chat_template: chatml"):
         encode(tok, "chat", {"messages": msgs}, train_on_inputs=False)
+
+
+# --- the production encoder against the per-record oracle ---------------------------------------------
+
+SYSTEM = {"role": "system", "content": "answer in one line"}
+
+
+def _chat(*turns):
+    return {"messages": [{"role": role, "content": content} for role, content in turns]}
+
+
+VARIED = [
+    ("completion", {"text": "the cat sat on the mat"}),
+    ("completion", {"text": "  leading and trailing spaces \n\n with newlines  "}),
+    ("completion", {"text": "a text that names <|im_end|> and <|im_start|> inside it"}),
+    ("instruction", {"instruction": "what is one plus one", "input": "", "output": "two"}),
+    ("instruction", {"instruction": "translate", "input": "le chat", "output": "the cat"}),
+    ("instruction", {"instruction": "blank input counts as none", "input": "   ", "output": "ok"}),
+    ("instruction", {"instruction": "no input key at all", "output": "fine\nsecond line"}),
+    ("chat", _chat(("user", "hi"), ("assistant", "hello"))),
+    ("chat", {"messages": [SYSTEM, *_chat(("user", "what is the sun"), ("assistant", "a big star"),
+                                          ("user", "and rain"), ("assistant", "water falls"))["messages"]]}),
+    ("chat", _chat(("user", "one"), ("user", "two in a row"), ("assistant", "then me"), ("assistant", "and me"))),
+    ("chat", _chat(("assistant", "I speak first"), ("user", "ok"), ("assistant", "bye"))),
+    ("chat", _chat(("user", "say the end marker"), ("assistant", "here: <|im_end|> done"))),
+    ("chat", _chat(("user", "empty answer next"), ("assistant", ""), ("user", "again"), ("assistant", "now"))),
+    ("chat", _chat(("user", "unicode ça va? 日本"), ("assistant", "très bien, ünïcødé\n\nwith a blank line"))),
+    ("chat", {"messages": [SYSTEM, *_chat(("user", "only a question"))["messages"]]}),
+]
+
+
+def _pairs(examples):
+    return [(e.input_ids, e.labels) for e in examples]
+
+
+@pytest.mark.parametrize("train_on_inputs", [False, True])
+def test_production_encoder_equals_the_oracle_on_varied_records(tiny_tokenizer, train_on_inputs):
+    expected = [oracle_encoder.encode(tiny_tokenizer, shape, r, train_on_inputs) for shape, r in VARIED]
+    got = encode_batch(tiny_tokenizer, VARIED, train_on_inputs)  # mixed shapes in one batch, order kept
+    for (shape, record), want, have in zip(VARIED, expected, got):
+        assert (have.input_ids, have.labels) == (want.input_ids, want.labels), (shape, record)
+    masked = sum(label == IGN for e in got for label in e.labels)
+    assert (masked == 0) == train_on_inputs  # the records do have prompts to mask
+
+
+@pytest.mark.parametrize("length", [1, 5, 17, 40])
+def test_truncated_examples_keep_the_oracle_labels(tiny_tokenizer, length):
+    recipe = SimpleNamespace(sequence_len=length, excess_length_strategy="truncate")
+    for (shape, record), example in zip(VARIED, encode_batch(tiny_tokenizer, VARIED, False)):
+        want = oracle_encoder.encode(tiny_tokenizer, shape, record, False)
+        cut, what = fit_length(example, recipe)
+        assert (cut.input_ids, cut.labels) == (want.input_ids[:length], want.labels[:length]), (shape, record)
+        assert what == ("truncated" if len(want.input_ids) > length else None)
+
+
+def test_added_special_tokens_are_encoded_and_masked_like_the_oracle(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.add_special_tokens({"additional_special_tokens": ["<tool>"]})
+    tok.add_tokens(["zebra-crossing"])
+    records = [("chat", _chat(("user", "call <tool> now"), ("assistant", "<tool> zebra-crossing <tool>"))),
+               ("instruction", {"instruction": "use <tool>", "input": "zebra-crossing", "output": "<tool>"}),
+               ("completion", {"text": "<tool>zebra-crossing"})]
+    for train_on_inputs in (False, True):
+        expected = [oracle_encoder.encode(tok, shape, r, train_on_inputs) for shape, r in records]
+        assert _pairs(encode_batch(tok, records, train_on_inputs)) == _pairs(expected)
+    tool = tok.convert_tokens_to_ids("<tool>")
+    chat = encode_batch(tok, records[:1], False)[0]
+    # the user's <tool> is masked, the assistant's two are supervised: each one token, not split into pieces
+    assert [label for token, label in zip(chat.input_ids, chat.labels) if token == tool] == [IGN, tool, tool]
+
+
+def test_many_generated_records_equal_the_oracle(tiny_tokenizer):
+    from conftest import make_records
+
+    shaped = [(shape, r) for shape in ("completion", "instruction", "chat") for r in make_records(shape, 30, seed=3)]
+    for train_on_inputs in (False, True):
+        expected = [oracle_encoder.encode(tiny_tokenizer, shape, r, train_on_inputs) for shape, r in shaped]
+        assert _pairs(encode_batch(tiny_tokenizer, shaped, train_on_inputs)) == _pairs(expected)

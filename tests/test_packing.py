@@ -1,7 +1,7 @@
 """Sample packing: the packer is exact best-fit decreasing and deterministic; packed rows keep every token;
 packed examples are isolated (logits equal to the example run alone, sdpa and eager); the loss and the
-gradients of a packed batch equal those of the same examples unpacked; the batched encoder gives the same
-labels as the per-record one; a packed training run takes exactly the planned number of steps."""
+gradients of a packed batch equal those of the same examples unpacked; the encoder gives the same labels
+as the per-record oracle; a packed training run takes exactly the planned number of steps."""
 
 from __future__ import annotations
 
@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.data.batched import encode_batch, encode_stream
+from finetune.contract import IGNORE_INDEX
 from finetune.data.collate import Collator
-from finetune.data.formats import IGNORE_INDEX, encode
+from finetune.data.encode import encode_batch, encode_stream
 from finetune.data.packing import pack_dataset, pack_lengths
 from finetune.errors import ModelError, RecipeError
 from finetune.model.isolation import check_packed_isolation, guard_packing
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
 from conftest import make_records
+from oracle_encoder import encode
 
 
 def naive_best_fit_decreasing(lengths, capacity, seed):
@@ -173,7 +174,7 @@ def test_packed_batch_gives_the_same_loss_and_gradients(tiny_model, tiny_tokeniz
 
 @pytest.mark.parametrize("shape", ["completion", "instruction", "chat"])
 @pytest.mark.parametrize("train_on_inputs", [False, True])
-def test_batched_encoding_equals_per_record(tiny_tokenizer, shape, train_on_inputs):
+def test_batched_encoding_equals_the_per_record_oracle(tiny_tokenizer, shape, train_on_inputs):
     records = make_records(shape, 40, seed=7)
     one_by_one = [encode(tiny_tokenizer, shape, r, train_on_inputs) for r in records]
     batched = encode_batch(tiny_tokenizer, [(shape, r) for r in records], train_on_inputs)
@@ -182,9 +183,9 @@ def test_batched_encoding_equals_per_record(tiny_tokenizer, shape, train_on_inpu
 
 
 def test_encoding_over_processes_keeps_order_and_labels(tiny_tokenizer, monkeypatch):
-    import finetune.data.batched as batched
+    import finetune.data.encode as encoder
 
-    monkeypatch.setattr(batched, "CHUNK_RECORDS", 7)  # several chunks, spread over the two workers
+    monkeypatch.setattr(encoder, "CHUNK_RECORDS", 7)  # several chunks, spread over the two workers
     shaped = [(s, r) for s in ("chat", "instruction") for r in make_records(s, 15, seed=1)]
     expected = [encode(tiny_tokenizer, s, r, False) for s, r in shaped]
     got = [example for _, example in encode_stream(tiny_tokenizer, iter(shaped), False, processes=2)]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
+from finetune.plan.activations import ATTENTION
 from finetune.plan.memory import GIB
 
 # flag -> (recipe field, default when planning from a bare model config)
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (recipe: sequence_len)")
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--gradient-checkpointing", choices=("off", "mlp", "full"), default=None)
-    parser.add_argument("--attn", choices=("eager", "sdpa", "flash_attention_2"), default=None)
+    parser.add_argument("--attn", choices=ATTENTION, default=None)
     parser.add_argument("--no-data", action="store_true", help="with a recipe: skip tokenizing, so no step count")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from finetune.commands.args import add_recipe_arguments
-from finetune.data.formats import IGNORE_INDEX
+from finetune.contract import IGNORE_INDEX
 from finetune.recipe_load import load_recipe
 
 

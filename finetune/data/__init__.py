@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
-from finetune.data.batched import encode_stream
-from finetune.data.formats import IGNORE_INDEX, Example
+from finetune.data.encode import encode_stream
+from finetune.data.formats import Example
 from finetune.errors import DataError
 from finetune.ingest.records import read_records
 from finetune.recipe import RECORD_TYPES
@@ -73,7 +73,7 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
     examples, outcome = [], Counter()
     shaped = (item for shape, path in files for item in read_records(path, shape))
-    # batched tokenization, identical to encode() per record; optionally over several processes
+    # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
         example, what = fit_length(encoded, recipe)
@@ -171,4 +171,4 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
     return prepared
 
 
-__all__ = ["IGNORE_INDEX", "Prepared", "build_dataset"]
+__all__ = ["Prepared", "build_dataset"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-IGNORE_INDEX = -100
+from finetune.contract import IGNORE_INDEX
 
 
 def _pad(rows: list[list[int]], width: int, value: int) -> list[list[int]]:

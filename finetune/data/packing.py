@@ -19,9 +19,8 @@ import hashlib
 
 import numpy as np
 
+from finetune.contract import IGNORE_INDEX
 from finetune.errors import DataError
-
-IGNORE_INDEX = -100
 
 
 def _place(bin_of, items, bins, per_bin):

@@ -1,5 +1,6 @@
 """Find the base model and its tokenizer: a local HF folder, a .gguf file (converted once into the cache),
-a file inside an installed Python package, or a hub id (from the local HF cache when offline)."""
+a file inside an installed Python package, or a hub id (from the local HF cache when offline). The tokenizer
+is set up here too: a pad token, the recipe's new tokens, the chat template."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from finetune.contract import CHATML_TEMPLATE
 from finetune.errors import ModelError
-from finetune.data.formats import CHATML_TEMPLATE
-from finetune.model.tokens import add_recipe_tokens
 
 
 def package_resource(spec: str) -> Path | None:
@@ -97,6 +97,30 @@ def _not_found(name: str, exc: Exception) -> ModelError:
         f"package, nor{' (offline)' if offline else ''} a hub model that could be fetched or found in the local "
         f"HF cache. Check the spelling, or download it first. ({exc.__class__.__name__}: {str(exc)[:200]})"
     )
+
+
+# --- the recipe's new tokens, tokenizer side (finetune/model/tokens.py gives them embedding rows) ---
+
+
+def recipe_tokens(recipe) -> list[str]:
+    """Every token the recipe names, special ones first, without repeats."""
+    return list(dict.fromkeys([*recipe.special_tokens.values(), *recipe.tokens]))
+
+
+def missing_tokens(tokenizer, recipe) -> list[str]:
+    """The recipe's tokens that `tokenizer` does not have yet."""
+    vocab = tokenizer.get_vocab()
+    return [t for t in recipe_tokens(recipe) if t not in vocab]
+
+
+def add_recipe_tokens(tokenizer, recipe) -> list[str]:
+    """Set the recipe's special tokens and add its extra tokens; returns the ones that were new."""
+    new = missing_tokens(tokenizer, recipe)
+    if recipe.special_tokens:
+        tokenizer.add_special_tokens(dict(recipe.special_tokens))
+    if recipe.tokens:
+        tokenizer.add_tokens(list(recipe.tokens))
+    return new
 
 
 def load_tokenizer(recipe):

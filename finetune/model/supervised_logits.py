@@ -16,7 +16,8 @@ mode and only when `labels` are passed; evaluation, generation and probes see th
 
 from __future__ import annotations
 
-IGNORE_INDEX = -100
+from finetune.contract import IGNORE_INDEX
+
 MAX_LOSS_DIFFERENCE = 1e-4  # relative; fp32 sums over the same terms in a different order differ ~1e-7
 
 

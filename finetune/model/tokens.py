@@ -1,5 +1,6 @@
-"""New tokens from the recipe (`special_tokens`, `tokens`): added to the tokenizer, given embedding rows in the
-model, and, with an adapter, trained through full copies of the embeddings and lm_head (modules to save).
+"""New tokens from the recipe (`special_tokens`, `tokens`), the model's side: given embedding rows in the
+model and, with an adapter, trained through full copies of the embeddings and lm_head (modules to save).
+The tokenizer's side (adding them when it is loaded) is in finetune/model/loader.py.
 
 A LoRA adapter cannot learn a new token: the token's embedding row and its lm_head row are fresh (the mean of
 the others) and sit outside every adapted layer. Training those two modules in full is what gives it meaning.
@@ -9,26 +10,7 @@ from __future__ import annotations
 
 import sys
 
-
-def recipe_tokens(recipe) -> list[str]:
-    """Every token the recipe names, special ones first, without repeats."""
-    return list(dict.fromkeys([*recipe.special_tokens.values(), *recipe.tokens]))
-
-
-def missing_tokens(tokenizer, recipe) -> list[str]:
-    """The recipe's tokens that `tokenizer` does not have yet."""
-    vocab = tokenizer.get_vocab()
-    return [t for t in recipe_tokens(recipe) if t not in vocab]
-
-
-def add_recipe_tokens(tokenizer, recipe) -> list[str]:
-    """Set the recipe's special tokens and add its extra tokens; returns the ones that were new."""
-    new = missing_tokens(tokenizer, recipe)
-    if recipe.special_tokens:
-        tokenizer.add_special_tokens(dict(recipe.special_tokens))
-    if recipe.tokens:
-        tokenizer.add_tokens(list(recipe.tokens))
-    return new
+from finetune.model.loader import missing_tokens, recipe_tokens, resolve_model_path
 
 
 def tokens_new_to_base(recipe) -> list[str]:
@@ -37,8 +19,6 @@ def tokens_new_to_base(recipe) -> list[str]:
     if not recipe_tokens(recipe):
         return []
     from transformers import AutoTokenizer
-
-    from finetune.model.loader import resolve_model_path
 
     source = resolve_model_path(recipe.tokenizer_config or recipe.base_model, recipe.cache_dir)
     return missing_tokens(AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.trust_remote_code), recipe)

@@ -12,7 +12,7 @@ import time
 
 from transformers import TrainerCallback
 
-IGNORE_INDEX = -100
+from finetune.contract import IGNORE_INDEX
 
 
 class _CountingCollator:

@@ -1,5 +1,11 @@
-"""Batched encoding: many records -> Examples, byte-identical to encoding them one at a time
-(finetune/data/formats.py stays the reference; tests/test_packing.py checks the equality).
+"""The encoder: records -> Examples (`input_ids`, and `labels` with IGNORE_INDEX on every token that is not
+supervised: the prompt of an instruction, every non-assistant turn of a chat), unless train_on_inputs.
+
+Completion: the text and EOS, all supervised. Instruction: the alpaca prompt and the response are tokenized
+apart, exactly as at inference time, where the model sees the prompt's tokens and then generates; EOS ends
+the response so the model learns to stop. Chat: the rendered conversation is tokenized once with offsets,
+and a token is supervised when its first character lies inside an assistant turn (finetune/data/formats.py).
+tests/oracle_encoder.py encodes one record at a time, the plain way; the tests hold this encoder to it.
 
 Speed comes from one tokenizer call per batch (the Rust tokenizer encodes a batch in parallel threads)
 and from computing the supervised-token mask with numpy over character offsets instead of a Python loop
@@ -13,7 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from finetune.data.formats import IGNORE_INDEX, Example, alpaca_prompt, assistant_spans
+from finetune.contract import IGNORE_INDEX
+from finetune.data.formats import Example, alpaca_prompt, assistant_spans
 
 CHUNK_RECORDS = 1000  # records per tokenizer call / per task sent to a worker process
 

@@ -1,0 +1,251 @@
+"""The import structure of finetune/ (DESIGN.md, "The layout"): imports point down the pipeline only.
+
+    shared base   finetune.{recipe, recipe_load, recipe_checks, errors, redact, log, compat, contract, ...}
+                  (any top-level module that is not cli.py); imports only the base
+    ingest < data < model < train < commands (and cli.py, on top)
+    plan/         beside the stages: pure math, imports only the base and plan/
+
+Every module is parsed (never imported), and every `import` / `from ... import` at any depth counts,
+lazy imports inside functions included. Only cycles are judged on module-level imports alone: a lazy
+import inside a function is how a package legitimately reaches a submodule that imports the package.
+New modules fit these rules by their package, without edits here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "finetune"
+
+STAGES = ("ingest", "data", "model", "train", "commands")  # the pipeline order, earliest first
+BASE_RANK, TOP_RANK = 0, len(STAGES)  # cli.py sits with commands, on top
+# An entry point may import the CLI it shares its code with: `python -m finetune.train` is `finetune train`.
+ENTRY_POINTS = {"finetune.train.__main__": ("finetune.cli", "finetune.commands")}
+# Imports that bring torch with them; ingestion must stay free of them (it runs where torch is absent).
+TORCH_FAMILY = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "trl", "flash_attn")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _absolute(node: ast.ImportFrom, name: str, path: Path) -> str:
+    if not node.level:
+        return node.module or ""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for _ in range(node.level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{node.module}" if node.module else package
+
+
+def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported module, line, at module level) for every import in the file, at any depth."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    top = {id(node) for node in tree.body}
+    # an import under `if`/`try` at module level still runs at import time
+    for node in tree.body:
+        if isinstance(node, (ast.If, ast.Try)):
+            top |= {id(child) for child in ast.walk(node) if not isinstance(child, (ast.FunctionDef, ast.ClassDef))}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno, id(node) in top) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            target = _absolute(node, name, path)
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"  # `from finetune.data import batched` imports a module
+                found.append((sub if sub in known else target, node.lineno, id(node) in top))
+    return list(dict.fromkeys(found))
+
+
+def graph() -> dict[str, list[tuple[str, int, bool]]]:
+    mods = modules()
+    return {name: imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def layer(name: str) -> tuple[str, int]:
+    """(layer name, rank) of a finetune module; plan has no rank (it sits beside the stages)."""
+    parts = name.split(".")
+    if len(parts) == 1:
+        return "base", BASE_RANK  # the package itself: a version string, nothing else
+    if parts[1] == "cli":
+        return "cli", TOP_RANK
+    if parts[1] == "plan":
+        return "plan", -1
+    if parts[1] in STAGES:
+        return parts[1], STAGES.index(parts[1]) + 1
+    return "base", BASE_RANK
+
+
+def _internal(target: str) -> bool:
+    return target == "finetune" or target.startswith("finetune.")
+
+
+def layer_problems(edges: dict) -> list[str]:
+    problems = []
+    for source, targets in edges.items():
+        src_layer, src_rank = layer(source)
+        for target, line, _ in targets:
+            if not _internal(target) or target.startswith(ENTRY_POINTS.get(source, ("-",))):
+                continue
+            dst_layer, dst_rank = layer(target)
+            edge = f"{source} (line {line}) imports {target}"
+            if src_layer == "plan":
+                if dst_layer not in ("plan", "base"):
+                    problems.append(f"{edge}: plan/ is pure math and imports only the shared base and plan/")
+            elif dst_layer == "plan":
+                if src_layer == "base":
+                    problems.append(f"{edge}: the shared base imports nothing above it, plan/ included")
+            elif dst_rank > src_rank:
+                problems.append(f"{edge}: {src_layer} may not import {dst_layer}, a later stage "
+                                f"(order: base < {' < '.join(STAGES)}/cli); move the shared part down")
+    return problems
+
+
+def _lazy_edge_allowed(source: str, target: str) -> bool:
+    """A package's __init__ may reach its own submodules lazily (to keep `import finetune.x` light)."""
+    return target.startswith(source + ".")
+
+
+def import_cycles(edges: dict, lazy: bool = False) -> list[list[str]]:
+    """One cycle per group of modules that import each other, as a path; module-level imports only, or with
+    `lazy` also the imports inside functions (except a package reaching its own submodules)."""
+    nodes = set(edges)
+    succ = {n: sorted({t for t, _, top in edges[n] if t in nodes and t != n
+                       and (top or (lazy and not _lazy_edge_allowed(n, t)))}) for n in nodes}
+    cycles, done = [], set()
+    for start in sorted(nodes):
+        if start in done:
+            continue
+        # depth-first search for a path back to `start`
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, path = stack.pop()
+            for nxt in succ[node]:
+                if nxt == start:
+                    cycles.append(path + [start])
+                    done.update(path)
+                    stack = []
+                    break
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+    return cycles
+
+
+def torch_problems(edges: dict) -> list[str]:
+    """Ingestion modules importing torch (or a library that brings it), directly or through a module they
+    import at module level."""
+    def heavy(target: str) -> bool:
+        return target.split(".")[0] in TORCH_FAMILY
+
+    problems = []
+    for source, targets in edges.items():
+        if layer(source)[0] != "ingest":
+            continue
+        problems += [f"{source} (line {line}) imports {target}: ingestion never imports torch"
+                     for target, line, _ in targets if heavy(target)]
+        # what this module loads at import time, transitively
+        reach, todo = set(), [t for t, _, top in targets if top and t in edges]
+        while todo:
+            mod = todo.pop()
+            if mod in reach:
+                continue
+            reach.add(mod)
+            for target, line, top in edges[mod]:
+                if top and heavy(target):
+                    problems.append(f"{source} imports {mod}, which imports {target} at module level "
+                                    f"(line {line}): ingestion never imports torch")
+                elif top and target in edges:
+                    todo.append(target)
+    return problems
+
+
+@pytest.fixture(scope="module")
+def edges():
+    return graph()
+
+
+def test_no_stage_imports_a_later_stage(edges):
+    problems = layer_problems(edges)
+    assert not problems, "imports that point up the pipeline:\n" + "\n".join(problems)
+
+
+def test_no_module_level_import_cycle(edges):
+    cycles = import_cycles(edges)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_two_modules_need_each_other_even_lazily(edges):
+    """A lazy import hides a cycle from Python but not from a reader: the two modules are one concern, or
+    the shared part belongs in a third module both import."""
+    cycles = import_cycles(edges, lazy=True)
+    assert not cycles, "modules that import each other (inside functions too):\n" + "\n".join(
+        " -> ".join(c) for c in cycles)
+
+
+def test_ingestion_never_imports_torch(edges):
+    problems = torch_problems(edges)
+    assert not problems, "\n".join(problems)
+
+
+def test_library_never_imports_the_cli(edges):
+    bad = [f"{source} (line {line}) imports {target}" for source, targets in edges.items()
+           if layer(source)[0] not in ("cli", "commands")
+           for target, line, _ in targets
+           if target.startswith(("finetune.cli", "finetune.commands"))
+           and not target.startswith(ENTRY_POINTS.get(source, ("-",)))]
+    assert not bad, "the library imports the CLI:\n" + "\n".join(bad)
+
+
+# --- the checks themselves catch what they are for ---------------------------------------------------
+
+
+def test_the_checks_catch_each_kind_of_bad_edge():
+    bad = {
+        "finetune.data.x": [("finetune.model.y", 3, False)],  # lazy, still up the pipeline
+        "finetune.plan.p": [("finetune.data.x", 4, True)],
+        "finetune.recipe_load": [("finetune.train.checkpoints", 14, True)],
+        "finetune.model.a": [("finetune.model.b", 1, True)],
+        "finetune.model.b": [("finetune.model.a", 2, True)],
+        "finetune.ingest.i": [("finetune.ingest.j", 1, True)],
+        "finetune.ingest.j": [("transformers", 9, True)],
+        "finetune.model.y": [],
+        "finetune.train.checkpoints": [],
+        "finetune.train.__main__": [("finetune.cli", 1, True)],  # the entry point: allowed
+    }
+    problems = layer_problems(bad)
+    assert any("finetune.data.x (line 3) imports finetune.model.y" in p for p in problems)
+    assert any("finetune.plan.p (line 4) imports finetune.data.x" in p for p in problems)
+    assert any("finetune.recipe_load (line 14) imports finetune.train.checkpoints" in p for p in problems)
+    assert len(problems) == 3
+    assert import_cycles(bad) == [["finetune.model.a", "finetune.model.b", "finetune.model.a"]]
+    lazy_back = {**bad, "finetune.model.b": [("finetune.model.a", 2, False)]}
+    assert import_cycles(lazy_back) == []
+    assert import_cycles(lazy_back, lazy=True) == [["finetune.model.a", "finetune.model.b", "finetune.model.a"]]
+    package = {"finetune.model": [("finetune.model.a", 5, False)], "finetune.model.a": [("finetune.model", 1, True)]}
+    assert import_cycles(package, lazy=True) == []
+    assert sorted(torch_problems(bad)) == ["finetune.ingest.i imports finetune.ingest.j, which imports transformers at "
+                                   "module level (line 9): ingestion never imports torch",
+                                   "finetune.ingest.j (line 9) imports transformers: ingestion never imports torch"]
+
+
+def test_lazy_and_relative_imports_are_seen(tmp_path):
+    pkg = tmp_path / "finetune" / "data"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    src = pkg / "mod.py"
+    src.write_text("import os\nfrom . import sib\n\ndef f():\n    from finetune.model import build\n"
+                   "    import torch\n")
+    known = {"finetune.data.sib", "finetune.model"}
+    found = imports("finetune.data.mod", src, known)
+    assert sorted(found) == [("finetune.data.sib", 2, True), ("finetune.model", 5, False), ("os", 1, True),
+                             ("torch", 6, False)]
