@@ -1,13 +1,14 @@
 """The import structure of finetune/ (DESIGN.md, "The layout"): imports point down the pipeline only.
 
     shared base   finetune.{recipe, recipe_load, recipe_checks, errors, redact, log, compat, contract, ...}
-                  (any top-level module that is not cli.py); imports only the base
-    ingest < data < model < train < commands (and cli.py, on top)
+                  (any top-level module but cli.py); imports only the base, and nothing heavy at import time
+    ingest < data < model < train < commands (and cli.py, on top); ingestion never reaches torch
     plan/         beside the stages: pure math, imports only the base and plan/
+    __main__      entry points: may import the CLI (`python -m finetune.train` is `finetune train`)
 
 Every module is parsed (never imported), and every `import` / `from ... import` at any depth counts,
-lazy imports inside functions included. Only cycles are judged on module-level imports alone: a lazy
-import inside a function is how a package legitimately reaches a submodule that imports the package.
+lazy imports inside functions included. Cycles are judged twice: on module-level imports (what Python
+would trip on), and with lazy imports too, where only a package reaching its own submodules is fine.
 New modules fit these rules by their package, without edits here.
 """
 
@@ -22,8 +23,11 @@ ROOT = Path(__file__).resolve().parent.parent / "finetune"
 
 STAGES = ("ingest", "data", "model", "train", "commands")  # the pipeline order, earliest first
 BASE_RANK, TOP_RANK = 0, len(STAGES)  # cli.py sits with commands, on top
-# An entry point may import the CLI it shares its code with: `python -m finetune.train` is `finetune train`.
-ENTRY_POINTS = {"finetune.train.__main__": ("finetune.cli", "finetune.commands")}
+# An entry point (`__main__`) may import the CLI it shares its code with: `python -m finetune.train` is
+# `finetune train`.
+CLI = ("finetune.cli", "finetune.commands")
+# The one base module whose job is to touch the libraries (at their versions); it may import them.
+LIBRARY_SHIMS = ("finetune.compat",)
 # Imports that bring torch with them; ingestion must stay free of them (it runs where torch is absent).
 TORCH_FAMILY = ("torch", "transformers", "peft", "accelerate", "deepspeed", "bitsandbytes", "trl", "flash_attn")
 
@@ -76,7 +80,7 @@ def layer(name: str) -> tuple[str, int]:
     parts = name.split(".")
     if len(parts) == 1:
         return "base", BASE_RANK  # the package itself: a version string, nothing else
-    if parts[1] == "cli":
+    if parts[1] in ("cli", "__main__"):
         return "cli", TOP_RANK
     if parts[1] == "plan":
         return "plan", -1
@@ -89,12 +93,20 @@ def _internal(target: str) -> bool:
     return target == "finetune" or target.startswith("finetune.")
 
 
+def _entry_point_to_cli(source: str, target: str) -> bool:
+    return source.endswith(".__main__") and target.startswith(CLI)
+
+
+def _heavy(target: str) -> bool:
+    return target.split(".")[0] in TORCH_FAMILY
+
+
 def layer_problems(edges: dict) -> list[str]:
     problems = []
     for source, targets in edges.items():
         src_layer, src_rank = layer(source)
         for target, line, _ in targets:
-            if not _internal(target) or target.startswith(ENTRY_POINTS.get(source, ("-",))):
+            if not _internal(target) or _entry_point_to_cli(source, target):
                 continue
             dst_layer, dst_rank = layer(target)
             edge = f"{source} (line {line}) imports {target}"
@@ -144,15 +156,12 @@ def import_cycles(edges: dict, lazy: bool = False) -> list[list[str]]:
 def torch_problems(edges: dict) -> list[str]:
     """Ingestion modules importing torch (or a library that brings it), directly or through a module they
     import at module level."""
-    def heavy(target: str) -> bool:
-        return target.split(".")[0] in TORCH_FAMILY
-
     problems = []
     for source, targets in edges.items():
         if layer(source)[0] != "ingest":
             continue
         problems += [f"{source} (line {line}) imports {target}: ingestion never imports torch"
-                     for target, line, _ in targets if heavy(target)]
+                     for target, line, _ in targets if _heavy(target)]
         # what this module loads at import time, transitively
         reach, todo = set(), [t for t, _, top in targets if top and t in edges]
         while todo:
@@ -161,7 +170,7 @@ def torch_problems(edges: dict) -> list[str]:
                 continue
             reach.add(mod)
             for target, line, top in edges[mod]:
-                if top and heavy(target):
+                if top and _heavy(target):
                     problems.append(f"{source} imports {mod}, which imports {target} at module level "
                                     f"(line {line}): ingestion never imports torch")
                 elif top and target in edges:
@@ -201,9 +210,16 @@ def test_library_never_imports_the_cli(edges):
     bad = [f"{source} (line {line}) imports {target}" for source, targets in edges.items()
            if layer(source)[0] not in ("cli", "commands")
            for target, line, _ in targets
-           if target.startswith(("finetune.cli", "finetune.commands"))
-           and not target.startswith(ENTRY_POINTS.get(source, ("-",)))]
+           if target.startswith(CLI) and not _entry_point_to_cli(source, target)]
     assert not bad, "the library imports the CLI:\n" + "\n".join(bad)
+
+
+def test_the_shared_base_imports_nothing_heavy_at_import_time(edges):
+    """The recipe, its checks and the contract load in `finetune validate` and `finetune --help`: no torch."""
+    bad = [f"{source} (line {line}) imports {target} at module level; import it inside the function that needs it"
+           for source, targets in edges.items() if layer(source)[0] == "base" and source not in LIBRARY_SHIMS
+           for target, line, top in targets if top and _heavy(target)]
+    assert not bad, "\n".join(bad)
 
 
 # --- the checks themselves catch what they are for ---------------------------------------------------
@@ -221,6 +237,7 @@ def test_the_checks_catch_each_kind_of_bad_edge():
         "finetune.model.y": [],
         "finetune.train.checkpoints": [],
         "finetune.train.__main__": [("finetune.cli", 1, True)],  # the entry point: allowed
+        "finetune.__main__": [("finetune.commands.train", 1, True)],  # allowed too
     }
     problems = layer_problems(bad)
     assert any("finetune.data.x (line 3) imports finetune.model.y" in p for p in problems)

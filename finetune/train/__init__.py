@@ -3,7 +3,8 @@
     run.py              run_training(recipe): count data -> resolve settings -> TrainingArguments -> Trainer
     callbacks/          TrainerCallbacks, one concern a module: guard, interrupt, checkpoint, throughput, stages
     checkpoints.py      where checkpoints live, when one is complete, which one to resume
-    deepspeed_config.py the DeepSpeed JSON: shipped configs, checks against the recipe, "auto" values
+    deepspeed_config.py the DeepSpeed JSON as the Trainer gets it ("auto" values); finding it and checking it
+                        against the recipe happen at load time, in finetune/recipe_checks.py
     launch.py           starting N processes (accelerate / torchrun)
     curves.py           loss_curve.png and the underfit / overfit verdict
     __main__.py         `python -m finetune.train` (the same as `finetune train`)
