@@ -18,23 +18,10 @@ import os
 from importlib import resources
 from pathlib import Path
 
-MARKER = "COMPLETE"  # JSON: step, time, fingerprint, files {relative path: size}
+from finetune.run_folder import MARKER, read_marker
 
 
 # --- where a recipe may write, and what it resumes from ------------------------------------------------
-
-
-def read_marker(folder: Path) -> dict | None:
-    """The marker of a complete checkpoint; None when the folder is incomplete or damaged."""
-    try:
-        data = json.loads((Path(folder) / MARKER).read_text(encoding="utf-8"))
-        for name, size in data["files"].items():
-            if (Path(folder) / name).stat().st_size != size:
-                return None
-        int(data["step"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return data
 
 
 def resume_problem(resume, base: Path | None = None) -> str | None:

@@ -10,8 +10,9 @@ checkpoints/ or exports/, so a run killed mid-write leaves only a staging folder
 and is removed by the next run. Deleting an old checkpoint removes its marker first, so a run killed
 mid-delete leaves a folder that no longer looks complete.
 
-Pure filesystem code: no torch, no transformers. Reading a marker and the recipe-time checks (where a run
-may write, what `resume:` names) live in finetune/recipe_checks.py, below every stage, for the recipe loader.
+Pure filesystem code: no torch, no transformers. The read side (Layout, reading a marker, the complete
+checkpoints: finetune/run_folder.py) and the recipe-time checks (where a run may write, what `resume:` names:
+finetune/recipe_checks.py) live below every stage, for the recipe loader; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import FinetuneError
-# the read side of a marker and the recipe-time checks live below every stage, for the recipe loader
-from finetune.recipe_checks import MARKER, location_problems, read_marker, resume_problem  # noqa: F401
+# the recipe-time checks and the read side of output_dir live below every stage, for the recipe loader
+from finetune.recipe_checks import location_problems, resume_problem  # noqa: F401
+from finetune.run_folder import MARKER, STEP_PREFIX, Layout, complete_checkpoints, read_marker  # noqa: F401
 
 STAGING_FLAG = ".finetune-staging"  # put in a staging folder before the Trainer writes into it
-STEP_PREFIX = "step-"
 
 # Settings that must not change between a checkpoint and a run resuming from it: they change what a
 # step is (the data, its order, the batch) or what the weights and optimizer state mean.
@@ -41,23 +41,6 @@ FINGERPRINT_FIELDS = (
 
 class CheckpointError(FinetuneError):
     """A checkpoint cannot be written, found or used."""
-
-
-@dataclass(frozen=True)
-class Layout:
-    output_dir: Path
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.output_dir / "checkpoints"
-
-    @property
-    def exports(self) -> Path:
-        return self.output_dir / "exports"
-
-    def staging(self, step: int) -> Path:
-        # where transformers' Trainer writes (args.output_dir / f"checkpoint-{global_step}")
-        return self.output_dir / f"checkpoint-{step}"
 
 
 def run_fingerprint(recipe, data_key: str, world_size: int) -> dict:
@@ -98,19 +81,6 @@ def write_marker(folder: Path, step: int, fingerprint: dict) -> None:
         os.fsync(fh.fileno())
     os.replace(tmp, folder / MARKER)
     _fsync_path(folder)
-
-
-def complete_checkpoints(layout: Layout) -> list[tuple[int, Path]]:
-    """(step, folder) of every complete checkpoint and export, oldest first (checkpoints before exports)."""
-    found = []
-    for rank, parent in enumerate((layout.exports, layout.checkpoints)):
-        if not parent.is_dir():
-            continue
-        for folder in parent.glob(f"{STEP_PREFIX}*"):
-            marker = read_marker(folder) if folder.is_dir() else None
-            if marker is not None:
-                found.append((int(marker["step"]), rank, folder))
-    return [(step, folder) for step, _, folder in sorted(found)]
 
 
 # --- resume -----------------------------------------------------------------------------------------
