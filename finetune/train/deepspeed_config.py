@@ -7,12 +7,13 @@ here for the run.
 
 from __future__ import annotations
 
-from finetune.recipe_checks import (  # noqa: F401 (re-exported for the run)
+from finetune.recipe_checks import (  # noqa: F401 (the names the run and others import from here)
     SHIPPED,
     deepspeed_problems,
     read_deepspeed_config,
     resolve_deepspeed,
     shipped_path,
+    zero_stage,
 )
 
 
