@@ -15,6 +15,7 @@ New modules fit these rules by their package, without edits here.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -222,6 +223,49 @@ def test_the_shared_base_imports_nothing_heavy_at_import_time(edges):
     assert not bad, "\n".join(bad)
 
 
+@functools.lru_cache(maxsize=None)
+def defined_names(path: Path) -> set[str] | None:
+    """The names a module defines at top level (functions, classes, assignments, imports); None when it has
+    a module __getattr__ (it may answer any name)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.Name,)) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return None if "__getattr__" in names else names
+
+
+def dangling_imports(files: list[Path]) -> list[str]:
+    """`from finetune.x import name` in `files` where finetune.x or its `name` does not exist."""
+    mods = modules()
+    problems = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and not node.level and _internal(node.module or "")):
+                continue
+            where = f"{path.relative_to(ROOT.parent) if path.is_relative_to(ROOT.parent) else path.name}:{node.lineno}"
+            if node.module not in mods:
+                problems.append(f"{where} imports {node.module}, which does not exist")
+                continue
+            names = defined_names(mods[node.module])
+            for alias in node.names:
+                if names is not None and alias.name not in names and f"{node.module}.{alias.name}" not in mods:
+                    problems.append(f"{where} imports {alias.name} from {node.module}, which has no such name")
+    return problems
+
+
+def test_every_import_of_finetune_resolves():
+    """A module or a name that moved leaves no import behind, in the package, the tests or the benchmarks
+    (the benchmarks run on demand only, so nothing else would notice)."""
+    files = [p for folder in ("finetune", "tests", "benchmarks", "examples") for p in (ROOT.parent / folder).rglob("*.py")]
+    problems = dangling_imports(files)
+    assert not problems, "\n".join(problems)
+
+
 # --- the checks themselves catch what they are for ---------------------------------------------------
 
 
@@ -253,6 +297,16 @@ def test_the_checks_catch_each_kind_of_bad_edge():
     assert sorted(torch_problems(bad)) == ["finetune.ingest.i imports finetune.ingest.j, which imports transformers at "
                                    "module level (line 9): ingestion never imports torch",
                                    "finetune.ingest.j (line 9) imports transformers: ingestion never imports torch"]
+
+
+def test_a_moved_name_is_a_dangling_import(tmp_path):
+    bench = tmp_path / "bench_old.py"
+    bench.write_text("from finetune.data.formats import encode\nfrom finetune.data.batched import encode_stream\n"
+                     "from finetune.contract import IGNORE_INDEX\nfrom finetune.train import run_training\n")
+    assert dangling_imports([bench]) == [
+        "bench_old.py:1 imports encode from finetune.data.formats, which has no such name",
+        "bench_old.py:2 imports finetune.data.batched, which does not exist",
+    ]
 
 
 def test_lazy_and_relative_imports_are_seen(tmp_path):
