@@ -51,14 +51,27 @@ def _absolute(node: ast.ImportFrom, name: str, path: Path) -> str:
     return f"{package}.{node.module}" if node.module else package
 
 
+def _type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None)
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(test)
+
+
+def _import_time_nodes(tree: ast.Module) -> set[int]:
+    """Every node that runs when the module is imported: not function bodies, not `if TYPE_CHECKING:`."""
+    found, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        found.add(id(node))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) or _type_checking(node):
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
 def imports(name: str, path: Path, known: set[str]) -> list[tuple[str, int, bool]]:
-    """(imported module, line, at module level) for every import in the file, at any depth."""
+    """(imported module, line, at import time) for every import in the file, at any depth."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    top = {id(node) for node in tree.body}
-    # an import under `if`/`try` at module level still runs at import time
-    for node in tree.body:
-        if isinstance(node, (ast.If, ast.Try)):
-            top |= {id(child) for child in ast.walk(node) if not isinstance(child, (ast.FunctionDef, ast.ClassDef))}
+    top = _import_time_nodes(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -315,8 +328,9 @@ def test_lazy_and_relative_imports_are_seen(tmp_path):
     (pkg / "__init__.py").write_text("")
     src = pkg / "mod.py"
     src.write_text("import os\nfrom . import sib\n\ndef f():\n    from finetune.model import build\n"
-                   "    import torch\n")
+                   "    import torch\n\nif TYPE_CHECKING:\n    import peft\ntry:\n    import yaml\nexcept ImportError:\n"
+                   "    pass\n")
     known = {"finetune.data.sib", "finetune.model"}
     found = imports("finetune.data.mod", src, known)
     assert sorted(found) == [("finetune.data.sib", 2, True), ("finetune.model", 5, False), ("os", 1, True),
-                             ("torch", 6, False)]
+                             ("peft", 9, False), ("torch", 6, False), ("yaml", 11, True)]
