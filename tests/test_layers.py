@@ -314,11 +314,12 @@ def test_the_checks_catch_each_kind_of_bad_edge():
 
 def test_a_moved_name_is_a_dangling_import(tmp_path):
     bench = tmp_path / "bench_old.py"
-    bench.write_text("from finetune.data.formats import encode\nfrom finetune.data.batched import encode_stream\n"
-                     "from finetune.contract import IGNORE_INDEX\nfrom finetune.train import run_training\n")
+    bench.write_text("from finetune.data.formats import encode_moved\nfrom finetune.data.gone import encode_stream\n"
+                     "from finetune.contract import IGNORE_INDEX\nfrom finetune.train import run_training\n"
+                     "from finetune.data import formats\n")
     assert dangling_imports([bench]) == [
-        "bench_old.py:1 imports encode from finetune.data.formats, which has no such name",
-        "bench_old.py:2 imports finetune.data.batched, which does not exist",
+        "bench_old.py:1 imports encode_moved from finetune.data.formats, which has no such name",
+        "bench_old.py:2 imports finetune.data.gone, which does not exist",
     ]
 
 
