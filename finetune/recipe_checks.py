@@ -18,7 +18,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from finetune.run_folder import MARKER, read_marker
+from finetune.run_folder import MARKER, foreign_entries, read_marker
 
 
 # --- where a recipe may write, and what it resumes from ------------------------------------------------
@@ -37,6 +37,20 @@ def resume_problem(resume, base: Path | None = None) -> str | None:
     return None
 
 
+def output_dir_problem(folder: Path, overwrite: bool) -> str | None:
+    """Refuse an output_dir holding someone else's files (finetune/run_folder.py says whose): a run would replace
+    README.md (peft's model card), run.json, tokenizer and model files. None when the folder may be used."""
+    if folder.exists() and not folder.is_dir():
+        return f"`output_dir` `{folder}` is a file, not a folder; point it at a new folder, e.g. outputs/run1"
+    foreign = [] if overwrite else foreign_entries(folder)
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    return (f"`output_dir` `{folder}` already holds files finetune did not write ({shown}); a run would replace "
+            "some of them (README.md, run.json, tokenizer and model files). Use a new folder (e.g. "
+            "`--set output_dir=outputs/run2`), or set `overwrite_output_dir: true` to write there anyway")
+
+
 def _is_ancestor_or_same(a: Path, b: Path) -> bool:
     return a == b or a in b.parents
 
@@ -46,7 +60,8 @@ def location_problems(recipe, recipe_dir: Path) -> list[str]:
 
     output_dir may not be the filesystem root, the home folder or one of its ancestors, the recipe's own
     folder or one of its ancestors (checkpoints and the final model would land beside the user's files), nor
-    hold or equal the cache. cache_dir / dataset_prepared_path may not be the root or the home folder.
+    hold or equal the cache, nor hold files finetune did not write (output_dir_problem). cache_dir /
+    dataset_prepared_path may not be the root or the home folder.
     """
     home = Path(os.path.expanduser("~")).resolve()
     out = Path(recipe.output_dir).resolve()
@@ -62,6 +77,10 @@ def location_problems(recipe, recipe_dir: Path) -> list[str]:
         )
     elif _is_ancestor_or_same(out, Path(recipe.cache_dir).resolve()):
         problems.append(f"`output_dir` `{out}` holds the cache `{recipe.cache_dir}`; keep them apart")
+    else:
+        problem = output_dir_problem(out, recipe.overwrite_output_dir)
+        if problem:
+            problems.append(problem)
     for key in ("cache_dir", "dataset_prepared_path"):
         value = getattr(recipe, key)
         if value and Path(value).resolve() in (Path(Path(value).resolve().anchor), home):

@@ -6,7 +6,13 @@
 
 A checkpoint is complete when its MARKER exists and every file the marker lists has the size it records
 (finetune/train/checkpoints.py writes them, marker last). Pure filesystem code, below every stage: the
-recipe loader reads checkpoints too (`resume: PATH`).
+recipe loader reads checkpoints too (`resume: PATH`), and asks whose folder output_dir is.
+
+Whose folder: a run writes OWNER_FILE into output_dir before anything else (train/checkpoints.claim_output_dir),
+so even a run that crashed before its first checkpoint or its run.json leaves a folder recognised as
+finetune's. Folders written before OWNER_FILE existed are recognised by what only finetune writes: a complete
+checkpoint, or a run.json with finetune's keys. Anything else in output_dir is someone else's (the recipe
+check refuses such a folder: finetune/recipe_checks.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pathlib import Path
 
 MARKER = "COMPLETE"  # JSON: step, time, fingerprint, files {relative path: size}
 STEP_PREFIX = "step-"
+OWNER_FILE = ".finetune-run"  # JSON {"created": unix time}: the first file a run writes into its output_dir
+RUN_JSON_KEYS = ("recipe", "versions", "steps")  # run.json keys only finetune's run.json has together
 
 
 @dataclass(frozen=True)
@@ -60,3 +68,31 @@ def complete_checkpoints(layout: Layout) -> list[tuple[int, Path]]:
             if marker is not None:
                 found.append((int(marker["step"]), rank, folder))
     return [(step, folder) for step, _, folder in sorted(found)]
+
+
+# --- whose folder is output_dir -------------------------------------------------------------------------
+
+
+def _older_run(folder: Path) -> bool:
+    """A finetune run folder written before OWNER_FILE: a complete checkpoint or finetune's run.json."""
+    if complete_checkpoints(Layout(folder)):
+        return True
+    try:
+        data = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(key in data for key in RUN_JSON_KEYS)
+
+
+def is_finetune_run(folder: Path) -> bool:
+    return (folder / OWNER_FILE).is_file() or _older_run(folder)
+
+
+def foreign_entries(folder: Path) -> list[str]:
+    """Names in `folder` that finetune did not write; [] for a missing or empty folder or a finetune run's."""
+    if not folder.is_dir():
+        return []
+    names = sorted(entry.name for entry in folder.iterdir())
+    if not names or is_finetune_run(folder):
+        return []
+    return names

@@ -121,3 +121,23 @@ def test_disk_full_while_saving_gives_a_clear_error_and_keeps_the_previous_check
     assert not (out / "checkpoint-2").exists()  # the half-written save is gone
     weights = load_file(str(out / "checkpoints" / "step-1" / "adapter_model.safetensors"))
     assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_an_explicit_resume_path_refuses_changed_settings_and_a_finished_run_is_said_plainly(tmp_path, capsys):
+    layout = ck.Layout(tmp_path)
+    folder = fake_checkpoint(layout, 4)
+    explicit = R(tmp_path, resume=str(folder))
+    with pytest.raises(ck.CheckpointError, match=r"seed: 1 -> 2.*put the setting back.*new `output_dir`"):
+        ck.find_resume(explicit, {**FP, "seed": 2})
+    # other data with an explicit path: continuing from chosen weights on new data is allowed, with a warning
+    assert ck.find_resume(explicit, {**FP, "data": "new"}, total_steps=10) == str(folder)
+    assert "other data" in capsys.readouterr().err
+    # a key an older marker never recorded is not a difference
+    assert ck.find_resume(R(tmp_path), {**FP, "sample_packing": True}, total_steps=10) == str(folder)
+    # at the last step, but the run died while saving its result (no run.json yet): resume and finish it
+    assert ck.find_resume(R(tmp_path), FP, total_steps=4) == str(folder)
+    (tmp_path / "run.json").write_text("{}")
+    for resume in (R(tmp_path), explicit):
+        with pytest.raises(ck.NothingToTrain, match=r"nothing left to train.*step 4.*4 optimizer steps"):
+            ck.find_resume(resume, FP, total_steps=4)
+    assert ck.NothingToTrain.exit_code == 0

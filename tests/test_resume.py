@@ -4,7 +4,10 @@ and final weights as a run that was never interrupted."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +91,47 @@ def test_resume_false_starts_over_and_a_changed_recipe_is_refused(make_recipe, t
         run_training(load_recipe(changed))
     fresh = run_training(load_recipe(changed, ["resume=false"]))
     assert fresh["resumed_from"] is None and fresh["steps"] == 2
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_a_changed_training_setting_is_refused_and_a_finished_run_has_nothing_left(make_recipe, tmp_path, capsys,
+                                                                                    umask_022):
+    """Issue 14.4: the README's second launch line (`--set learning_rate=5e-4` after the quickstart) and a
+    switch to sample_packing used to resume the finished run silently, train 0 steps and write run.json with
+    settings that never applied."""
+    from finetune.cli import main
+
+    recipe = make_recipe("completion", n=8, adapter="lora", lora_r=2, max_steps=2, micro_batch_size=2)
+    assert main(["train", str(recipe)]) == 0
+    run_json = tmp_path / "out" / "run.json"
+    before = run_json.read_text()
+    assert json.loads(before)["steps"] == 2 and json.loads(before)["learning_rate"] == 1e-3
+    # issue 14.5: the adapter and its checkpoint are ordinary files (safetensors alone would leave them 0600)
+    out = tmp_path / "out"
+    for path in (out / "adapter_model.safetensors", out / "checkpoints" / "step-2" / "adapter_model.safetensors"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    capsys.readouterr()
+
+    for override, change in (("learning_rate=5e-4", "learning_rate: 0.001 -> 0.0005"),
+                             ("sample_packing=true", "sample_packing: False -> True")):
+        assert main(["train", str(recipe), "--set", override]) == 2
+        err = capsys.readouterr().err
+        assert change in err and "new `output_dir`" in err and "resume: false" in err and "put the setting" in err
+        assert "Traceback" not in err
+    # the same recipe again: finished, said plainly, nothing written
+    assert main(["train", str(recipe)]) == 0
+    err = capsys.readouterr().err
+    assert "nothing left to train" in err and "step 2" in err
+    assert run_json.read_text() == before
+
+    # a larger max_steps is "train longer": it resumes from step 2 and runs one more step
+    longer = run_training(load_recipe(recipe, ["max_steps=3"]))
+    assert longer["resumed_from"].endswith("step-2") and longer["steps"] == 3
+    assert json.loads(run_json.read_text())["learning_rate"] == 1e-3

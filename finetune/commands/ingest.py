@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dataclasses import fields
+
 from finetune.errors import DataError
 from finetune.ingest.options import (
     HTML_MODES,
@@ -24,6 +26,11 @@ from finetune.ingest.options import (
     parse_map,
 )
 
+# Every flag that sets an option stores into the option's own name (`dest`), with the option's default, which
+# comes from the recipe schema (DatasetSpec): tests/test_settings.py fails when an option has no flag or a
+# flag's default differs. Older spellings stay as aliases (--dialect, --split-level, --slop-phrases FILE).
+DEFAULTS = {f.name: f.default for f in fields(IngestOptions)}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -32,53 +39,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="files, folders, globs (quote them) or a database URL")
     parser.add_argument("-o", "--output", metavar="OUT.jsonl",
                         help="records file; OUT.report.json and OUT.rejects.jsonl are written beside it")
-    parser.add_argument("--type", choices=SOURCE_TYPES, help="force the source type instead of inferring it")
+    parser.add_argument("--type", choices=SOURCE_TYPES, default=DEFAULTS["type"],
+                        help="force the source type instead of inferring it")
     what = parser.add_argument_group("what becomes a record")
-    what.add_argument("--map", action="append", metavar="FIELD=COLUMN",
+    what.add_argument("--map", dest="mapping", action="append", metavar="FIELD=COLUMN",
                       help="record field from a column (or a {column} template; a CSS selector for HTML); "
-                           "repeat: --map instruction=question --map output=answer")
-    what.add_argument("--template", help='completion text from a template, e.g. "{title}\\n\\n{body}"')
-    what.add_argument("--table", help="table to read from a SQL dump, SQLite file or database")
-    what.add_argument("--query", help="read-only SELECT for a SQLite file or database URL")
-    what.add_argument("--html-mode", choices=HTML_MODES, default="document",
+                           "repeat: --map instruction=question --map output=answer (recipe: map)")
+    what.add_argument("--template", default=DEFAULTS["template"],
+                      help='completion text from a template, e.g. "{title}\\n\\n{body}"')
+    what.add_argument("--table", default=DEFAULTS["table"],
+                      help="table to read from a SQL dump, SQLite file or database")
+    what.add_argument("--query", default=DEFAULTS["query"], help="read-only SELECT for a SQLite file or database URL")
+    what.add_argument("--html-mode", choices=HTML_MODES, default=DEFAULTS["html_mode"],
                       help="one record per page, or one per heading section")
-    what.add_argument("--split-level", type=int, default=2, help="sections: split at h1..hN (default 2)")
+    what.add_argument("--html-split-level", "--split-level", dest="html_split_level", type=int,
+                      default=DEFAULTS["html_split_level"],
+                      help=f"sections: split at h1..hN (default {DEFAULTS['html_split_level']})")
     fmt = parser.add_argument_group("input format")
-    fmt.add_argument("--delimiter", help="CSV delimiter (default: comma; tab for .tsv)")
-    fmt.add_argument("--encoding", help="input encoding (default: BOM, declared charset, then detection)")
-    fmt.add_argument("--dialect", choices=SQL_DIALECTS, default="auto", help="SQL dump dialect")
-    fmt.add_argument("--unescape-html", action="store_true", help="turn &amp; &lt; ... in cells into characters")
-    fmt.add_argument("--chunk-rows", type=int, default=20_000, help="CSV rows held in memory at once")
+    fmt.add_argument("--delimiter", default=DEFAULTS["delimiter"], help="CSV delimiter (default: comma; tab for .tsv)")
+    fmt.add_argument("--encoding", default=DEFAULTS["encoding"],
+                     help="input encoding (default: BOM, declared charset, then detection)")
+    fmt.add_argument("--sql-dialect", "--dialect", dest="sql_dialect", choices=SQL_DIALECTS,
+                     default=DEFAULTS["sql_dialect"], help="SQL dump dialect")
+    fmt.add_argument("--unescape-html", action="store_true", default=DEFAULTS["unescape_html"],
+                     help="turn &amp; &lt; ... in cells into characters")
+    fmt.add_argument("--chunk-rows", type=int, default=DEFAULTS["chunk_rows"], help="CSV rows held in memory at once")
     fmt.add_argument("--workers", type=int, default=None,
                      help="processes parsing HTML pages in parallel (default: one per CPU, at most 8; used "
                           f"for {PARALLEL_MIN_FILES} or more pages)")
     clean = parser.add_argument_group("cleaning")
-    clean.add_argument("--slop", choices=SLOP_MODES, default="drop",
+    clean.add_argument("--slop", choices=SLOP_MODES, default=DEFAULTS["slop"],
                        help="drop records with slop phrases, strip the offending sentences, or turn it off")
-    clean.add_argument("--slop-phrases", action="append", default=[], metavar="FILE",
-                       help="extra phrases, one a line (# comments)")
-    clean.add_argument("--slop-phrase", action="append", default=[], metavar="TEXT", help="one extra phrase")
-    clean.add_argument("--no-builtin-slop", action="store_true", help="use only your own phrase lists")
+    clean.add_argument("--slop-file", "--slop-phrases", dest="slop_files", action="append", default=[],
+                       metavar="FILE", help="extra phrases, one a line (# comments); repeatable (recipe: slop_file)")
+    clean.add_argument("--slop-phrase", dest="slop_phrases", action="append", default=[], metavar="TEXT",
+                       help="one extra phrase; repeatable")
+    clean.add_argument("--no-builtin-slop", dest="slop_builtin", action="store_false",
+                       default=DEFAULTS["slop_builtin"], help="use only your own phrase lists")
     clean.add_argument("--list-slop", action="store_true", help="print the built-in phrase list and exit")
-    clean.add_argument("--no-dedup", action="store_true", help="keep exact duplicates")
-    clean.add_argument("--near-dedup", type=float, metavar="JACCARD", help="drop near-duplicates, e.g. 0.85")
-    clean.add_argument("--min-chars", type=int, default=1, help="drop records shorter than this")
-    clean.add_argument("--max-chars", type=int, help="drop records longer than this")
-    clean.add_argument("--no-normalize", action="store_true", help="keep unicode and whitespace as they are")
-    parser.add_argument("--strict", action="store_true", help="exit 2 when any input row or page was unusable")
+    clean.add_argument("--no-dedup", dest="dedup", action="store_false", default=DEFAULTS["dedup"],
+                       help="keep exact duplicates")
+    clean.add_argument("--near-dedup", type=float, default=DEFAULTS["near_dedup"], metavar="JACCARD",
+                       help="drop near-duplicates, e.g. 0.85")
+    clean.add_argument("--min-chars", type=int, default=DEFAULTS["min_chars"], help="drop records shorter than this")
+    clean.add_argument("--max-chars", type=int, default=DEFAULTS["max_chars"], help="drop records longer than this")
+    clean.add_argument("--no-normalize", dest="normalize", action="store_false", default=DEFAULTS["normalize"],
+                       help="keep unicode and whitespace as they are")
+    parser.add_argument("--strict", action="store_true", default=DEFAULTS["strict"],
+                        help="exit 2 when any input row or page was unusable")
     parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary table")
 
 
 def options_from_args(args: argparse.Namespace) -> IngestOptions:
-    return IngestOptions(
-        type=args.type, mapping=parse_map(args.map), template=args.template, table=args.table,
-        query=args.query, sql_dialect=args.dialect, html_mode=args.html_mode, html_split_level=args.split_level,
-        delimiter=args.delimiter, encoding=args.encoding, unescape_html=args.unescape_html,
-        chunk_rows=args.chunk_rows, workers=default_workers() if args.workers is None else args.workers, slop=args.slop, slop_builtin=not args.no_builtin_slop,
-        slop_phrases=tuple(args.slop_phrase), slop_files=tuple(args.slop_phrases), normalize=not args.no_normalize,
-        dedup=not args.no_dedup, near_dedup=args.near_dedup, min_chars=args.min_chars, max_chars=args.max_chars,
-        strict=args.strict,
-    ).validate()
+    """Every option from the flag that stores into its name (lists become tuples, --map pairs are parsed)."""
+    values = {name: getattr(args, name) for name in DEFAULTS}
+    values["mapping"] = parse_map(values["mapping"])
+    values["workers"] = default_workers() if values["workers"] is None else values["workers"]
+    values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
+    return IngestOptions(**values).validate()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,12 +14,12 @@ from finetune.errors import FinetuneError
 from finetune.plan.activations import ATTENTION
 from finetune.plan.memory import GIB
 
-# flag -> (recipe field, default when planning from a bare model config)
+# flag -> recipe field. Planning from a bare model config, a knob without its flag takes the recipe schema's
+# default (finetune/recipe.py is the only place a default lives).
 KNOBS = {
-    "adapter": ("adapter", "none"), "lora_r": ("lora_r", 8), "precision": ("precision", "bf16"),
-    "optimizer": ("optimizer", "adamw_torch"), "seq_len": ("sequence_len", 2048),
-    "micro_batch_size": ("micro_batch_size", 1), "gradient_checkpointing": ("gradient_checkpointing", "off"),
-    "attn": ("attn_implementation", "sdpa"),
+    "adapter": "adapter", "lora_r": "lora_r", "precision": "precision", "optimizer": "optimizer",
+    "seq_len": "sequence_len", "micro_batch_size": "micro_batch_size",
+    "gradient_checkpointing": "gradient_checkpointing", "attn": "attn_implementation",
 }
 
 
@@ -74,10 +74,12 @@ def _precision_warning(args: argparse.Namespace, precision: str) -> str | None:
 def _knobs(args: argparse.Namespace, recipe) -> dict:
     """Each knob from the flag, else the recipe, else the bare-config default."""
     out = {}
-    for flag, (field, default) in KNOBS.items():
+    from finetune.recipe import Recipe
+
+    for flag, field in KNOBS.items():
         value = getattr(args, flag)
         if value is None:
-            value = getattr(recipe, field) if recipe is not None else default
+            value = getattr(recipe, field) if recipe is not None else Recipe.model_fields[field].get_default()
         out[flag] = value
     if out["precision"] == "auto":
         out["precision"] = _auto_precision(args)
@@ -159,8 +161,11 @@ def run(args: argparse.Namespace) -> int:
 
     recipe, config = _load(args)
     knobs = _knobs(args, recipe)
-    targets = recipe.lora_target_modules if recipe is not None else "all-linear"
-    to_save = recipe.lora_modules_to_save if recipe is not None else None
+    from finetune.recipe import Recipe
+
+    defaults = Recipe.model_fields  # a bare model config: the schema's defaults
+    targets = recipe.lora_target_modules if recipe is not None else defaults["lora_target_modules"].get_default()
+    to_save = recipe.lora_modules_to_save if recipe is not None else defaults["lora_modules_to_save"].get_default()
     shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save)
     inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from finetune.recipe import DatasetSpec, Recipe
+from finetune.recipe import DatasetSpec, Recipe, field_affects
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,9 +36,10 @@ def _type(schema: dict) -> str:
 
 def _table(model) -> list[str]:
     props = model.model_json_schema()["properties"]
-    rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    rows = ["| key | type | default | affects | meaning |", "| --- | --- | --- | --- | --- |"]
     for name, field in model.model_fields.items():
-        rows.append(f"| `{name}` | {_type(props[name])} | {_default(field)} | {field.description or ''} |")
+        tags = ", ".join(field_affects(model, name) or ()) or "-"
+        rows.append(f"| `{name}` | {_type(props[name])} | {_default(field)} | {tags} | {field.description or ''} |")
     return rows
 
 
@@ -51,6 +52,12 @@ def recipe_markdown() -> str:
         "",
         "Unknown keys are errors (with a did-you-mean). Relative paths are relative to the recipe file.",
         "Any key can be overridden on the command line: `--set learning_rate=1e-4 --set datasets.0.path=x.jsonl`.",
+        "",
+        "`affects` says what a change of the key changes (the schema's own metadata, from which the resume",
+        "fingerprint and the cache keys are derived): `train`: what a step is or what the weights mean, so a resume",
+        "with a changed value is refused; `tokens`: the tokenized data (re-tokenized, by value); `content`: the data",
+        "or the tokenizer (re-tokenized when their content changes); `ingest`: what a raw source ingests to",
+        "(re-ingested); `length`: how long training runs (a resume may train longer); `-`: none of these.",
         "",
         "## Top-level keys",
         "",

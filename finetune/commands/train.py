@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from finetune.commands.args import add_recipe_arguments
 from finetune.recipe_load import load_recipe
@@ -33,5 +34,11 @@ def run(args: argparse.Namespace) -> int:
     check_deepspeed_installed(recipe)
     if recipe.deepspeed is not None and not inside_launch():
         os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
-    run_training(recipe)
+    from finetune.train.checkpoints import NothingToTrain
+
+    try:
+        run_training(recipe)
+    except NothingToTrain as done:  # not a mistake: the run is already finished, and nothing was written
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[finetune] {done}", file=sys.stderr, flush=True)
     return 0

@@ -11,20 +11,15 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-# Recipe fields that change what build_dataset produces. Anything else (learning rate, LoRA rank, ...)
-# may change freely without re-tokenizing.
-TOKENIZATION_FIELDS = (
-    "sequence_len",
-    "excess_length_strategy",
-    "train_on_inputs",
-    "chat_template",
-    "chat_template_jinja",
-    "val_set_size",
-    "seed",
-)
+from finetune.atomic import temp_dir
+from finetune.recipe import TOKENS, Recipe, fields_affecting
+
+# Recipe fields that change what build_dataset produces, by value: the schema's `tokens` tag (finetune/recipe.py).
+# Anything else (learning rate, LoRA rank, ...) may change freely without re-tokenizing. The data files and the
+# tokenizer (`content` tag) enter the key by their content hash instead.
+TOKENIZATION_FIELDS = fields_affecting(Recipe, TOKENS)
 CACHE_FORMAT = 1  # bump when the on-disk layout or the encoding logic changes
 
 
@@ -77,7 +72,7 @@ def save_prepared(root: str | os.PathLike, key: str, dataset_dict, stats: dict) 
     """Write to a temporary folder, then rename: a crash never leaves a cache entry that looks complete."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
+    tmp = temp_dir(root / key)
     from datasets.utils.logging import disable_progress_bar, enable_progress_bar
 
     disable_progress_bar()  # a bar per split for a sub-second save is noise

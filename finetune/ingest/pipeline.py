@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from finetune.atomic import temp_file
 from finetune.errors import DataError
 from finetune.ingest.clean import Cleaner, Prepared
 from finetune.ingest.locate import expand_sources
@@ -27,7 +27,7 @@ class AtomicFile:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        fd, self.tmp = temp_file(self.path)  # honours the umask, like any other tool's output
         self.fh = os.fdopen(fd, "w", encoding="utf-8")
 
     def write_json(self, obj: object) -> None:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from finetune.atomic import temp_file
 from finetune.errors import DataError
 
 SHAPES = ("completion", "instruction", "chat")
@@ -131,7 +131,7 @@ def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[object]) -> in
     """Write records as JSONL via a temp file + rename: a crash never leaves a truncated file. Returns the count."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file(path)  # honours the umask, like any other tool's output
     count = 0
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -24,14 +24,7 @@ log = logging.getLogger("finetune.ingest")
 
 def options_from_spec(spec) -> IngestOptions:
     """IngestOptions from a recipe DatasetSpec whose `type` is a raw source type."""
-    return IngestOptions(
-        type=spec.type, mapping=tuple((spec.map or {}).items()), template=spec.template, table=spec.table,
-        query=spec.query, sql_dialect=spec.sql_dialect, html_mode=spec.html_mode, delimiter=spec.delimiter,
-        encoding=spec.encoding, unescape_html=spec.unescape_html, slop=spec.slop, slop_builtin=spec.slop_builtin,
-        slop_phrases=tuple(spec.slop_phrases), slop_files=(spec.slop_file,) if spec.slop_file else (),
-        normalize=spec.normalize, dedup=spec.dedup, near_dedup=spec.near_dedup, min_chars=spec.min_chars,
-        max_chars=spec.max_chars, strict=spec.strict,
-    ).validate()
+    return IngestOptions.from_spec(spec)
 
 
 def _file_digest(path: str) -> str:

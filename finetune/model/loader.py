@@ -9,9 +9,9 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
+from finetune.atomic import honour_umask, temp_dir
 from finetune.contract import CHATML_TEMPLATE
 from finetune.errors import ModelError
 
@@ -51,7 +51,7 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
 
     print(f"converting {gguf.name} to an HF model in {target} (once)", file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    tmp = temp_dir(target)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
@@ -62,6 +62,7 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
             del model.config.quantization_config
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
         if target.exists():
             shutil.rmtree(tmp)
         else:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from finetune.atomic import honour_umask, temp_dir
 from finetune.errors import ModelError
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -104,10 +104,11 @@ def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
     model, tokenizer = load_adapter_model(trained, dtype)
     merged = model.merge_and_unload()
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp = temp_dir(out_dir)  # honours the umask, like any other tool's output
     try:
         merged.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

@@ -24,23 +24,40 @@ import sys
 import time
 from pathlib import Path
 
+from finetune.atomic import honour_umask
 from finetune.errors import FinetuneError
+from finetune.recipe import TRAIN, Recipe, fields_affecting
 # the recipe-time checks and the read side of output_dir live below every stage, for the recipe loader
 from finetune.recipe_checks import location_problems, resume_problem  # noqa: F401
-from finetune.run_folder import MARKER, STEP_PREFIX, Layout, complete_checkpoints, read_marker  # noqa: F401
+from finetune.run_folder import MARKER, OWNER_FILE, STEP_PREFIX, Layout, complete_checkpoints, read_marker  # noqa: F401
 
 STAGING_FLAG = ".finetune-staging"  # put in a staging folder before the Trainer writes into it
 
-# Settings that must not change between a checkpoint and a run resuming from it: they change what a
-# step is (the data, its order, the batch) or what the weights and optimizer state mean.
-FINGERPRINT_FIELDS = (
-    "base_model", "adapter", "lora_r", "lora_alpha", "lora_target_modules", "lora_modules_to_save",
-    "load_in_4bit", "load_in_8bit", "micro_batch_size", "gradient_accumulation_steps", "seed", "optimizer",
-)
+# Settings that must not change between a checkpoint and a run resuming from it: they change what a step is
+# (the data, its order, the batch) or what the weights and optimizer state mean. Derived from the schema's
+# `affects` metadata (finetune/recipe.py), never listed by hand; the data itself enters as the data key.
+FINGERPRINT_FIELDS = fields_affecting(Recipe, TRAIN)
+# Not settings: what the run was fed and on how many processes. A change is a warning with `resume: PATH`
+# (continuing from chosen weights on other data is legitimate), a refusal with `resume: auto`.
+CONTEXT_KEYS = ("data", "world_size")
 
 
 class CheckpointError(FinetuneError):
     """A checkpoint cannot be written, found or used."""
+
+
+class NothingToTrain(FinetuneError):
+    """The checkpoint to resume from already reached the run's last step. Not a mistake: exit 0."""
+
+    exit_code = 0
+
+
+def claim_output_dir(output_dir: Path) -> None:
+    """Create output_dir and mark it as a finetune run's (OWNER_FILE) before anything else is written into it."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    owner = output_dir / OWNER_FILE
+    if not owner.exists():
+        owner.write_text(json.dumps({"created": time.time(), "pid": os.getpid()}) + "\n", encoding="utf-8")
 
 
 def run_fingerprint(recipe, data_key: str, world_size: int) -> dict:
@@ -87,23 +104,63 @@ def write_marker(folder: Path, step: int, fingerprint: dict) -> None:
 
 
 def _differences(saved: dict, current: dict) -> list[str]:
-    return [f"{key}: {saved.get(key)!r} -> {current.get(key)!r}"
-            for key in sorted(set(saved) | set(current)) if saved.get(key) != current.get(key)]
+    """`key: old -> new` for every key both fingerprints record (a key missing from an older marker is not a
+    difference: it was never recorded)."""
+    return [f"{key}: {saved[key]!r} -> {current[key]!r}"
+            for key in sorted(set(saved) & set(current)) if saved[key] != current[key]]
 
 
-def find_resume(recipe, fingerprint: dict) -> str | None:
-    """The checkpoint to resume from, or None to start fresh. Reads only; never writes."""
+def _refusal(folder: Path, step: int, changed: list[str], how: str) -> CheckpointError:
+    settings = [line for line in changed if line.split(":", 1)[0] not in CONTEXT_KEYS]
+    why = (" A resumed run continues the old one, so a step, the weights and the optimizer state (which carries "
+           "the old learning rate and schedule) must mean the same; the new values would not apply." if settings
+           else "")
+    return CheckpointError(
+        f"{how} found the checkpoint `{folder}` (step {step}), but it was written for other settings or data: "
+        f"{'; '.join(changed)}.{why} Either put the setting{'s' if len(changed) > 1 else ''} back, use a new "
+        "`output_dir` for the new run, or set `resume: false` to start over in this one (its checkpoints are "
+        "then replaced)."
+    )
+
+
+def _check_not_finished(folder: Path, step: int, total_steps: int | None, output_dir: Path) -> None:
+    """NothingToTrain when the checkpoint reached the last step and the run's end was written (run.json is the
+    last file a run writes). Without run.json the run died while saving its result: resuming at the last step
+    trains nothing and writes the model and run.json, which is what the user wants."""
+    if total_steps is not None and step >= total_steps and (output_dir / "run.json").is_file():
+        raise NothingToTrain(
+            f"nothing left to train: `{folder}` is at step {step} and this run has {total_steps} optimizer steps, "
+            "so the run in output_dir is finished; nothing was written. To train longer, raise `max_steps` or "
+            "`num_epochs`; to train again, use a new `output_dir` or set `resume: false`."
+        )
+
+
+def find_resume(recipe, fingerprint: dict, total_steps: int | None = None) -> str | None:
+    """The checkpoint to resume from, or None to start fresh. Reads only; never writes.
+
+    Refused (CheckpointError) when a training setting changed since the checkpoint (`FINGERPRINT_FIELDS`); with
+    `resume: auto` also when the data or the process count changed. NothingToTrain when the checkpoint is at or
+    past `total_steps` and the run finished (run.json written). num_epochs / max_steps may change: a larger value trains longer, and the learning-rate
+    schedule is re-planned over the new total from the checkpoint's step on.
+    """
     if recipe.resume is False:
         return None
     if recipe.resume != "auto":
-        marker = read_marker(Path(recipe.resume))
+        folder = Path(recipe.resume)
+        marker = read_marker(folder)
         if marker is None:
             raise CheckpointError(resume_problem(recipe.resume) or f"`{recipe.resume}` is not a complete checkpoint")
-        changed = _differences(marker.get("fingerprint", {}), fingerprint)
+        saved, step = marker.get("fingerprint", {}), int(marker["step"])
+        settings = {k: v for k, v in fingerprint.items() if k not in CONTEXT_KEYS}
+        changed = _differences(saved, settings)
         if changed:
-            print(f"[finetune] WARNING: resuming from {recipe.resume}, written with other settings ("
-                  + "; ".join(changed) + "); the run will not match an uninterrupted one", file=sys.stderr,
-                  flush=True)
+            raise _refusal(folder, step, changed, "`resume: <path>`")
+        context = _differences(saved, {k: fingerprint[k] for k in CONTEXT_KEYS if k in fingerprint})
+        if context:
+            print(f"[finetune] WARNING: resuming from {recipe.resume}, written for other data or another process "
+                  "count (" + "; ".join(context) + "); the run will not match an uninterrupted one",
+                  file=sys.stderr, flush=True)
+        _check_not_finished(folder, step, total_steps, Path(recipe.output_dir))
         return str(recipe.resume)
     found = complete_checkpoints(Layout(Path(recipe.output_dir)))
     if not found:
@@ -111,11 +168,8 @@ def find_resume(recipe, fingerprint: dict) -> str | None:
     step, folder = found[-1]
     changed = _differences(read_marker(folder).get("fingerprint", {}), fingerprint)
     if changed:
-        raise CheckpointError(
-            f"`resume: auto` found the checkpoint `{folder}` (step {step}) in output_dir, but it was written for "
-            f"other data or settings ({'; '.join(changed)}). Use another `output_dir`, set `resume: false` to "
-            "start over in this one, or `resume: <path>` to continue from it anyway."
-        )
+        raise _refusal(folder, step, changed, "`resume: auto`")
+    _check_not_finished(folder, step, total_steps, Path(recipe.output_dir))
     return str(folder)
 
 
@@ -170,6 +224,7 @@ def finalize(layout: Layout, step: int, fingerprint: dict, checkpoint: bool, exp
              max_checkpoints: int) -> list[Path]:
     """Mark the staged step complete and move it to checkpoints/ and/or exports/. Returns the new folders."""
     staging = layout.staging(step)
+    honour_umask(staging)  # safetensors writes 0600 files (finetune/atomic.py)
     write_marker(staging, step, fingerprint)
     made = []
     if export and checkpoint:

@@ -192,6 +192,8 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.train.callbacks.checkpoint import clear_write_errors
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
     from finetune.train.checkpoints import Layout, find_resume, remove_stale_staging, run_fingerprint
+    from finetune.train.checkpoints import claim_output_dir
+    from finetune.atomic import honour_umask
     from finetune.data import build_dataset
     from finetune.model import (
         base_causal_lm,
@@ -243,7 +245,8 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         log(optimizer_notice)
     layout = Layout(Path(recipe.output_dir))
     fingerprint = run_fingerprint(recipe, prepared.key, world_size)
-    resume_from = find_resume(recipe, fingerprint)  # before the model loads: a refusal costs nothing
+    # before the model loads: a refusal (changed setting, nothing left to train) costs nothing
+    resume_from = find_resume(recipe, fingerprint, numbers["total_steps"])
     if resume_from:
         log(f"resuming from {resume_from}")
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
@@ -266,7 +269,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     trainable, total = count_parameters(model)
 
     output_dir = Path(recipe.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(output_dir)  # marks it finetune's first: a crashed run's folder is still recognised
     for stale in remove_stale_staging(layout):
         log(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
@@ -293,6 +296,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         trainer.save_model(str(output_dir))
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(str(output_dir))
+            honour_umask(output_dir)  # safetensors writes 0600 files (finetune/atomic.py)
     summary = {
         "recipe": recipe.model_dump(mode="json"),
         "versions": package_versions(),
