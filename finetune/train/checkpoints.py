@@ -140,8 +140,8 @@ def find_resume(recipe, fingerprint: dict, total_steps: int | None = None) -> st
 
     Refused (CheckpointError) when a training setting changed since the checkpoint (`FINGERPRINT_FIELDS`); with
     `resume: auto` also when the data or the process count changed. NothingToTrain when the checkpoint is at or
-    past `total_steps` and the run finished (run.json written). num_epochs / max_steps may change: a larger value trains longer, and the learning-rate
-    schedule is re-planned over the new total from the checkpoint's step on.
+    past `total_steps` and the run finished (run.json written). num_epochs / max_steps may change: a larger value
+    trains longer, and the learning-rate schedule is re-planned over the new total from the checkpoint's step on.
     """
     if recipe.resume is False:
         return None
