@@ -256,9 +256,22 @@ class Recipe(Strict):
         json_schema_extra=affects(TRAIN),
     )
     # affects nothing: every kernel computes the same attention (a resume may switch sdpa <-> flash_attention_2)
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         "auto",
-        description="Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA, else sdpa.",
+        description=(
+            "Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA; else, for packed rows "
+            "on CUDA, flex_attention with a per-example (document) mask; else sdpa (packed rows on CPU then run "
+            "example by example). The run logs what it chose and why."
+        ),
+        json_schema_extra=affects(),
+    )
+    # affects nothing: the compiled layers compute the same numbers (fp32 reductions reordered, ~1e-7)
+    compile: Union[Literal["auto"], bool] = Field(
+        "auto",
+        description=(
+            "torch.compile each decoder layer (regional compilation: one small graph reused by every layer). "
+            "`auto`: on with CUDA, off on CPU. The first steps are slower while it compiles; the run logs how long."
+        ),
         json_schema_extra=affects(),
     )
     # affects nothing: recomputing activations gives the same gradients, only memory and time change

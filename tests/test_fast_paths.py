@@ -31,6 +31,19 @@ def tiny(tiny_model_dir, lora: bool = False, cls=AutoModelForCausalLM):
     return model
 
 
+def packed_attention_log() -> str:
+    """What a packed run logs about its attention on this machine: example by example on CPU; on CUDA the
+    kernel `attn_implementation: auto` chose (flex_attention or flash-attn), with its reason."""
+    import types
+
+    from finetune.model.attention import choose_attention
+
+    if not torch.cuda.is_available():
+        return "attention runs example by example"
+    choice, reason = choose_attention(types.SimpleNamespace(attn_implementation="auto", sample_packing=True))
+    return f"attention {choice} ({reason})"
+
+
 def batch_with_prompts(vocab: int) -> dict:
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, vocab, (2, 40), generator=gen)
@@ -84,7 +97,7 @@ def test_supervised_logits_step_aside_when_the_model_computes_its_own_loss(tiny_
     assert model(**batch).logits.shape[:2] == (2, 40)  # no hook left behind
 
 
-def packed_batch(seed: int = 0) -> dict:
+def packed_batch(seed: int = 0, collator: Collator = Collator(0)) -> dict:
     gen = torch.Generator().manual_seed(seed)
 
     def row(total):
@@ -95,7 +108,7 @@ def packed_batch(seed: int = 0) -> dict:
             pos += list(range(n))
         return {"input_ids": ids[:total], "position_ids": pos[:total], "labels": ids[:total]}
 
-    return Collator(0)([row(120), row(75)])  # the second row padded with positions 0, 1, ... of its own
+    return collator([row(120), row(75)])  # the second row padded with positions 0, 1, ... of its own
 
 
 def test_segments_follow_position_restarts():
@@ -144,7 +157,7 @@ def test_packed_full_fine_tune_saves_a_config_any_loader_reads(make_recipe, tmp_
     from finetune.train import run_training
 
     run_training(load_recipe(make_recipe("chat", n=12, adapter="none", sample_packing=True, max_steps=2)))
-    assert "attention runs example by example" in capfd.readouterr().err
+    assert packed_attention_log() in capfd.readouterr().err
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     assert NAME not in json.dumps(config)
     AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))  # loads without our registration

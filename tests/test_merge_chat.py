@@ -18,9 +18,9 @@ PROMPT = "the cat sat on the mat and the dog runs"
 
 
 def _logits(model, tokenizer):
-    ids = torch.tensor([tokenizer(PROMPT)["input_ids"]])
+    ids = torch.tensor([tokenizer(PROMPT)["input_ids"]]).to(model.device)  # a 4-bit base sits on the GPU there
     with torch.no_grad():
-        return model(input_ids=ids).logits.float()
+        return model(input_ids=ids).logits.float().cpu()
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +43,23 @@ def trained(tmp_path_factory, tiny_model_dir):
     return runs
 
 
+@pytest.fixture(scope="module")
+def merged(trained):
+    """`finetune merge` on both runs, once: {adapter: the merged model's folder}. Every test that reads a
+    merged model asks for it, so none depends on another test having run first."""
+    folders = {}
+    for adapter, recipe_path in trained.items():
+        assert cli_main(["merge", str(recipe_path)]) == 0
+        folders[adapter] = recipe_path.parent / "out" / "merged"
+    return folders
+
+
 @pytest.mark.parametrize("adapter", ["lora", "qlora"])
-def test_merged_model_reproduces_the_adapter_logits(trained, tiny_model_dir, adapter):
+def test_merged_model_reproduces_the_adapter_logits(trained, merged, tiny_model_dir, adapter):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     recipe_path = trained[adapter]
-    assert cli_main(["merge", str(recipe_path)]) == 0
-    merged_dir = recipe_path.parent / "out" / "merged"
+    merged_dir = merged[adapter]
     config = json.loads((merged_dir / "config.json").read_text())
     assert "quantization_config" not in config  # QLoRA merges into an unquantized base
     merged = AutoModelForCausalLM.from_pretrained(merged_dir)
@@ -68,15 +78,15 @@ def test_merged_model_reproduces_the_adapter_logits(trained, tiny_model_dir, ada
     assert (merged_logits - _logits(base, tokenizer)).abs().max() > 1e-2
 
 
-def test_qlora_adapter_on_its_4bit_base_stays_close_to_the_merged_model(trained):
+def test_qlora_adapter_on_its_4bit_base_stays_close_to_the_merged_model(trained, merged):
     from transformers import AutoModelForCausalLM
 
     from finetune.model.inference import load_for_inference
 
     quantized, tokenizer = load_for_inference(str(trained["qlora"]))  # 4-bit base, as trained
     assert type(quantized.base_model.model.model.layers[0].self_attn.q_proj.base_layer).__name__ == "Linear4bit"
-    merged = AutoModelForCausalLM.from_pretrained(trained["qlora"].parent / "out" / "merged")
-    q, m = _logits(quantized, tokenizer), _logits(merged, tokenizer)
+    merged_model = AutoModelForCausalLM.from_pretrained(merged["qlora"]).to(quantized.device)
+    q, m = _logits(quantized, tokenizer), _logits(merged_model, tokenizer)
     # NF4 rounding error only: same next-token choice almost everywhere, logits within a small margin
     assert (q.argmax(-1) == m.argmax(-1)).float().mean() >= 0.8
     assert (q - m).abs().max() < 0.5 * m.abs().max()

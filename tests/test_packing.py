@@ -21,6 +21,7 @@ from finetune.recipe_load import load_recipe
 from finetune.train import run_training
 from conftest import make_records
 from oracle_encoder import encode
+from test_fast_paths import packed_attention_log
 
 
 def naive_best_fit_decreasing(lengths, capacity, seed):
@@ -206,7 +207,7 @@ def test_packed_training_runs_the_planned_steps_and_records_efficiency(make_reci
     assert run["data"]["packing"]["train"]["efficiency"] == packing["train"]["efficiency"]
     err = capfd.readouterr().err
     assert "efficiency" in err and "isolated" in err
-    assert "attention runs example by example" in err and "supervised positions only" in err
+    assert packed_attention_log() in err and "supervised positions only" in err
 
 
 def test_group_by_length_trains_and_conflicts_with_packing(make_recipe):

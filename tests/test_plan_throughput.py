@@ -70,3 +70,19 @@ def test_throughput_callback_logs_tokens_and_tflops_on_cpu(tmp_path, peak):
         assert ("mfu" in entry) == (peak is not None)
         if peak:
             assert entry["mfu"] == pytest.approx(entry["model_tflops_per_device"] / peak, rel=1e-2, abs=1e-4)
+
+
+def test_no_gpu_peak_when_training_on_the_cpu_of_a_gpu_machine(monkeypatch):
+    """`use_cpu` on a GPU machine: the MFU would divide CPU FLOP/s by the GPU's peak."""
+    import types
+
+    import torch
+
+    from finetune.train.callbacks.throughput import _detect_peak_tflops
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    args = types.SimpleNamespace(bf16=True, fp16=False, tf32=False, device=torch.device("cpu"))
+    assert _detect_peak_tflops(args) is None
+    args.device = torch.device("cuda", 0)
+    assert _detect_peak_tflops(args) == pytest.approx(989.4)

@@ -5,7 +5,7 @@ QLoRA is LoRA plus one switch (a 4-bit base), not a second code path.
 
 from __future__ import annotations
 
-import importlib.util
+import functools
 import os
 import sys
 
@@ -39,13 +39,10 @@ def resolve_precision(recipe) -> str:
 
 
 def resolve_attn_implementation(recipe) -> str:
-    if recipe.attn_implementation != "auto":
-        return recipe.attn_implementation
-    import torch
+    """The attention implementation the model loads with; finetune/model/attention.py says why."""
+    from finetune.model.attention import choose_attention
 
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
+    return choose_attention(recipe)[0]
 
 
 def quantized_base(recipe) -> bool:
@@ -107,17 +104,18 @@ def load_base_model(recipe, precision: str):
     quantization = get_quantization_config(recipe, dtypes[precision])
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
+    attn = resolve_attn_implementation(recipe)
+    load = functools.partial(AutoModelForCausalLM.from_pretrained, source, dtype=load_dtype,
+                             quantization_config=quantization, device_map=device_map,
+                             trust_remote_code=recipe.trust_remote_code)
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            source,
-            dtype=load_dtype,
-            attn_implementation=resolve_attn_implementation(recipe),
-            quantization_config=quantization,
-            device_map=device_map,
-            trust_remote_code=recipe.trust_remote_code,
-        )
+        return load(attn_implementation=attn)
     except (OSError, ValueError) as exc:
         if isinstance(exc, ValueError) and "attn" in str(exc).lower():
+            if attn == "flex_attention" and recipe.attn_implementation == "auto":
+                # `auto` picked flex for packed rows; this architecture has no flex path: the dense-mask sdpa one
+                print(f"[finetune] flex_attention not supported by this model ({exc}); using sdpa", file=sys.stderr)
+                return load(attn_implementation="sdpa")
             raise ModelError(f"attention implementation not usable here: {exc}") from None
         raise _not_found(recipe.base_model, exc) from None
 

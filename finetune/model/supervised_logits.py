@@ -12,6 +12,13 @@ reads `labels`, a pre-hook on the output embeddings gathers the rows, and the mo
 (a documented, settable attribute) is handed the matching targets as `shift_labels`. Only in training
 mode and only when `labels` are passed; evaluation, generation and probes see the usual full logits.
 `attach` proves on the real model, with a short input, that the loss is unchanged before enabling it.
+
+Chunks: with a 49k-256k vocabulary even the supervised rows' logits are large (4,096 supervised tokens x
+152k vocabulary x 4 bytes = 2.5 GB of fp32 logits, plus their gradient). When there are more supervised
+rows than one chunk holds, the head is handed zero rows, and the loss runs the head + cross-entropy chunk
+by chunk, each chunk under non-reentrant activation checkpointing: a chunk's logits are freed as soon as
+its loss is summed and recomputed in the backward pass, so at most one chunk's logits exist at a time,
+for one extra head matmul. Same loss (a sum of the same terms, divided the same way) and same gradients.
 """
 
 from __future__ import annotations
@@ -19,21 +26,26 @@ from __future__ import annotations
 from finetune.contract import IGNORE_INDEX
 
 MAX_LOSS_DIFFERENCE = 1e-4  # relative; fp32 sums over the same terms in a different order differ ~1e-7
+# At most 2**26 logits a chunk: 256 MiB in fp32, e.g. 1,365 rows of a 49,152 vocabulary, 441 of 152,064.
+CHUNK_LOGITS = 2**26
+PROBE_CHUNK_ROWS = 4  # the probe's ~11 supervised rows then go through 3 chunks: the chunked path is proven too
 
 
 class SupervisedLogits:
     """The hooks' shared state for one forward pass."""
 
-    def __init__(self, causal_lm):
+    def __init__(self, causal_lm, chunk_rows: int | None = None):
         self.causal_lm = causal_lm
         self.default_loss = causal_lm.loss_function
         self.mask = None  # (batch, seq) bool: positions whose next token is supervised
         self.targets = None  # the supervised next tokens, in mask order
         self.gathered = False
-        head = causal_lm.get_output_embeddings()
+        self.chunk_hidden = None  # the supervised rows' hidden states when the loss runs them in chunks
+        self.head = causal_lm.get_output_embeddings()
+        self.chunk_rows = chunk_rows or max(1, CHUNK_LOGITS // causal_lm.config.vocab_size)
         self.handles = [
             causal_lm.register_forward_pre_hook(self._read_labels, with_kwargs=True),
-            head.register_forward_pre_hook(self._gather),
+            self.head.register_forward_pre_hook(self._gather),
             causal_lm.register_forward_hook(self._reset, always_call=True),
         ]
         causal_lm.loss_function = self._loss
@@ -53,15 +65,45 @@ class SupervisedLogits:
         if self.mask is None or self.gathered or tuple(hidden.shape[:-1]) != tuple(self.mask.shape):
             return None  # not training with labels, or a sliced / reshaped call: leave it alone
         self.gathered = True
-        return (hidden[self.mask], *args[1:])
+        rows = hidden[self.mask]
+        if rows.shape[0] > self.chunk_rows:
+            self.chunk_hidden = rows
+            return (rows[:0], *args[1:])  # the head makes no logits here; the loss makes them chunk by chunk
+        return (rows, *args[1:])
 
     def _loss(self, logits, labels, vocab_size, **kwargs):
+        if self.chunk_hidden is not None and logits.dim() == 2 and logits.shape[0] == 0:
+            return self._chunked_loss(vocab_size, **kwargs)
         if self.gathered and logits.dim() == 2 and logits.shape[0] == self.targets.shape[0]:
             kwargs["shift_labels"] = self.targets
         return self.default_loss(logits=logits, labels=labels, vocab_size=vocab_size, **kwargs)
 
+    def _chunked_loss(self, vocab_size, num_items_in_batch=None, **kwargs):
+        """The model's own loss, summed chunk by chunk, divided as it divides: by num_items_in_batch when the
+        Trainer passes it, else by the number of supervised tokens (its mean)."""
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        hidden, targets = self.chunk_hidden, self.targets
+        total = 0.0
+        for start in range(0, hidden.shape[0], self.chunk_rows):
+            rows = slice(start, start + self.chunk_rows)
+            total = total + checkpoint(self._chunk_loss_sum, hidden[rows], targets[rows], vocab_size, kwargs,
+                                       use_reentrant=False)
+        if num_items_in_batch is None:
+            return total / targets.shape[0]
+        if torch.is_tensor(num_items_in_batch):
+            num_items_in_batch = num_items_in_batch.to(total.device)
+        return total / num_items_in_batch
+
+    def _chunk_loss_sum(self, hidden, targets, vocab_size, kwargs):
+        logits = self.head(hidden)  # _gather leaves it alone: this forward is past (or outside) the gathering
+        # num_items_in_batch=1: the model's loss in "sum" reduction (it divides the sum by that number)
+        return self.default_loss(logits=logits, labels=None, vocab_size=vocab_size, shift_labels=targets,
+                                 num_items_in_batch=1, **kwargs)
+
     def _reset(self, *_):
-        self.mask = self.targets = None
+        self.mask = self.targets = self.chunk_hidden = None
         self.gathered = False
 
     def detach(self) -> None:
@@ -101,14 +143,19 @@ def attach(model, seed: int = 0) -> SupervisedLogits | None:
     try:
         full = _probe_loss(model, batch, seed)
         hooks = SupervisedLogits(causal_lm)
+        chunk_rows, hooks.chunk_rows = hooks.chunk_rows, PROBE_CHUNK_ROWS
         try:
+            chunked = _probe_loss(model, batch, seed)
+            hooks.chunk_rows = labels.numel()  # one chunk: the head on all supervised rows at once
             gathered = _probe_loss(model, batch, seed)
         except Exception:  # a model whose forward does not fit the hooks: keep the standard path
             hooks.detach()
             return None
+        hooks.chunk_rows = chunk_rows
     finally:
         model.train(was_training)
-    if not abs(gathered - full) <= MAX_LOSS_DIFFERENCE * max(abs(full), 1.0):
+    tolerance = MAX_LOSS_DIFFERENCE * max(abs(full), 1.0)
+    if not (abs(gathered - full) <= tolerance and abs(chunked - full) <= tolerance):
         hooks.detach()
         return None
     return hooks

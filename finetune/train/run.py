@@ -181,6 +181,21 @@ def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
         log("LM head on every position: this model's forward does not allow gathering supervised positions")
 
 
+def compile_model(model, recipe) -> list:
+    """Compile the decoder layers when the recipe says so (`auto`: on CUDA); [the callback that reports the
+    compile time once] or []."""
+    from finetune.model.regional_compile import compile_decoder_layers, resolve_compile
+    from finetune.train.callbacks.compile_time import CompileTimeCallback
+
+    wanted, reason = resolve_compile(recipe, _cuda_available())
+    if not wanted:
+        log(f"compile: off ({reason})")
+        return []
+    layers = compile_decoder_layers(model)
+    log(f"compile: {layers} decoder layers with torch.compile ({reason}); the first step includes compiling")
+    return [CompileTimeCallback(layers, log)]
+
+
 def run_training(recipe, extra_callbacks: list = ()) -> dict:
     """Train as the recipe says; returns what run.json records. `extra_callbacks`: more TrainerCallbacks
     (run after finetune's own), for tools and tests."""
@@ -199,9 +214,9 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         base_causal_lm,
         build_model,
         count_parameters,
-        resolve_attn_implementation,
         resolve_precision,
     )
+    from finetune.model.attention import choose_attention
     from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
@@ -238,8 +253,8 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     for split_name, packed in stats.get("packing", {}).items():
         log(f"packing ({split_name}): {packed['examples']:,} examples -> {packed['rows']:,} rows of "
             f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
-    attn = resolve_attn_implementation(recipe)
-    log(f"precision {precision}, attention {attn}, adapter {recipe.adapter}")
+    attn, attn_reason = choose_attention(recipe)
+    log(f"precision {precision}, attention {attn} ({attn_reason}), adapter {recipe.adapter}")
     optimizer_notice = resolve_optimizer(recipe.optimizer, _cuda_available())[1]
     if optimizer_notice:
         log(optimizer_notice)
@@ -267,6 +282,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     if not at_train_begin:
         probe(model)  # before anything is written: a refusal costs nothing
     trainable, total = count_parameters(model)
+    compiled = compile_model(model, recipe)  # after the probes: they run eager, in eval mode or with no grad
 
     output_dir = Path(recipe.output_dir)
     claim_output_dir(output_dir)  # marks it finetune's first: a crashed run's folder is still recognised
@@ -275,7 +291,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
     throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
     trainer = Trainer(
-        callbacks=[*callbacks, throughput, *at_train_begin, *extra_callbacks],
+        callbacks=[*callbacks, throughput, *at_train_begin, *compiled, *extra_callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,

@@ -97,7 +97,7 @@ class ThroughputCallback(TrainerCallback):
 def _detect_peak_tflops(args) -> float | None:
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or args.device.type != "cuda":  # trained on the CPU of a GPU machine
         return None
     from finetune.plan.gpus import match_gpu
 

@@ -1,0 +1,43 @@
+"""Which attention kernel a run uses, and why: one function the run logs once.
+
+Packed rows (several examples in one row, `sample_packing`) must attend only within each example. The
+kernels that do that without scoring the masked-out pairs:
+- flash-attn's variable-length kernel (`flash_attention_2`), when the flash-attn package is installed (CUDA);
+- PyTorch's flex_attention, through transformers' own `flex_attention` implementation: with no
+  attention_mask and packed `position_ids`, transformers builds a document (block-causal) BlockMask from the
+  position ids (masking_utils.find_packed_sequence_indices), and flex skips the fully masked blocks.
+  Checked against transformers 5.23 / torch 2.13. flex_attention has no backward on CPU (torch 2.13), so on
+  CPU packed rows run example by example instead (finetune/model/varlen_attention.py).
+- otherwise SDPA over a dense block-diagonal mask: correct, but it scores every pair of the row.
+Whatever is chosen, the packing isolation guard (finetune/model/isolation.py) proves on the real model
+that packed examples do not see each other before training starts.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+
+def _flex_available() -> bool:
+    return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+
+
+def choose_attention(recipe, cuda: bool | None = None) -> tuple[str, str]:
+    """(attn_implementation for from_pretrained, the reason in words) for this recipe on this machine."""
+    if recipe.attn_implementation != "auto":
+        return recipe.attn_implementation, "set in the recipe (attn_implementation)"
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2", "flash-attn is installed and CUDA is available (variable-length kernel)"
+    if not recipe.sample_packing:
+        return "sdpa", "rows are not packed: sdpa with a padding mask"
+    if cuda and _flex_available():
+        return "flex_attention", ("packed rows on CUDA without flash-attn: flex_attention with a per-example "
+                                  "(document) mask from position_ids skips the masked-out blocks")
+    if cuda:
+        return "sdpa", "packed rows on CUDA, neither flash-attn nor flex_attention available: sdpa with a dense mask"
+    return "sdpa", ("CPU: sdpa, packed rows example by example where the model allows it (flex_attention "
+                    "has no backward on CPU)")

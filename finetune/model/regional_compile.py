@@ -1,0 +1,47 @@
+"""Regional compilation: torch.compile each decoder layer instead of the whole model.
+
+All decoder layers of a model share one code path, so dynamo traces one layer and reuses the graph for the
+others (the compile cost is one layer's, not the model's), and the pieces around the layers (embeddings,
+the LM head and loss, the Trainer's hooks, DeepSpeed's) stay eager. This is the recipe transformers and
+PyTorch document for training ("regional compilation"). `nn.Module.compile()` compiles a module in place:
+parameter names and state dicts do not change, so LoRA adapters, checkpoints and `save_pretrained` are
+unaffected; gradient checkpointing (transformers wraps each layer's __call__) recomputes the compiled layer.
+
+Compilation is lazy: it happens in the first forward passes, which the run times and reports once
+(finetune/train/callbacks/compile_time.py).
+"""
+
+from __future__ import annotations
+
+
+def resolve_compile(recipe, cuda: bool | None = None) -> tuple[bool, str]:
+    """(compile decoder layers?, the reason in words). `auto`: on with CUDA only; on CPU the inductor
+    kernels rarely beat eager for the small models trained there, and compiling costs tens of seconds."""
+    if recipe.compile != "auto":
+        return bool(recipe.compile), "set in the recipe (compile)"
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    if cuda:
+        return True, "auto: CUDA is available"
+    return False, "auto: off on CPU"
+
+
+def decoder_layers(model) -> list:
+    """Every decoder layer of `model` (also under a PEFT wrapper): transformers' GradientCheckpointingLayer
+    subclasses, the unit transformers itself checkpoints."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def compile_decoder_layers(model) -> int:
+    """Compile every decoder layer in place; returns how many. Call after LoRA is attached (its modules
+    are then part of the compiled layer) and before the Trainer wraps the model."""
+    layers = decoder_layers(model)
+    for layer in layers:
+        # dynamic=None: static shapes first, a dynamic graph after the first shape change (eval rows,
+        # the last partial batch) instead of one recompilation per length
+        layer.compile()
+    return len(layers)
