@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from finetune.atomic import temp_file
+from finetune.compat import disable_tqdm_monitor
 from finetune.errors import DataError
 from finetune.ingest.clean import Cleaner, Prepared
 from finetune.ingest.locate import expand_sources
@@ -97,7 +98,7 @@ def _progress(total_units: int, enabled: bool):
     except ImportError:
         return None
     # No monitor thread: HTML workers are forked only from a single-threaded process (from_html.start_method).
-    tqdm.monitor_interval = 0
+    disable_tqdm_monitor(tqdm)
     return tqdm(total=None, unit=" rec", desc="ingest", file=sys.stderr, dynamic_ncols=True,
                 mininterval=0.5, postfix={"files": f"0/{total_units}"})
 

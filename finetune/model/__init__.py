@@ -9,6 +9,7 @@ import functools
 import os
 import sys
 
+from finetune.compat import parameter_count
 from finetune.errors import ModelError
 from finetune.model.bnb import require_bitsandbytes
 from finetune.model.checkpointing import checkpoint_mlps
@@ -160,15 +161,6 @@ def apply_gradient_checkpointing(model, mode: str) -> None:
         blocks = checkpoint_mlps(model)
         print(f"[finetune] gradient checkpointing: mlp (recomputing {blocks} MLP blocks in the backward pass)",
               file=sys.stderr)
-
-
-def parameter_count(param) -> int:
-    """Elements a parameter stands for: a 4-bit tensor packs 2 weights per byte of its storage."""
-    if type(param).__name__ == "Params4bit":
-        return param.numel() * 2 * param.element_size()
-    if hasattr(param, "ds_numel"):  # a ZeRO-3 partitioned weight holds an empty placeholder locally
-        return param.ds_numel
-    return param.numel()
 
 
 def count_parameters(model) -> tuple[int, int]:

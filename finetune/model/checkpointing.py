@@ -11,6 +11,7 @@ change, so state dicts and adapters stay loadable by plain transformers / peft.
 
 from __future__ import annotations
 
+from finetune.compat import replace_forward
 from finetune.errors import ModelError
 
 # attribute names of a decoder layer's feed-forward block across architectures
@@ -59,5 +60,5 @@ def checkpoint_mlps(model) -> int:
         )
     for _, block in blocks:
         if not isinstance(block.forward, CheckpointedForward):
-            block.forward = CheckpointedForward(block.forward)
+            replace_forward(block, CheckpointedForward(block.forward))
     return len(blocks)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from finetune.atomic import honour_umask, temp_dir
+from finetune.compat import drop_quantizer
 from finetune.contract import CHATML_TEMPLATE
 from finetune.errors import ModelError
 
@@ -56,10 +57,7 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         # The weights are now dequantized floats: the GGUF quantizer and its config no longer describe them.
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
+        drop_quantizer(model)
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)

@@ -23,6 +23,7 @@ for one extra head matmul. Same loss (a sum of the same terms, divided the same 
 
 from __future__ import annotations
 
+from finetune.compat import set_loss_function
 from finetune.contract import IGNORE_INDEX
 
 MAX_LOSS_DIFFERENCE = 1e-4  # relative; fp32 sums over the same terms in a different order differ ~1e-7
@@ -48,7 +49,7 @@ class SupervisedLogits:
             self.head.register_forward_pre_hook(self._gather),
             causal_lm.register_forward_hook(self._reset, always_call=True),
         ]
-        causal_lm.loss_function = self._loss
+        set_loss_function(causal_lm, self._loss)
 
     def _read_labels(self, module, args, kwargs):
         labels = kwargs.get("labels")
@@ -109,7 +110,7 @@ class SupervisedLogits:
     def detach(self) -> None:
         for handle in self.handles:
             handle.remove()
-        self.causal_lm.loss_function = self.default_loss
+        set_loss_function(self.causal_lm, self.default_loss)
         self._reset()
 
 

@@ -17,6 +17,8 @@ with sliding windows or attention extras) goes to the stock SDPA function.
 
 from __future__ import annotations
 
+from finetune.compat import attn_implementation
+
 NAME = "finetune_sdpa_varlen"
 # Decoder families whose attention is plain causal softmax(QK^T * scaling) V: no sliding window, softcap,
 # sinks or position bias that a per-example call would have to reproduce.
@@ -35,7 +37,10 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
                         is_causal=None, **kwargs):
     """(batch, seq, heads, head_dim) attention output, example by example; stock SDPA when not a packed row."""
     import torch
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    from finetune.compat import sdpa_functions
+
+    repeat_kv, sdpa_attention_forward, _ = sdpa_functions()
 
     position_ids = kwargs.get("position_ids")
     q_length = query.shape[2]
@@ -63,8 +68,9 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
 def varlen_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                 attention_mask=None, **kwargs):
     """No mask for packed rows (the attention function reads position_ids); SDPA's mask when padded."""
-    from transformers.masking_utils import sdpa_mask
+    from finetune.compat import sdpa_functions
 
+    sdpa_mask = sdpa_functions()[2]
     if attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all())):
         return None
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
@@ -90,14 +96,14 @@ def supported(config) -> bool:
 
 def use_varlen_attention(causal_lm) -> bool:
     """Switch an SDPA model to per-example attention for packed rows; False when the model is not eligible."""
-    if causal_lm.config._attn_implementation != "sdpa" or not supported(causal_lm.config):
+    if attn_implementation(causal_lm.config) != "sdpa" or not supported(causal_lm.config):
         return False
     _register()
     causal_lm.set_attn_implementation(NAME)
-    return causal_lm.config._attn_implementation == NAME
+    return attn_implementation(causal_lm.config) == NAME
 
 
 def restore_sdpa(causal_lm) -> None:
     """Back to stock SDPA, so that what is saved or served afterwards names an implementation everyone has."""
-    if causal_lm.config._attn_implementation == NAME:
+    if attn_implementation(causal_lm.config) == NAME:
         causal_lm.set_attn_implementation("sdpa")

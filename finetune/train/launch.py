@@ -124,10 +124,11 @@ def configure_cpu_deepspeed(timeout_s: int) -> None:
     from datetime import timedelta
 
     from accelerate import PartialState
-    from accelerate.state import AcceleratorState
+
+    from finetune.compat import reset_accelerate_state
 
     # a state left by an earlier run in this process would be reused as it is (TrainingArguments resets it too)
-    AcceleratorState._reset_state(reset_partial_state=True)
+    reset_accelerate_state()
     # `accelerate launch` with `use_cpu: true` sets ACCELERATE_USE_CPU, which makes accelerate skip DeepSpeed
     # altogether (its state then breaks in the Trainer); the group formed here is already a CPU one
     os.environ.pop("ACCELERATE_USE_CPU", None)

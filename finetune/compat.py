@@ -1,0 +1,86 @@
+"""Every place finetune touches a library's private attribute or changes a library object's behaviour.
+
+Each function is one such touch, with the version it was checked against. tests/test_compat.py asserts,
+against the installed versions, that what each one relies on still exists and still does what we use it
+for, so an upgrade that moves it fails there (by name) instead of somewhere deep in a training run.
+
+Checked against: transformers 5.23.0, peft 0.21.2, accelerate 1.15.0, deepspeed 0.19.8, bitsandbytes 0.50.2,
+tqdm 4.70.1, torch 2.13.0. Nothing heavy is imported at module level (ingestion imports this module and
+never imports torch).
+"""
+
+from __future__ import annotations
+
+
+# --- transformers ----------------------------------------------------------------------------------------
+
+def attn_implementation(config) -> str | None:
+    """The attention implementation a loaded model runs with. transformers 5.23 keeps it in the private
+    `config._attn_implementation` (the public `set_attn_implementation` only writes it)."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def sdpa_functions():
+    """(repeat_kv, sdpa_attention_forward, sdpa_mask): transformers' stock SDPA attention and mask
+    functions, which finetune's per-example attention falls back to. Module-level functions of
+    transformers.integrations.sdpa_attention and transformers.masking_utils (5.23), not in the top-level API."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    return repeat_kv, sdpa_attention_forward, sdpa_mask
+
+
+def set_loss_function(causal_lm, loss_function) -> None:
+    """Replace a causal LM's loss for this instance. transformers 5.23: `PreTrainedModel.loss_function` is a
+    property with a setter (it stores `_loss_function`), and `*ForCausalLM.forward` calls
+    `self.loss_function(logits=..., labels=..., vocab_size=..., **kwargs)`."""
+    causal_lm.loss_function = loss_function
+
+
+def drop_quantizer(model) -> None:
+    """Mark a model dequantized (a GGUF model is dequantized to floats on load). A quantized load sets
+    `model.hf_quantizer` (read by transformers 5.23's save_pretrained) and `model.is_quantized` (read by
+    peft 0.21 with getattr); `config.quantization_config` is written into config.json."""
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+# --- torch.nn.Module instances (any library's) ---------------------------------------------------------
+
+def replace_forward(module, forward) -> None:
+    """Give one module instance another forward (its class is untouched). nn.Module.__call__ (torch 2.13)
+    calls `self.forward`, so an instance attribute takes precedence over the class's method."""
+    module.forward = forward
+
+
+# --- accelerate ------------------------------------------------------------------------------------------
+
+def reset_accelerate_state() -> None:
+    """Forget any process state an earlier run in this process left. accelerate 1.15:
+    `AcceleratorState._reset_state(reset_partial_state=True)` (private; TrainingArguments calls it too)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# --- deepspeed / bitsandbytes parameters ---------------------------------------------------------------
+
+def parameter_count(param) -> int:
+    """Elements a parameter stands for. bitsandbytes 0.50 `Params4bit` packs 2 weights per byte of its
+    storage; DeepSpeed 0.19 ZeRO-3 partitioned weights hold an empty placeholder and the real count in
+    `ds_numel`."""
+    if type(param).__name__ == "Params4bit":
+        return param.numel() * 2 * param.element_size()
+    if hasattr(param, "ds_numel"):
+        return param.ds_numel
+    return param.numel()
+
+
+# --- tqdm ------------------------------------------------------------------------------------------------
+
+def disable_tqdm_monitor(tqdm_class) -> None:
+    """No tqdm monitor thread (a thread must not exist when worker processes are forked). tqdm 4.70: the
+    class attribute `monitor_interval`; 0 disables the monitor for bars created afterwards, process-wide."""
+    tqdm_class.monitor_interval = 0

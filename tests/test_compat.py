@@ -1,0 +1,130 @@
+"""finetune/compat.py against the installed libraries: each private attribute or patched behaviour it
+relies on still exists and still does what finetune uses it for. A failure here names what moved."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from finetune import compat
+
+
+@pytest.fixture
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+    return LlamaForCausalLM(config)
+
+
+def test_attn_implementation_reads_what_set_attn_implementation_wrote(tiny_llama):
+    assert "_attn_implementation" in vars(tiny_llama.config) or hasattr(tiny_llama.config, "_attn_implementation")
+    tiny_llama.set_attn_implementation("eager")
+    assert compat.attn_implementation(tiny_llama.config) == "eager"
+    tiny_llama.set_attn_implementation("sdpa")
+    assert compat.attn_implementation(tiny_llama.config) == "sdpa"
+
+
+def test_sdpa_functions_keep_the_signatures_the_per_example_path_calls():
+    repeat_kv, forward, mask = compat.sdpa_functions()
+    assert list(inspect.signature(forward).parameters)[:5] == ["module", "query", "key", "value", "attention_mask"]
+    assert {"dropout", "scaling", "is_causal"} <= set(inspect.signature(forward).parameters)
+    assert {"batch_size", "q_length", "kv_length", "q_offset", "kv_offset", "mask_function",
+            "attention_mask"} <= set(inspect.signature(mask).parameters)
+    assert repeat_kv(torch.zeros(1, 2, 3, 4), 2).shape == (1, 4, 3, 4)
+
+
+def test_loss_function_is_settable_and_called_with_logits_labels_vocab_size(tiny_llama):
+    from transformers import PreTrainedModel
+
+    prop = inspect.getattr_static(PreTrainedModel, "loss_function")
+    assert isinstance(prop, property) and prop.fset is not None
+    seen = {}
+
+    def loss(logits, labels, vocab_size, **kwargs):
+        seen.update(logits=logits.shape, vocab_size=vocab_size, kwargs=set(kwargs))
+        return logits.sum() * 0
+
+    default = tiny_llama.loss_function
+    compat.set_loss_function(tiny_llama, loss)
+    ids = torch.randint(1, 64, (1, 6))
+    tiny_llama(input_ids=ids, labels=ids, num_items_in_batch=torch.tensor(5))
+    assert seen["logits"] == (1, 6, 64) and seen["vocab_size"] == 64 and "num_items_in_batch" in seen["kwargs"]
+    compat.set_loss_function(tiny_llama, default)
+    assert tiny_llama(input_ids=ids, labels=ids).loss.item() > 0
+
+
+def test_transformers_builds_a_document_mask_from_packed_position_ids():
+    """What attn_implementation flex_attention relies on for packed rows (finetune/model/attention.py)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, find_packed_sequence_indices
+    from transformers.modeling_layers import GradientCheckpointingLayer  # regional compile's unit
+
+    assert "flex_attention" in AttentionInterface._global_mapping and "flex_attention" in ALL_MASK_ATTENTION_FUNCTIONS
+    ids = find_packed_sequence_indices(torch.tensor([[0, 1, 2, 0, 1, 0]]))
+    assert ids.tolist() == [[0, 0, 0, 1, 1, 2]]
+    assert inspect.isclass(GradientCheckpointingLayer)
+
+
+def test_drop_quantizer_clears_what_save_pretrained_reads(tiny_llama, tmp_path):
+    from peft import peft_model
+    from transformers import PreTrainedModel
+
+    # a quantized load sets these on the instance; save_pretrained and peft read them with getattr
+    assert "hf_quantizer" in inspect.getsource(PreTrainedModel.save_pretrained)
+    assert 'getattr(model, "is_quantized", False)' in inspect.getsource(peft_model)
+    tiny_llama.hf_quantizer, tiny_llama.is_quantized = object(), True
+    tiny_llama.config.quantization_config = {"quant_method": "gguf"}
+    compat.drop_quantizer(tiny_llama)
+    assert tiny_llama.hf_quantizer is None and not tiny_llama.is_quantized
+    tiny_llama.save_pretrained(tmp_path)
+    assert "quantization_config" not in (tmp_path / "config.json").read_text()
+
+
+def test_replace_forward_changes_one_instance_only():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    compat.replace_forward(a, lambda x: x * 0 + 7)
+    assert a(torch.ones(1, 2)).tolist() == [[7.0, 7.0]]
+    assert b(torch.ones(1, 2)).tolist() != [[7.0, 7.0]]
+
+
+def test_reset_accelerate_state_forgets_the_shared_state():
+    from accelerate import PartialState
+    from accelerate.state import AcceleratorState
+
+    assert "reset_partial_state" in inspect.signature(AcceleratorState._reset_state).parameters
+    PartialState(cpu=True)
+    assert PartialState._shared_state
+    compat.reset_accelerate_state()
+    assert not PartialState._shared_state and not AcceleratorState._shared_state
+
+
+def test_parameter_count_knows_4bit_and_zero3_parameters():
+    import importlib.util
+
+    assert compat.parameter_count(torch.nn.Parameter(torch.zeros(3, 4))) == 12
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        from bitsandbytes.nn import Params4bit
+
+        assert Params4bit.__name__ == "Params4bit"
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.runtime.zero import partition_parameters
+
+        assert "param.ds_numel =" in inspect.getsource(partition_parameters)
+
+
+def test_tqdm_monitor_interval_zero_starts_no_monitor_thread():
+    from tqdm import tqdm
+
+    saved = tqdm.monitor_interval
+    try:
+        compat.disable_tqdm_monitor(tqdm)
+        with tqdm(total=2, disable=False, file=open("/dev/null", "w")) as bar:
+            bar.update(1)
+            assert tqdm.monitor is None
+    finally:
+        tqdm.monitor_interval = saved
