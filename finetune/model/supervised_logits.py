@@ -86,9 +86,12 @@ class SupervisedLogits:
         from torch.utils.checkpoint import checkpoint
 
         hidden, targets = self.chunk_hidden, self.targets
+        # equal chunks (1,366 rows at most 1,365 a chunk: 683 + 683, not 1,365 + 1)
+        chunks = -(-hidden.shape[0] // self.chunk_rows)
+        size = -(-hidden.shape[0] // chunks)
         total = 0.0
-        for start in range(0, hidden.shape[0], self.chunk_rows):
-            rows = slice(start, start + self.chunk_rows)
+        for start in range(0, hidden.shape[0], size):
+            rows = slice(start, start + size)
             total = total + checkpoint(self._chunk_loss_sum, hidden[rows], targets[rows], vocab_size, kwargs,
                                        use_reentrant=False)
         if num_items_in_batch is None:
