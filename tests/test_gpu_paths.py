@@ -69,6 +69,7 @@ def test_flex_attention_matches_per_example_attention_on_packed_rows(tiny_model_
     assert (a.logits - b.logits).abs().max().item() < 1e-4
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="torch 2.13's CPU flex kernel fails to compile for the guard's short rows (inductor "
                            "CppCompileError); `auto` uses flex on CUDA only")
@@ -77,6 +78,7 @@ def test_packing_guard_proves_flex_attention_isolated(tiny_model_dir):
     assert check_packed_isolation(flex, Collator(0), "flex_attention") < 1e-3
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flex_attention has no backward on CPU (torch 2.13)")
 def test_flex_attention_gives_the_same_gradients_on_cuda(tiny_model_dir):
     plain, flex = tiny(tiny_model_dir).cuda(), flex_model(tiny_model_dir).cuda()
@@ -141,3 +143,28 @@ def test_compiled_decoder_layers_match_eager_with_lora_and_checkpointing(tiny_mo
     assert grads_a.keys() == grads_b.keys() and any("lora_A" in k for k in grads_a)
     assert max((grads_a[k] - grads_b[k]).abs().max().item() for k in grads_a) < 1e-5
     assert set(compiled.state_dict()) == set(eager.state_dict())  # names unchanged: adapters save as before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="flex_attention trains on CUDA")
+def test_flex_attention_on_cpu_is_refused_before_anything_is_written(make_recipe, tmp_path, capsys):
+    from finetune.cli import main as cli_main
+
+    recipe = make_recipe("chat", n=8, adapter="lora", attn_implementation="flex_attention", max_steps=1)
+    assert cli_main(["train", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert "attn_implementation: flex_attention" in err and "no backward pass" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow  # ~4 minutes on a shared 2-core CPU: inductor compiles forward and backward, twice (shapes)
+@pytest.mark.skipif(COMPILER is None, reason="torch.compile's inductor needs a C compiler (cc/gcc), none here")
+def test_a_run_with_compile_true_trains_saves_and_reports_the_compile_time_once(make_recipe, tmp_path, capfd):
+    from finetune.recipe_load import load_recipe
+    from finetune.train import run_training
+
+    summary = run_training(load_recipe(make_recipe("chat", n=12, adapter="lora", lora_r=4, compile=True,
+                                                   max_steps=3, learning_rate=5e-3)))
+    err = capfd.readouterr().err
+    assert err.count("compile: 2 decoder layers compiled in") == 1
+    assert summary["steps"] == 3 and summary["final_train_loss"] < summary["first_train_loss"]
+    assert (tmp_path / "out" / "adapter_model.safetensors").is_file()

@@ -41,3 +41,13 @@ def choose_attention(recipe, cuda: bool | None = None) -> tuple[str, str]:
         return "sdpa", "packed rows on CUDA, neither flash-attn nor flex_attention available: sdpa with a dense mask"
     return "sdpa", ("CPU: sdpa, packed rows example by example where the model allows it (flex_attention "
                     "has no backward on CPU)")
+
+
+def check_trainable(choice: str, cuda: bool) -> None:
+    """Raise ModelError for an attention implementation that cannot train on this machine, before any
+    model is loaded (flex_attention on CPU would otherwise fail in the first backward pass)."""
+    from finetune.errors import ModelError
+
+    if choice == "flex_attention" and not cuda:
+        raise ModelError("`attn_implementation: flex_attention` cannot train on CPU: PyTorch's flex_attention has "
+                         "no backward pass there (torch 2.13). Set `attn_implementation: auto` (or `sdpa`).")

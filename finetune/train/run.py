@@ -216,7 +216,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         count_parameters,
         resolve_precision,
     )
-    from finetune.model.attention import choose_attention
+    from finetune.model.attention import check_trainable, choose_attention
     from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
@@ -254,6 +254,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         log(f"packing ({split_name}): {packed['examples']:,} examples -> {packed['rows']:,} rows of "
             f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
     attn, attn_reason = choose_attention(recipe)
+    check_trainable(attn, _cuda_available())
     log(f"precision {precision}, attention {attn} ({attn_reason}), adapter {recipe.adapter}")
     optimizer_notice = resolve_optimizer(recipe.optimizer, _cuda_available())[1]
     if optimizer_notice:
