@@ -81,7 +81,7 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
         "base_model": str(tiny_model_dir), "datasets": [{"path": "d.jsonl", "type": "sharegpt", "conversation": "chatml"}],
         "fp16": True, "bf16": False, "flash_attention": True, "deepspeed": "deepspeed_configs/zero3_bf16.json",
         "chat_template": "qwen_25", "lr_scheduler": "one_cycle", "optimizer": "lion_8bit", "micro_batch_size": 2,
-        "gradient_checkpointing": "offload",
+        "gradient_checkpointing": "offload", "torch_compile": True,
     }, sort_keys=False))
     out = tmp_path / "new.yml"
     assert main(["port", str(src), "-o", str(out)]) == 0
@@ -89,6 +89,7 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
     assert recipe["precision"] == "fp16" and recipe["attn_implementation"] == "flash_attention_2"
     assert recipe["deepspeed"] == "zero3" and recipe["chat_template"] == "tokenizer_default"
     assert recipe["datasets"][0]["type"] == "chat" and recipe["gradient_checkpointing"] == "full"
+    assert recipe["compile"] is True
     assert "lr_scheduler" not in recipe and "optimizer" not in recipe
     text = _flat(out.read_text())
     assert "# lr_scheduler: one_cycle" in text and "# optimizer: lion_8bit" in text

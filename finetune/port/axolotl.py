@@ -72,7 +72,9 @@ KEYS: dict[str, AxolotlKey] = {
     "eager_attention": AxolotlKey(_ATTN.format("eager"), _when_true({"attn_implementation": "eager"})),
     "xformers_attention": AxolotlKey("not in finetune: xformers is not used; `attn_implementation: sdpa` (or "
                                      "`auto`) is the memory-efficient kernel"),
-    "flex_attention": AxolotlKey("not in finetune: use `attn_implementation: sdpa` or `flash_attention_2`"),
+    "flex_attention": AxolotlKey(_ATTN.format("flex_attention") + " (CUDA only; `auto` already picks it for "
+                                 "packed rows on a GPU without flash-attn)",
+                                 _when_true({"attn_implementation": "flex_attention"})),
     "sage_attention": AxolotlKey("not in finetune: use `attn_implementation: sdpa` or `flash_attention_2`"),
     "flash_attn_cross_entropy": AxolotlKey(_KERNEL.replace("LoRA kernels", "cross-entropy kernel")),
     "flash_attn_rms_norm": AxolotlKey(_KERNEL.replace("LoRA kernels", "RMSNorm kernel")),
@@ -157,7 +159,8 @@ KEYS: dict[str, AxolotlKey] = {
     "shuffle_merged_datasets": AxolotlKey("not needed: the training split is shuffled each epoch by `seed`"),
     "test_datasets": AxolotlKey("not in finetune: the eval split comes from `val_set_size`"),
     "default_system_message": AxolotlKey("not in finetune: put the system turn in the records' messages"),
-    "torch_compile": AxolotlKey("not in finetune"),
+    "torch_compile": AxolotlKey("write `compile: true` (each decoder layer is compiled; `compile: auto`, the "
+                                "default, is on with CUDA)", _when_true({"compile": True})),
 }
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
