@@ -315,3 +315,18 @@ def test_html_indentation_and_attributes_do_not_change_the_text(tmp_path):
     (b,), _, _ = run(tmp_path / "b", [tmp_path / "b.html"], dedup=False)
     assert a == b
     assert a["text"] == "# Title\n\nOne bold word.\n\n- a\n- b `x` `y`\n\n```\n  keep\n    this\n```\n\n1 | 2\n\nTail\nline"
+
+
+@pytest.mark.parametrize("paragraph, expected", [
+    ("<p><b>A</b> <i>B</i> tail</p>", "A B tail"),
+    ("<p> <b>A</b></p>", "A"),
+    ("<p>\n<b>A</b></p>", "A"),
+    ("<p><b>A</b><i>B</i></p>", "AB"),
+    ("<div><p>x</p> <em>y</em> z</div>", "x\n\ny z"),
+    ("<ul>\n <li> <a href='#'>f</a>(<em>x</em>) <span>returns</span> y</li>\n</ul>", "- f(x) returns y"),
+])
+def test_html_text_after_inline_markup_and_whitespace_survives(tmp_path, paragraph, expected):
+    # strip_tags leaves unwrapped inline text as adjacent text nodes; clearing a blank one lost them all
+    (tmp_path / "p.html").write_text(f"<html><body><main>{paragraph}</main></body></html>")
+    (rec,), _, _ = run(tmp_path, [tmp_path / "p.html"])
+    assert rec["text"] == expected

@@ -147,6 +147,7 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
 # (indentation between blocks) never reaches the output, so it need not become bs4 objects either.
 _BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
 _BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
+_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 
 
 def _slim(main) -> None:
@@ -157,9 +158,13 @@ def _slim(main) -> None:
         owner = text.getparent()
         if owner is None or owner.tag not in _BREAK_TAGS:
             continue
+        # strip_tags leaves the unwrapped tags' text as separate, adjacent libxml2 text nodes: the XPath
+        # sees " " in `<p><b>A</b> tail</p>` as a node of its own, but `.text` is all of them joined.
+        # Clear only when the whole joined text is blank, else "A tail" went with the blank node.
         if text.is_tail:
-            owner.tail = None
-        else:
+            if not (owner.tail or "").strip(_XML_SPACE):
+                owner.tail = None
+        elif not (owner.text or "").strip(_XML_SPACE):
             owner.text = None
 
 
