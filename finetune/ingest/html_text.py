@@ -10,6 +10,7 @@ as `a | b | c`, paragraphs separated by a blank line.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from finetune.ingest.textio import bom_encoding, canonical_encoding, detect_encoding, looks_binary
 
@@ -29,7 +30,9 @@ CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary"
 _CHROME_WORDS = re.compile(
     r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
-    r"pagination|toc-sidebar|popup|modal)(?:$|[\s_-])", re.IGNORECASE)
+    r"pagination|toc-sidebar|popup|modal|"
+    # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
+    r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
@@ -37,6 +40,9 @@ BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", 
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+# A permalink sign left at the end of a heading when its anchor carries no class we recognise
+_PERMALINK_MARKS = "¶§#\u200b\U0001f517"  # pilcrow, section sign, hash, zero-width space, link emoji
+_WORD = re.compile(r"\w+")  # words, not the "|" or "»" between links
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
 _BR = "\x00B"  # hard line break (<br>, list items, table rows); source newlines are just spaces
@@ -109,8 +115,16 @@ def _chrome_by_attrs(el, page_level: bool) -> bool:
     return page_level and (bool(_PAGE_CHROME_WORDS.match(ident)) or any(map(_PAGE_CHROME_WORDS.match, cls.split())))
 
 
-def prune_to_main(text: str) -> tuple[str, str | None, bool]:
-    """(title, main-content HTML with chrome removed, whether it is page level) using lxml alone.
+class Pruned(NamedTuple):
+    title: str
+    html: str | None  # the main content with chrome removed; None when the page has no body
+    page_level: bool  # no <main>/<article>: the whole <body> is the content
+    words: int = 0  # words of the main content
+    link_words: int = 0  # of which inside links: an index page is almost all links
+
+
+def prune_to_main(text: str) -> Pruned:
+    """The title and main-content HTML with chrome removed, using lxml alone.
 
     lxml builds and prunes the tree in C; beautifulsoup4 then renders only what is left. This is where
     the speed comes from: bs4 creates a Python object per node, so it should only see the content."""
@@ -120,7 +134,7 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
     try:
         doc = lxml.html.document_fromstring(_XML_DECL_TEXT.sub("", text, count=1))
     except (etree.ParserError, ValueError):
-        return "", None, True
+        return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
     title_el = doc.find(".//title")
@@ -130,17 +144,20 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
         articles = doc.findall(".//article")
         main = articles[0] if len(articles) == 1 else doc.find("body")
     if main is None:
-        return title, None, True
+        return Pruned(title, None, True)
     page_level = main.tag == "body"
     doomed = [el for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())) if el is not main]
     doomed += [el for el in _xpath(_ATTR_XPATH)(main) if _chrome_by_attrs(el, page_level)]
     for el in doomed:
         if el.getparent() is not None:
             el.drop_tree()  # keeps the element's tail text
+    # Counted before the links are unwrapped below; text_content() builds each string in C.
+    words = len(_WORD.findall(main.text_content()))
+    link_words = sum(len(_WORD.findall(a.text_content())) for a in main.iter("a"))
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return title, lxml.html.tostring(main, encoding="unicode"), page_level
+    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, words, link_words)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
@@ -190,7 +207,7 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
         if _is_chrome(child, page_level):
             continue
         if name in HEADINGS:
-            text = _WS.sub(" ", child.get_text()).strip()
+            text = _WS.sub(" ", child.get_text()).strip().rstrip(_PERMALINK_MARKS).rstrip()
             if text:
                 out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
         elif name == "pre":
@@ -202,7 +219,7 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
             _walk(child, inner, page_level, kinds)
             out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
-            cells = [_WS.sub(" ", c.get_text()).strip() for c in child.find_all(("td", "th"), recursive=False)]
+            cells = [_cell_text(c, page_level, kinds) for c in child.find_all(("td", "th"), recursive=False)]
             out.append(_BR + " | ".join(cells) + _BR)
         elif name == "code":
             out.append(f"`{child.get_text()}`")
@@ -212,6 +229,15 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
             out.append(_PARA)
         else:
             _walk(child, out, page_level, kinds)
+
+
+def _cell_text(cell, page_level: bool, kinds: tuple) -> str:
+    """A table cell on one line: blocks inside it (lists, paragraphs, <br>) are separated by a space,
+    not glued together ("FP8 capable NVLink", not "FP8 capableNVLink")."""
+    inner: list[str] = []
+    _walk(cell, inner, page_level, kinds)
+    text = "".join(inner).replace(_PARA, " ").replace(_BR, " ")
+    return " ".join(text.split())
 
 
 _FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)
