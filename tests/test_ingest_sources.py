@@ -330,3 +330,56 @@ def test_html_text_after_inline_markup_and_whitespace_survives(tmp_path, paragra
     (tmp_path / "p.html").write_text(f"<html><body><main>{paragraph}</main></body></html>")
     (rec,), _, _ = run(tmp_path, [tmp_path / "p.html"])
     assert rec["text"] == expected
+
+
+def make_site(root: Path) -> Path:
+    """A documentation site as it is downloaded: pages (one gzipped) among its assets."""
+    import gzip
+
+    site = root / "site"
+    (site / "api").mkdir(parents=True)
+    page = "<html><head><title>{0}</title></head><body><main><h1>{0}</h1><p>About {0}, in words.</p></main></body></html>"
+    (site / "index.html").write_text(page.format("Home page"))
+    (site / "api" / "codec.htm").write_text(page.format("Codec reference"))
+    (site / "api" / "old.html.gz").write_bytes(gzip.compress(page.format("Old reference").encode()))
+    (site / "search_index.json").write_text('{"docs": [{"location": "index.html"}]}')
+    (site / "theme.js").write_text("document.querySelector('p').innerHTML = '<p>not a page</p>';")
+    (site / "theme.css").write_text("p { color: red }")
+    (site / "conf.py").write_text("project = 'x'")
+    (site / "robots.txt").write_text("User-agent: *")
+    (site / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    return site
+
+
+@pytest.mark.parametrize("forced", [[], ["--type", "html"]])
+def test_html_folder_takes_its_pages_and_lists_the_skipped_assets(tmp_path, capsys, forced):
+    from finetune.cli import main
+
+    site = make_site(tmp_path)
+    out = tmp_path / "out.jsonl"
+    assert main(["ingest", str(site), "-o", str(out), "--quiet", *forced]) == 0
+    texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    assert sorted(t.split("\n")[0] for t in texts) == ["# Codec reference", "# Home page", "# Old reference"]
+    report = json.loads(sidecar_paths(out)[1].read_text())
+    assert report["records_in"] == 3 and report["dropped_total"] == 0
+    skipped = report["skipped_files"]
+    assert skipped["total"] == 6
+    assert {Path(f["path"]).name: f["why"] for f in skipped["files"]} == {
+        "search_index.json": "not html (.json)", "theme.js": "not html (.js)", "theme.css": "not html (.css)",
+        "conf.py": "not html (.py)", "robots.txt": "not html (.txt)", "logo.png": "not html (.png)"}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("skipped 6 files that are not of the source's type: ")
+    assert "1 not html (.json)" in err[0] and str(sidecar_paths(out)[1]) in err[0]
+
+
+def test_folder_without_pages_takes_every_known_type_and_names_what_it_cannot_read(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "one record"}\n')
+    (folder / "b.csv").write_text("text\nanother record\n")
+    (folder / "README.md").write_text("# notes")
+    records, _, report = run(tmp_path, [folder])
+    assert records == [{"text": "one record"}, {"text": "another record"}]
+    assert report["skipped_files"]["by_reason"] == {"unknown type (.md)": 1}
+    with pytest.raises(DataError, match=r"holds no files named like sql \(\.sql, compressed too"):
+        ingest([str(folder)], tmp_path / "o.jsonl", IngestOptions(type="sql"))
