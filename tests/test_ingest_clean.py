@@ -198,7 +198,7 @@ def test_dataset_spec_cross_field_checks():
             DatasetSpec(path="x", **kwargs)
 
 
-def test_materialize_caches_by_content_and_options(tmp_path):
+def test_materialize_caches_by_content_and_options(tmp_path, capsys):
     from finetune.ingest.source import materialize
     from finetune.recipe import DatasetSpec
 
@@ -209,6 +209,9 @@ def test_materialize_caches_by_content_and_options(tmp_path):
     assert first.parent == tmp_path / "cache" / "ingested" and first.name.endswith(".jsonl")
     mtime = first.stat().st_mtime_ns
     assert materialize(spec, str(tmp_path / "cache")) == first and first.stat().st_mtime_ns == mtime  # reused
+    first_err, reused_err = capsys.readouterr().err.strip().splitlines()
+    counts = "8 records in, 4 kept, 4 dropped (1 duplicate, 1 empty_field, 1 ragged_row, 1 slop); rejects: "
+    assert first_err.startswith(f"ingest {csv}: {counts}") and reused_err.startswith(f"ingest {csv} (cached): {counts}")
     stripped = materialize(spec.model_copy(update={"slop": "off"}), str(tmp_path / "cache"))
     assert stripped != first and len(stripped.read_text().splitlines()) == 5  # slop row kept
     csv.write_text(csv.read_text() + '9,New question?,"A new answer.",docs\n')
@@ -217,7 +220,7 @@ def test_materialize_caches_by_content_and_options(tmp_path):
     assert (edited.parent / (edited.name[: -len(".jsonl")] + ".report.json")).is_file()
 
 
-def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, tiny_tokenizer):
+def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, tiny_tokenizer, capsys):
     from finetune.data import build_dataset
     from finetune.recipe_load import load_recipe
 
@@ -232,4 +235,11 @@ def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, ti
     prepared = build_dataset(recipe, tiny_tokenizer)
     # 3 HTML pages + 4 FAQ rows + 5 posts (the NULL body still makes "Empty body" text)
     assert prepared.stats["records"] == 12
+    # what ingestion dropped is said, by reason, with the rejects file: not only the records left
+    err = capsys.readouterr().err
+    html_line = f"ingest {tmp_path / 'html'}: 6 records in, 3 kept, 3 dropped (1 binary_file, 1 empty_document, 1 slop)"
+    assert f"{html_line}; rejects: " in err
+    rejects = err.split(html_line)[1].split("rejects: ")[1].split("\n")[0]
+    assert len(Path(rejects).read_text().splitlines()) == 3
+    assert "faq.csv: 8 records in, 4 kept, 4 dropped (1 duplicate, 1 empty_field, 1 ragged_row, 1 slop)" in err
     assert prepared.stats["train"]["supervised_tokens"] > 0
