@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,8 +175,12 @@ def test_mysql_dump_escapes_comments_and_create_table_columns(tmp_path):
 
 
 def test_mysql_dump_with_two_tables_needs_a_table(tmp_path):
-    with pytest.raises(DataError, match=r"more than one table \(posts, users"):
+    with pytest.raises(DataError) as err:
         ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl", IngestOptions(mapping=POSTS_MAP))
+    # every table with its row count (the whole dump is read), most rows first; nothing written
+    assert str(err.value).endswith("has rows for 2 tables; choose one with --table (recipe: `table:`), e.g. "
+                                   "--table posts:\n  posts  5 rows\n  users  2 rows")
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(DataError, match="no rows for table `post`; tables with rows: posts, users"):
         ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl",
                IngestOptions(mapping=POSTS_MAP, table="post"))
@@ -383,3 +388,17 @@ def test_folder_without_pages_takes_every_known_type_and_names_what_it_cannot_re
     assert report["skipped_files"]["by_reason"] == {"unknown type (.md)": 1}
     with pytest.raises(DataError, match=r"holds no files named like sql \(\.sql, compressed too"):
         ingest([str(folder)], tmp_path / "o.jsonl", IngestOptions(type="sql"))
+
+
+def test_dump_without_table_lists_every_table_and_its_rows_at_the_cli(tmp_path):
+    lines = ["CREATE TABLE a (id int, t text);", "INSERT INTO a VALUES (1,'x'),(2,'y');"]
+    lines += [f"INSERT INTO t{i} VALUES " + ",".join(f"({j},'r')" for j in range(i)) + ";" for i in range(1, 13)]
+    lines += ["COPY c (id, t) FROM stdin;", "1\tone", "2\ttwo", "3\tthree", "\\.", "INSERT INTO a VALUES (3,'z');"]
+    (tmp_path / "dump.sql").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "ingest", str(tmp_path / "dump.sql"),
+                           "--template", "{t}", "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "has rows for 14 tables; choose one with --table" in proc.stderr and "e.g. --table t12:" in proc.stderr
+    assert "\n  t12  12 rows\n" in proc.stderr and "\n  a     3 rows\n" in proc.stderr  # a: rows at both ends
+    assert "\n  c     3 rows\n" in proc.stderr and proc.stderr.rstrip().endswith("\n  t1    1 row")
+    assert not (tmp_path / "o.jsonl").exists()
