@@ -37,6 +37,50 @@ def test_slop_matching_ignores_case_spacing_and_curly_apostrophes():
     assert matcher.find("The model was trained by OpenAIsh folks") == []  # word boundaries
 
 
+@pytest.mark.parametrize("text", [
+    "I'm an AI Assistant, so unable to help with that.",
+    "I am an AI and do not have personal preferences, but many people enjoy hiking.",
+    "As an AI assistant, here are some general tips.",
+    "Sorry, as an AI I cannot do that.",
+    "I don\u2019t have any personal opinions on this.",
+    "I'm not able to access the internet, so I can't check the weather.",
+    "My training data only goes up to 2021.",
+])
+def test_slop_patterns_catch_the_variants_a_phrase_list_misses(text):
+    assert SlopMatcher.build().find(text), text
+    assert SlopMatcher.build(builtin=False, extra=("delve into",)).find(text) == []  # patterns are built-in
+
+
+@pytest.mark.parametrize("text", [
+    "AI assistants are useful for quizzing yourself.",
+    "She works as an assistant professor in Lyon.",
+    "As an AI researcher, you will own a benchmark.",
+    "Being an AI, it had no need for coffee.",
+    "I don't have a preference; pick either.",
+    "\"I don't have feelings for him,\" Mara said.",
+    "My laptop cannot access the internet after the update.",
+    "I am an AI student. Which courses should I take?",
+    "Meet Ada, our new AI assistant: ask her about your invoices.",
+])
+def test_slop_patterns_leave_near_misses_alone(text):
+    assert SlopMatcher.build().find(text) == []
+
+
+def test_slop_recall_and_false_positives_on_the_samples():
+    samples = ASSETS / "slop"
+    variants = [line for line in (samples / "slop_variants.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    clean = [json.loads(line)["output"] for line in (samples / "clean_instructions.jsonl").open()]
+    matcher = SlopMatcher.build()
+    assert [text for text in variants if not matcher.find(text)] == []
+    assert len(clean) == 300 and [text for text in clean if matcher.find(text)] == []
+
+
+def test_slop_strip_removes_a_sentence_only_a_pattern_matches():
+    text, found = SlopMatcher.build().strip("I am an AI and cannot taste food. Salt it at the end.")
+    assert text == "Salt it at the end." and found == ["as / i am an ai [assistant|model], ..."]
+
+
 def test_default_list_is_narrow_and_canonical():
     assert len(DEFAULT_PHRASES) < 80
     for word in ("ethics", "bias", "sorry", "language model", "important"):

@@ -101,9 +101,11 @@ def options_from_args(args: argparse.Namespace) -> IngestOptions:
 
 def run(args: argparse.Namespace) -> int:
     if args.list_slop:
-        from finetune.ingest.slop import DEFAULT_PHRASES
+        from finetune.ingest.slop import DEFAULT_PATTERNS, DEFAULT_PHRASES
 
         print("\n".join(DEFAULT_PHRASES))
+        print("# patterns (regular expressions over the lower-cased text), each counted under its label:")
+        print("\n".join(f"# {label}: {regex}" for label, regex in DEFAULT_PATTERNS))
         return 0
     from finetune.ingest.pipeline import ingest, sidecar_paths
     from finetune.ingest.report import skipped_line, summary_table
