@@ -146,6 +146,8 @@ def test_record_file_source_accounting(tmp_path):
     assert acct.dropped == {"slop": 2, "invalid_record": 2, "invalid_json": 1, "duplicate": 1}
     rejects = [json.loads(x) for x in sidecar_paths(out)[0].read_text().splitlines()]
     assert [r["where"].rsplit(" ", 1)[1] for r in rejects] == ["2", "3", "5", "6", "7", "8"]
+    (broken,) = [r for r in rejects if r["reason"] == "invalid_json"]
+    assert broken["detail"] == 'line 5, column 36: not valid JSON (expecting value, near `"Broken", "output":`)'
     report = json.loads(sidecar_paths(out)[1].read_text())
     assert report["sources"][str(ASSETS / "records" / "synthetic.jsonl")] == {"in": 8, "out": 2, "dropped": 6}
 
