@@ -113,7 +113,8 @@ def bench_html(path: Path, tmp: Path) -> dict:
     mb = size_mb(path)
     recall = corpus_recall()
     return {"MB": mb, "naive_MBps": mb / naive_s, "ours_MBps": mb / ours_s, "workers": workers,
-            "corpus_word_recall": round(recall.pop("all"), 4), "corpus_worst_page_recall": round(min(recall.values()), 4),
+            "corpus_word_recall": round(recall.pop("all"), 4),
+            "corpus_worst_page_recall": round(min(recall.values()), 4),
             "one_process_MBps": round(mb / one_s, 2), "one_process_ratio": round(naive_s / one_s, 2),
             "reader_only_MBps": round(mb / reader_s, 2), "reader_only_ratio": round(naive_s / reader_s, 2),
             "naive_pages_with_chrome": chrome(naive), "ours_pages_with_chrome": chrome(ours),

@@ -60,3 +60,14 @@ def test_index_pages_of_links_are_rejected_as_low_text_and_counted(tmp_path):
     assert report["dropped"] == {"low_text": 1} and acct.records_out == len(PAGES)
     (reject,) = [json.loads(line) for line in rejects_path.read_text().splitlines()]
     assert reject["where"].endswith("index_links.html") and "link text" in reject["detail"]
+
+
+@pytest.mark.parametrize("title, h1, kept", [
+    ("Install | Docs", "Install", False),
+    ("Docs :: Install", "Install", False),
+    ("Annual report 2023 — Acme", "Report", True),  # a word of the title is not the title
+    ("Learning C# - Guide", "Learning C#", False),
+])
+def test_the_title_is_kept_unless_the_h1_is_one_of_its_segments(title, h1, kept):
+    text = extract(f"<html><head><title>{title}</title></head><body><h1>{h1}</h1><p>Some words.</p></body></html>")
+    assert text.startswith(f"# {title}\n\n# {h1}\n" if kept else f"# {h1}\n"), text

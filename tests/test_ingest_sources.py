@@ -343,7 +343,8 @@ def make_site(root: Path) -> Path:
 
     site = root / "site"
     (site / "api").mkdir(parents=True)
-    page = "<html><head><title>{0}</title></head><body><main><h1>{0}</h1><p>About {0}, in words.</p></main></body></html>"
+    page = ("<html><head><title>{0}</title></head><body><main><h1>{0}</h1><p>About {0}, in words.</p></main>"
+            "</body></html>")
     (site / "index.html").write_text(page.format("Home page"))
     (site / "api" / "codec.htm").write_text(page.format("Codec reference"))
     (site / "api" / "old.html.gz").write_bytes(gzip.compress(page.format("Old reference").encode()))

@@ -20,8 +20,7 @@ from finetune.ingest.textio import open_binary
 LOW_TEXT_LINK_SHARE = 0.8
 MAX_HTML_BYTES = 64 << 20  # a single page larger than this is not a page; it is rejected, not parsed
 _HEADING_LINE = re.compile(r"^(#{1,6}) ", re.MULTILINE)
-# The first level-1 heading, when it comes before any paragraph of 200+ characters (a byline or a breadcrumb
-# line may precede it)
+# The first level-1 heading, when at most 3 short lines (a byline, a breadcrumb) precede it
 _FIRST_H1 = re.compile(r"(?:[^\n]{0,200}\n+){0,3}?# ([^\n]+)")
 
 
@@ -51,7 +50,7 @@ def read_html(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict] | Rej
     if not body.strip():
         yield Reject(where, "empty_document", "no readable text in the page body")
         return
-    if page.link_words >= LOW_TEXT_LINK_SHARE * page.words:
+    if page.link_words and page.link_words >= LOW_TEXT_LINK_SHARE * page.words:
         yield Reject(where, "low_text", f"{page.link_words} of its {page.words} words are link text: an index "
                                         "or navigation page, not content")
         return
@@ -68,9 +67,15 @@ def _with_title(title: str, body: str) -> str:
     if not title or title.lower() in body[: len(title) + 16].lower():
         return body
     first = _FIRST_H1.match(body)
-    if first and first.group(1).strip().lower() in title.lower():
+    if first and _title_segment(first.group(1).strip().lower(), title.lower()):
         return body
     return f"# {title}\n\n{body}"
+
+
+def _title_segment(heading: str, title: str) -> bool:
+    """Whether `heading` is one end of `title` cut at a separator: "Install | Docs", "Docs - Install"."""
+    sep = r"\s*[-—–|·:»]\s*"
+    return bool(re.match(re.escape(heading) + sep, title) or re.search(sep + re.escape(heading) + "$", title))
 
 
 def _sections(title: str, body: str, where: str, level: int) -> Iterator[tuple[str, dict] | Reject]:

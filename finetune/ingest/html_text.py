@@ -41,7 +41,7 @@ BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", 
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 # A permalink sign left at the end of a heading when its anchor carries no class we recognise
-_PERMALINK_MARKS = "¶§#\u200b\U0001f517"  # pilcrow, section sign, hash, zero-width space, link emoji
+_PERMALINK_MARKS = "¶§\u200b\U0001f517"  # pilcrow, section sign, zero-width space, link emoji (not "#": C#)
 _WORD = re.compile(r"\w+")  # words, not the "|" or "»" between links
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()

@@ -81,7 +81,8 @@ DEFAULT_PATTERNS = (
      r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
      r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b"),
     ("i am unable to browse / access the internet",
-     r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) the (?:internet|web)\b"),
+     r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
+     r"the (?:internet|web)\b"),
     ("my training data goes up to ...",
      r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b"),
 )
