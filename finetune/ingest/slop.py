@@ -73,18 +73,21 @@ DEFAULT_PHRASES = (
 # researcher", "AI assistants are useful" and "as an assistant professor" do not match.
 _AN_AI = (r"(?:an? |just an? |only an? |merely an? )(?:ai|artificial intelligence)"
           r"(?: (?:language model|assistant|model|chatbot|system|program))?")
+# (label, regex, gates): the regex runs only on a text holding one of its gates. A regex that starts with
+# an alternation is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan.
 DEFAULT_PATTERNS = (
     ("as / i am an ai [assistant|model], ...",
      rf"\b(?:as|i am|i'm) {_AN_AI}(?=[,;:.!]|$| so\b| i\b| i'm\b| without\b| developed\b| created\b| trained\b"
-     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)"),
+     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel")),
     ("i don't have personal preferences / feelings / ...",
      r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
-     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b"),
+     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own ")),
     ("i am unable to browse / access the internet",
      r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
-     r"the (?:internet|web)\b"),
+     r"the (?:internet|web)\b", ("the internet", "the web")),
     ("my training data goes up to ...",
-     r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b"),
+     r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
+     ("my training", "my knowledge")),
 )
 
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
@@ -125,7 +128,7 @@ class SlopMatcher:
     regex: re.Pattern | None
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
-    patterns: tuple = ()  # (label, compiled regex over the canonical text)
+    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates)
 
     @classmethod
     def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
@@ -137,7 +140,7 @@ class SlopMatcher:
         if not canon:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
-        patterns = tuple((label, re.compile(rx)) for label, rx in DEFAULT_PATTERNS) if builtin else ()
+        patterns = tuple((label, re.compile(rx), gates) for label, rx, gates in DEFAULT_PATTERNS) if builtin else ()
         return cls(regex, frozenset(canon), tuple(canon), patterns)
 
     def find(self, text: str) -> list[str]:
@@ -156,7 +159,9 @@ class SlopMatcher:
                     found.append(phrase)
                     taken.append((start, end))
                 start = canon.find(phrase, start + 1)
-        for label, rx in self.patterns:  # after the phrases: an overlap counts once, under the phrase
+        for label, rx, gates in self.patterns:  # after the phrases: an overlap counts once, under the phrase
+            if not any(gate in canon for gate in gates):
+                continue
             for m in rx.finditer(canon):
                 if not any(a < m.end() and m.start() < b for a, b in taken):
                     found.append(label)
