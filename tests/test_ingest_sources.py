@@ -354,6 +354,9 @@ def make_site(root: Path) -> Path:
     (site / "conf.py").write_text("project = 'x'")
     (site / "robots.txt").write_text("User-agent: *")
     (site / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (site / ".git" / "objects").mkdir(parents=True)  # hidden: neither read nor listed
+    (site / ".git" / "objects" / "ab12").write_bytes(b"x\x01")
+    (site / ".git" / "page.html").write_text("<p>not part of the site</p>")
     return site
 
 

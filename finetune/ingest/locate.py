@@ -45,12 +45,14 @@ def infer_type(source: str) -> str | None:
 
 
 def _folder_files(folder: str, forced: str | None, skipped: list) -> list[str]:
-    """The files of `folder` (recursively, hidden ones aside) whose name says they hold the folder's type.
+    """The files of `folder` (recursively; hidden files and folders such as .git aside) whose name says they
+    hold the folder's type.
 
     The type is --type when given; else a folder holding HTML pages is a site, read as pages only (its
     .json, .js, .css, images are assets, not data); else every file of a known type is taken. What is
     left out is appended to `skipped` as (path, why)."""
-    files = sorted(str(p) for p in Path(folder).rglob("*") if p.is_file() and not p.name.startswith("."))
+    files = sorted(str(p) for p in Path(folder).rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     kinds = {path: infer_type(path) for path in files}
     wanted = forced or ("html" if "html" in kinds.values() else None)
     taken = []
