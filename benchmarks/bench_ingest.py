@@ -5,6 +5,8 @@ measured in the same run and reported as ratios:
         per CPU: lxml prunes chrome, bs4 renders the content with structure; the main process cleans,
         dedups, writes JSONL + report); also the whole stage in one process, and the reader alone
         naive: BeautifulSoup(html, "html.parser").get_text()
+        and the word recall on the HTML regression corpus (tests/html_corpus.py: real-site shapes, each
+        page's main content against a naive html.parser extraction of it)
   CSV   ours: the full ingest (chunked read, mapping, cleaning, JSONL out)
         naive: whole-file pd.read_csv (no records, no cleaning)
   SQL   ours: the full ingest of a MySQL dump
@@ -109,11 +111,23 @@ def bench_html(path: Path, tmp: Path) -> dict:
     ours = [json.loads(line)["text"] for line in out.read_text().splitlines()]
     chrome = lambda texts: sum(any(c in t for c in CHROME) for t in texts)  # noqa: E731
     mb = size_mb(path)
+    recall = corpus_recall()
     return {"MB": mb, "naive_MBps": mb / naive_s, "ours_MBps": mb / ours_s, "workers": workers,
+            "corpus_word_recall": round(recall.pop("all"), 4),
+            "corpus_worst_page_recall": round(min(recall.values()), 4),
             "one_process_MBps": round(mb / one_s, 2), "one_process_ratio": round(naive_s / one_s, 2),
             "reader_only_MBps": round(mb / reader_s, 2), "reader_only_ratio": round(naive_s / reader_s, 2),
             "naive_pages_with_chrome": chrome(naive), "ours_pages_with_chrome": chrome(ours),
             "naive_chars": sum(map(len, naive)), "ours_chars": sum(map(len, ours))}
+
+
+def corpus_recall() -> dict[str, float]:
+    """Word recall on the regression corpus of real-site shapes (tests/assets/ingest/html_corpus, pretty
+    and minified): how much of each page's main content survives, against a naive reference extraction."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from html_corpus import corpus_recall as measure
+
+    return measure()
 
 
 def bench_csv(path: Path, tmp: Path) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from finetune.errors import FinetuneError
@@ -61,6 +62,21 @@ def run_verb(module_name: str, prog: str, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one verb. A reader that stops early (`finetune targets DIR --json | head`) ends the run quietly
+    with the status a process killed by SIGPIPE has (128 + 13), as `cat` or `git log` do, not a traceback."""
+    try:
+        try:
+            return _dispatch(argv)
+        finally:  # also when argparse exits after --help: buffered output meets the closed pipe here
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush has nowhere to fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_top_help())

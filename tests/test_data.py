@@ -93,7 +93,9 @@ def test_interrupted_cache_write_is_not_loaded(make_recipe, tiny_tokenizer):
     "content, needle",
     [
         (b"", "no records"),
-        (b'{"text": "ok"}\n{"text": oops}\n', "line 2: not valid JSON"),
+        (b'{"text": "ok"}\n{"text": oops}\n', "line 2, column 10: not valid JSON \\(expecting value, near `"),
+        (b'{"text": "ok"}\n{"text": "never ends\n', "line 2, column 10: not valid JSON \\(unterminated string "
+                                                    "starting at column 10, near `{\"text\": \"never ends`\\)"),
         (b"\x00\x01\x02binary", "looks binary"),
         ('{"text": "caf\xe9"}\n'.encode("latin-1"), "not UTF-8"),
         (b'{"messages": [{"role": "user", "content": "hi"}]}\n', "no assistant turn"),

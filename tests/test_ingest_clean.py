@@ -37,6 +37,50 @@ def test_slop_matching_ignores_case_spacing_and_curly_apostrophes():
     assert matcher.find("The model was trained by OpenAIsh folks") == []  # word boundaries
 
 
+@pytest.mark.parametrize("text", [
+    "I'm an AI Assistant, so unable to help with that.",
+    "I am an AI and do not have personal preferences, but many people enjoy hiking.",
+    "As an AI assistant, here are some general tips.",
+    "Sorry, as an AI I cannot do that.",
+    "I don\u2019t have any personal opinions on this.",
+    "I'm not able to access the internet, so I can't check the weather.",
+    "My training data only goes up to 2021.",
+])
+def test_slop_patterns_catch_the_variants_a_phrase_list_misses(text):
+    assert SlopMatcher.build().find(text), text
+    assert SlopMatcher.build(builtin=False, extra=("delve into",)).find(text) == []  # patterns are built-in
+
+
+@pytest.mark.parametrize("text", [
+    "AI assistants are useful for quizzing yourself.",
+    "She works as an assistant professor in Lyon.",
+    "As an AI researcher, you will own a benchmark.",
+    "Being an AI, it had no need for coffee.",
+    "I don't have a preference; pick either.",
+    "\"I don't have feelings for him,\" Mara said.",
+    "My laptop cannot access the internet after the update.",
+    "I am an AI student. Which courses should I take?",
+    "Meet Ada, our new AI assistant: ask her about your invoices.",
+])
+def test_slop_patterns_leave_near_misses_alone(text):
+    assert SlopMatcher.build().find(text) == []
+
+
+def test_slop_recall_and_false_positives_on_the_samples():
+    samples = ASSETS / "slop"
+    variants = [line for line in (samples / "slop_variants.txt").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    clean = [json.loads(line)["output"] for line in (samples / "clean_instructions.jsonl").open()]
+    matcher = SlopMatcher.build()
+    assert [text for text in variants if not matcher.find(text)] == []
+    assert len(clean) == 300 and [text for text in clean if matcher.find(text)] == []
+
+
+def test_slop_strip_removes_a_sentence_only_a_pattern_matches():
+    text, found = SlopMatcher.build().strip("I am an AI and cannot taste food. Salt it at the end.")
+    assert text == "Salt it at the end." and found == ["as / i am an ai [assistant|model], ..."]
+
+
 def test_default_list_is_narrow_and_canonical():
     assert len(DEFAULT_PHRASES) < 80
     for word in ("ethics", "bias", "sorry", "language model", "important"):
@@ -102,6 +146,8 @@ def test_record_file_source_accounting(tmp_path):
     assert acct.dropped == {"slop": 2, "invalid_record": 2, "invalid_json": 1, "duplicate": 1}
     rejects = [json.loads(x) for x in sidecar_paths(out)[0].read_text().splitlines()]
     assert [r["where"].rsplit(" ", 1)[1] for r in rejects] == ["2", "3", "5", "6", "7", "8"]
+    (broken,) = [r for r in rejects if r["reason"] == "invalid_json"]
+    assert broken["detail"] == 'line 5, column 36: not valid JSON (expecting value, near `"Broken", "output":`)'
     report = json.loads(sidecar_paths(out)[1].read_text())
     assert report["sources"][str(ASSETS / "records" / "synthetic.jsonl")] == {"in": 8, "out": 2, "dropped": 6}
 
@@ -198,7 +244,7 @@ def test_dataset_spec_cross_field_checks():
             DatasetSpec(path="x", **kwargs)
 
 
-def test_materialize_caches_by_content_and_options(tmp_path):
+def test_materialize_caches_by_content_and_options(tmp_path, capsys):
     from finetune.ingest.source import materialize
     from finetune.recipe import DatasetSpec
 
@@ -209,6 +255,9 @@ def test_materialize_caches_by_content_and_options(tmp_path):
     assert first.parent == tmp_path / "cache" / "ingested" and first.name.endswith(".jsonl")
     mtime = first.stat().st_mtime_ns
     assert materialize(spec, str(tmp_path / "cache")) == first and first.stat().st_mtime_ns == mtime  # reused
+    first_err, reused_err = capsys.readouterr().err.strip().splitlines()
+    counts = "8 records in, 4 kept, 4 dropped (1 duplicate, 1 empty_field, 1 ragged_row, 1 slop); rejects: "
+    assert first_err.startswith(f"ingest {csv}: {counts}") and reused_err.startswith(f"ingest {csv} (cached): {counts}")
     stripped = materialize(spec.model_copy(update={"slop": "off"}), str(tmp_path / "cache"))
     assert stripped != first and len(stripped.read_text().splitlines()) == 5  # slop row kept
     csv.write_text(csv.read_text() + '9,New question?,"A new answer.",docs\n')
@@ -217,7 +266,7 @@ def test_materialize_caches_by_content_and_options(tmp_path):
     assert (edited.parent / (edited.name[: -len(".jsonl")] + ".report.json")).is_file()
 
 
-def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, tiny_tokenizer):
+def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, tiny_tokenizer, capsys):
     from finetune.data import build_dataset
     from finetune.recipe_load import load_recipe
 
@@ -232,4 +281,11 @@ def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, ti
     prepared = build_dataset(recipe, tiny_tokenizer)
     # 3 HTML pages + 4 FAQ rows + 5 posts (the NULL body still makes "Empty body" text)
     assert prepared.stats["records"] == 12
+    # what ingestion dropped is said, by reason, with the rejects file: not only the records left
+    err = capsys.readouterr().err
+    html_line = f"ingest {tmp_path / 'html'}: 6 records in, 3 kept, 3 dropped (1 binary_file, 1 empty_document, 1 slop)"
+    assert f"{html_line}; rejects: " in err
+    rejects = err.split(html_line)[1].split("rejects: ")[1].split("\n")[0]
+    assert len(Path(rejects).read_text().splitlines()) == 3
+    assert "faq.csv: 8 records in, 4 kept, 4 dropped (1 duplicate, 1 empty_field, 1 ragged_row, 1 slop)" in err
     assert prepared.stats["train"]["supervised_tokens"] > 0

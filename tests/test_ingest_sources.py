@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,8 +175,12 @@ def test_mysql_dump_escapes_comments_and_create_table_columns(tmp_path):
 
 
 def test_mysql_dump_with_two_tables_needs_a_table(tmp_path):
-    with pytest.raises(DataError, match=r"more than one table \(posts, users"):
+    with pytest.raises(DataError) as err:
         ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl", IngestOptions(mapping=POSTS_MAP))
+    # every table with its row count (the whole dump is read), most rows first; nothing written
+    assert str(err.value).endswith("has rows for 2 tables; choose one with --table (recipe: `table:`), e.g. "
+                                   "--table posts:\n  posts  5 rows\n  users  2 rows")
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(DataError, match="no rows for table `post`; tables with rows: posts, users"):
         ingest([str(ASSETS / "sql" / "mysql_dump.sql")], tmp_path / "o.jsonl",
                IngestOptions(mapping=POSTS_MAP, table="post"))
@@ -315,3 +320,89 @@ def test_html_indentation_and_attributes_do_not_change_the_text(tmp_path):
     (b,), _, _ = run(tmp_path / "b", [tmp_path / "b.html"], dedup=False)
     assert a == b
     assert a["text"] == "# Title\n\nOne bold word.\n\n- a\n- b `x` `y`\n\n```\n  keep\n    this\n```\n\n1 | 2\n\nTail\nline"
+
+
+@pytest.mark.parametrize("paragraph, expected", [
+    ("<p><b>A</b> <i>B</i> tail</p>", "A B tail"),
+    ("<p> <b>A</b></p>", "A"),
+    ("<p>\n<b>A</b></p>", "A"),
+    ("<p><b>A</b><i>B</i></p>", "AB"),
+    ("<div><p>x</p> <em>y</em> z</div>", "x\n\ny z"),
+    ("<ul>\n <li> <a href='#'>f</a>(<em>x</em>) <span>returns</span> y</li>\n</ul>", "- f(x) returns y"),
+])
+def test_html_text_after_inline_markup_and_whitespace_survives(tmp_path, paragraph, expected):
+    # strip_tags leaves unwrapped inline text as adjacent text nodes; clearing a blank one lost them all
+    (tmp_path / "p.html").write_text(f"<html><body><main>{paragraph}</main></body></html>")
+    (rec,), _, _ = run(tmp_path, [tmp_path / "p.html"])
+    assert rec["text"] == expected
+
+
+def make_site(root: Path) -> Path:
+    """A documentation site as it is downloaded: pages (one gzipped) among its assets."""
+    import gzip
+
+    site = root / "site"
+    (site / "api").mkdir(parents=True)
+    page = ("<html><head><title>{0}</title></head><body><main><h1>{0}</h1><p>About {0}, in words.</p></main>"
+            "</body></html>")
+    (site / "index.html").write_text(page.format("Home page"))
+    (site / "api" / "codec.htm").write_text(page.format("Codec reference"))
+    (site / "api" / "old.html.gz").write_bytes(gzip.compress(page.format("Old reference").encode()))
+    (site / "search_index.json").write_text('{"docs": [{"location": "index.html"}]}')
+    (site / "theme.js").write_text("document.querySelector('p').innerHTML = '<p>not a page</p>';")
+    (site / "theme.css").write_text("p { color: red }")
+    (site / "conf.py").write_text("project = 'x'")
+    (site / "robots.txt").write_text("User-agent: *")
+    (site / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    (site / ".git" / "objects").mkdir(parents=True)  # hidden: neither read nor listed
+    (site / ".git" / "objects" / "ab12").write_bytes(b"x\x01")
+    (site / ".git" / "page.html").write_text("<p>not part of the site</p>")
+    return site
+
+
+@pytest.mark.parametrize("forced", [[], ["--type", "html"]])
+def test_html_folder_takes_its_pages_and_lists_the_skipped_assets(tmp_path, capsys, forced):
+    from finetune.cli import main
+
+    site = make_site(tmp_path)
+    out = tmp_path / "out.jsonl"
+    assert main(["ingest", str(site), "-o", str(out), "--quiet", *forced]) == 0
+    texts = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    assert sorted(t.split("\n")[0] for t in texts) == ["# Codec reference", "# Home page", "# Old reference"]
+    report = json.loads(sidecar_paths(out)[1].read_text())
+    assert report["records_in"] == 3 and report["dropped_total"] == 0
+    skipped = report["skipped_files"]
+    assert skipped["total"] == 6
+    assert {Path(f["path"]).name: f["why"] for f in skipped["files"]} == {
+        "search_index.json": "not html (.json)", "theme.js": "not html (.js)", "theme.css": "not html (.css)",
+        "conf.py": "not html (.py)", "robots.txt": "not html (.txt)", "logo.png": "not html (.png)"}
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("skipped 6 files that are not of the source's type: ")
+    assert "1 not html (.json)" in err[0] and str(sidecar_paths(out)[1]) in err[0]
+
+
+def test_folder_without_pages_takes_every_known_type_and_names_what_it_cannot_read(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"text": "one record"}\n')
+    (folder / "b.csv").write_text("text\nanother record\n")
+    (folder / "README.md").write_text("# notes")
+    records, _, report = run(tmp_path, [folder])
+    assert records == [{"text": "one record"}, {"text": "another record"}]
+    assert report["skipped_files"]["by_reason"] == {"unknown type (.md)": 1}
+    with pytest.raises(DataError, match=r"holds no files named like sql \(\.sql, compressed too"):
+        ingest([str(folder)], tmp_path / "o.jsonl", IngestOptions(type="sql"))
+
+
+def test_dump_without_table_lists_every_table_and_its_rows_at_the_cli(tmp_path):
+    lines = ["CREATE TABLE a (id int, t text);", "INSERT INTO a VALUES (1,'x'),(2,'y');"]
+    lines += [f"INSERT INTO t{i} VALUES " + ",".join(f"({j},'r')" for j in range(i)) + ";" for i in range(1, 13)]
+    lines += ["COPY c (id, t) FROM stdin;", "1\tone", "2\ttwo", "3\tthree", "\\.", "INSERT INTO a VALUES (3,'z');"]
+    (tmp_path / "dump.sql").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "ingest", str(tmp_path / "dump.sql"),
+                           "--template", "{t}", "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "has rows for 14 tables; choose one with --table" in proc.stderr and "e.g. --table t12:" in proc.stderr
+    assert "\n  t12  12 rows\n" in proc.stderr and "\n  a     3 rows\n" in proc.stderr  # a: rows at both ends
+    assert "\n  c     3 rows\n" in proc.stderr and proc.stderr.rstrip().endswith("\n  t1    1 row")
+    assert not (tmp_path / "o.jsonl").exists()

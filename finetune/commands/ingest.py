@@ -101,19 +101,23 @@ def options_from_args(args: argparse.Namespace) -> IngestOptions:
 
 def run(args: argparse.Namespace) -> int:
     if args.list_slop:
-        from finetune.ingest.slop import DEFAULT_PHRASES
+        from finetune.ingest.slop import DEFAULT_PATTERNS, DEFAULT_PHRASES
 
         print("\n".join(DEFAULT_PHRASES))
+        print("# patterns (regular expressions over the lower-cased text), each counted under its label:")
+        print("\n".join(f"# {label}: {regex}" for label, regex, _ in DEFAULT_PATTERNS))
         return 0
     from finetune.ingest.pipeline import ingest, sidecar_paths
-    from finetune.ingest.report import summary_table
+    from finetune.ingest.report import skipped_line, summary_table
 
     if not args.sources or not args.output:
         raise DataError("give at least one SOURCE and -o OUT.jsonl, e.g. finetune ingest pages/ -o pages.jsonl")
     opts = options_from_args(args)
     acct = ingest(args.sources, args.output, opts, progress=not args.quiet)
+    rejects, report = sidecar_paths(args.output)
+    if acct.skipped:  # even with --quiet: files the user named were left out
+        print(skipped_line(acct, str(report)), file=sys.stderr)
     if not args.quiet:
-        rejects, report = sidecar_paths(args.output)
         print(summary_table(acct), file=sys.stderr)
         print(f"wrote {args.output} ({acct.records_out:,} records), {report} and {rejects}", file=sys.stderr)
     return 0

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 from finetune.errors import DataError
 from finetune.ingest.options import IngestOptions
-from finetune.ingest.records import parse_json_list
+from finetune.ingest.records import json_error, parse_json_list
 from finetune.ingest.report import Reject
 from finetune.ingest.textio import looks_binary, open_text, read_sample
 
@@ -27,9 +27,9 @@ def read_record_file(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict
                     continue
                 where = f"{path} line {line_no}"
                 try:
-                    yield where, json.loads(line)
+                    yield where, json.loads(line.rstrip("\r\n"))  # an error's column stays on this line
                 except json.JSONDecodeError as exc:
-                    yield Reject(where, "invalid_json", exc.msg, raw=line.rstrip("\n")[:2000])
+                    yield Reject(where, "invalid_json", json_error(exc, line_no), raw=line.rstrip("\n")[:2000])
         except UnicodeDecodeError as exc:
             raise DataError(f"`{path}` is not UTF-8 text ({exc.reason}); re-encode it as UTF-8") from None
 

@@ -9,6 +9,7 @@ as `sql_syntax_error` with its line number, and the rest of the dump still inges
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterator
 
 from finetune.errors import DataError
@@ -43,16 +44,29 @@ class _Dump:
         self.mappers: dict[tuple, object] = {}
         self.copy_target: tuple[str, list[str]] | None = None
         self.row_count = 0
+        # Without --table, rows of a second table turn the read into a census: every table's rows are
+        # counted, nothing more is yielded, and the end of the dump raises one error listing them all.
+        self.census = False
+        self.rows_per_table: Counter = Counter()
 
     def wanted(self, table: str, line: int) -> bool:
         if table not in self.tables_with_rows:
             self.tables_with_rows.append(table)
         if self.opts.table is not None:
             return table == self.opts.table
-        if table != self.tables_with_rows[0]:
-            raise DataError(f"`{self.path}` has rows for more than one table ({', '.join(self.tables_with_rows)}"
-                            f", line {line}); choose one with --table (recipe: `table:`)")
-        return True
+        self.census = self.census or table != self.tables_with_rows[0]
+        return not self.census
+
+    def count(self, table: str, n: int) -> None:
+        if self.opts.table is None:
+            self.rows_per_table[table] += n
+
+    def census_error(self) -> DataError:
+        by_rows = sorted(self.rows_per_table.items(), key=lambda kv: -kv[1])  # stable: ties in dump order
+        width, digits = max(len(table) for table, _ in by_rows), len(f"{by_rows[0][1]:,}")
+        listing = "\n".join(f"  {table.ljust(width)}  {n:>{digits},} row{'s' * (n != 1)}" for table, n in by_rows)
+        return DataError(f"`{self.path}` has rows for {len(by_rows)} tables; choose one with --table (recipe: "
+                         f"`table:`), e.g. --table {by_rows[0][0]}:\n{listing}")
 
     def rows_to_items(self, table: str, cols: list[str] | None, rows: list[list], line: int):
         cols = cols or self.columns.get(table)
@@ -91,6 +105,8 @@ def read_sql_dump(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict] |
             yield from _events(events, dump, values, backslash)
     except UnicodeDecodeError as exc:
         raise DataError(f"`{path}` is not {encoding} text ({exc.reason}); pass --encoding") from None
+    if dump.census:
+        raise dump.census_error()
     if opts.table is not None and opts.table not in dump.tables_with_rows:
         found = ", ".join(dump.tables_with_rows) or "none"
         raise DataError(f"`{path}` has no rows for table `{opts.table}`; tables with rows: {found}")
@@ -103,7 +119,9 @@ def _events(events, dump: _Dump, values, backslash: bool):
         if event.kind == "copy_row":
             if dump.copy_target is not None:
                 table, cols = dump.copy_target
-                yield from dump.rows_to_items(table, cols, [copy_row(event.text)], event.line)
+                dump.count(table, 1)
+                if not dump.census:
+                    yield from dump.rows_to_items(table, cols, [copy_row(event.text)], event.line)
             continue
         if event.kind == "copy_end":
             dump.copy_target = None
@@ -127,15 +145,18 @@ def _statement(text: str, line: int, dump: _Dump, values, backslash: bool):
             yield Reject(f"{dump.path} line {line}", "sql_syntax_error", f"cannot read the INSERT: {text[:80]!r}")
             return
         table, cols, start = parsed
-        if not dump.wanted(table, line):
+        if not dump.wanted(table, line) and not dump.census:
             return
         try:
             rows = parse_rows(text, start, values, backslash)
         except SqlSyntaxError as exc:
-            yield Reject(f"{dump.path} line {line}", "sql_syntax_error", f"INSERT INTO {table}: {exc}")
+            if not dump.census:
+                yield Reject(f"{dump.path} line {line}", "sql_syntax_error", f"INSERT INTO {table}: {exc}")
             return
-        yield from dump.rows_to_items(table, cols, rows, line)
+        dump.count(table, len(rows))
+        if not dump.census:
+            yield from dump.rows_to_items(table, cols, rows, line)
     elif head.startswith("COPY"):
         parsed = copy_head(text)
-        if parsed is not None and dump.wanted(parsed[0], line):
+        if parsed is not None and (dump.wanted(parsed[0], line) or dump.census):
             dump.copy_target = parsed

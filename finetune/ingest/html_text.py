@@ -10,6 +10,7 @@ as `a | b | c`, paragraphs separated by a blank line.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from finetune.ingest.textio import bom_encoding, canonical_encoding, detect_encoding, looks_binary
 
@@ -29,7 +30,9 @@ CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary"
 _CHROME_WORDS = re.compile(
     r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
-    r"pagination|toc-sidebar|popup|modal)(?:$|[\s_-])", re.IGNORECASE)
+    r"pagination|toc-sidebar|popup|modal|"
+    # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
+    r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
@@ -37,6 +40,8 @@ BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", 
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+# A permalink sign left at the end of a heading when its anchor carries no class we recognise
+_PERMALINK_MARKS = "¶§\u200b\U0001f517"  # pilcrow, section sign, zero-width space, link emoji (not "#": C#)
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
 _BR = "\x00B"  # hard line break (<br>, list items, table rows); source newlines are just spaces
@@ -109,8 +114,16 @@ def _chrome_by_attrs(el, page_level: bool) -> bool:
     return page_level and (bool(_PAGE_CHROME_WORDS.match(ident)) or any(map(_PAGE_CHROME_WORDS.match, cls.split())))
 
 
-def prune_to_main(text: str) -> tuple[str, str | None, bool]:
-    """(title, main-content HTML with chrome removed, whether it is page level) using lxml alone.
+class Pruned(NamedTuple):
+    title: str
+    html: str | None  # the main content with chrome removed; None when the page has no body
+    page_level: bool  # no <main>/<article>: the whole <body> is the content
+    chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
+    link_chars: int = 0  # of which inside links: an index page is almost all links
+
+
+def prune_to_main(text: str) -> Pruned:
+    """The title and main-content HTML with chrome removed, using lxml alone.
 
     lxml builds and prunes the tree in C; beautifulsoup4 then renders only what is left. This is where
     the speed comes from: bs4 creates a Python object per node, so it should only see the content."""
@@ -120,7 +133,7 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
     try:
         doc = lxml.html.document_fromstring(_XML_DECL_TEXT.sub("", text, count=1))
     except (etree.ParserError, ValueError):
-        return "", None, True
+        return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
     title_el = doc.find(".//title")
@@ -130,23 +143,29 @@ def prune_to_main(text: str) -> tuple[str, str | None, bool]:
         articles = doc.findall(".//article")
         main = articles[0] if len(articles) == 1 else doc.find("body")
     if main is None:
-        return title, None, True
+        return Pruned(title, None, True)
     page_level = main.tag == "body"
     doomed = [el for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())) if el is not main]
     doomed += [el for el in _xpath(_ATTR_XPATH)(main) if _chrome_by_attrs(el, page_level)]
     for el in doomed:
         if el.getparent() is not None:
             el.drop_tree()  # keeps the element's tail text
+    # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
+    # the whole text only when there are links at all.
+    text_length = _xpath("string-length(normalize-space())")
+    link_chars = int(sum(text_length(a) for a in main.iter("a")))
+    chars = int(text_length(main)) if link_chars else 0
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return title, lxml.html.tostring(main, encoding="unicode"), page_level
+    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, chars, link_chars)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
 # (indentation between blocks) never reaches the output, so it need not become bs4 objects either.
 _BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
 _BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
+_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 
 
 def _slim(main) -> None:
@@ -157,9 +176,13 @@ def _slim(main) -> None:
         owner = text.getparent()
         if owner is None or owner.tag not in _BREAK_TAGS:
             continue
+        # strip_tags leaves the unwrapped tags' text as separate, adjacent libxml2 text nodes: the XPath
+        # sees " " in `<p><b>A</b> tail</p>` as a node of its own, but `.text` is all of them joined.
+        # Clear only when the whole joined text is blank, else "A tail" went with the blank node.
         if text.is_tail:
-            owner.tail = None
-        else:
+            if not (owner.tail or "").strip(_XML_SPACE):
+                owner.tail = None
+        elif not (owner.text or "").strip(_XML_SPACE):
             owner.text = None
 
 
@@ -185,7 +208,7 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
         if _is_chrome(child, page_level):
             continue
         if name in HEADINGS:
-            text = _WS.sub(" ", child.get_text()).strip()
+            text = _WS.sub(" ", child.get_text()).strip().rstrip(_PERMALINK_MARKS).rstrip()
             if text:
                 out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
         elif name == "pre":
@@ -197,7 +220,7 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
             _walk(child, inner, page_level, kinds)
             out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
-            cells = [_WS.sub(" ", c.get_text()).strip() for c in child.find_all(("td", "th"), recursive=False)]
+            cells = [_cell_text(c, page_level, kinds) for c in child.find_all(("td", "th"), recursive=False)]
             out.append(_BR + " | ".join(cells) + _BR)
         elif name == "code":
             out.append(f"`{child.get_text()}`")
@@ -207,6 +230,15 @@ def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
             out.append(_PARA)
         else:
             _walk(child, out, page_level, kinds)
+
+
+def _cell_text(cell, page_level: bool, kinds: tuple) -> str:
+    """A table cell on one line: blocks inside it (lists, paragraphs, <br>) are separated by a space,
+    not glued together ("FP8 capable NVLink", not "FP8 capableNVLink")."""
+    inner: list[str] = []
+    _walk(cell, inner, page_level, kinds)
+    text = "".join(inner).replace(_PARA, " ").replace(_BR, " ")
+    return " ".join(text.split())
 
 
 _FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)

@@ -106,9 +106,9 @@ def _progress(total_units: int, enabled: bool):
 def ingest(sources: list[str], out: str | os.PathLike, opts: IngestOptions, progress: bool = False) -> Accounting:
     """Run the whole stage. Raises DataError when nothing usable came out, or (strict) on any bad input."""
     opts.validate()
-    units = expand_sources(sources, opts.type)
-    cleaner = Cleaner(opts)
     acct = Accounting()
+    units = expand_sources(sources, opts.type, acct.skipped)
+    cleaner = Cleaner(opts)
     rejects_path, report_path = sidecar_paths(out)
     out_file, rejects_file = AtomicFile(out), AtomicFile(rejects_path)
     bar = _progress(len(units), progress and sys.stderr.isatty())

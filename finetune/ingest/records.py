@@ -66,12 +66,23 @@ def record_problem(record: object, shape: str) -> str | None:
     return None
 
 
+def json_error(exc: json.JSONDecodeError, lineno: int | None = None) -> str:
+    """Where and why, whole: 'line 2, column 10: not valid JSON (unterminated string starting at column
+    10, near `"oops}`)'. json's `msg` alone ends in a dangling "at"; the position is in lineno/colno."""
+    lineno = exc.lineno if lineno is None else lineno
+    line = exc.doc.split("\n")[exc.lineno - 1]
+    reason = exc.msg[0].lower() + exc.msg[1:]
+    reason += f" column {exc.colno}" if reason.endswith(" at") else ""
+    near = line[max(0, exc.colno - 21): exc.colno + 20].strip()  # 20 characters either side
+    return f"line {lineno}, column {exc.colno}: not valid JSON ({reason}" + (f", near `{near}`)" if near else ")")
+
+
 def parse_json_list(path: str | os.PathLike, text: str) -> list:
     """The records of a .json file: one JSON list. DataError naming the file and line otherwise."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise DataError(f"`{path}` line {exc.lineno}: not valid JSON ({exc.msg})") from None
+        raise DataError(f"`{path}` {json_error(exc)}") from None
     if not isinstance(data, list):
         raise DataError(f"`{path}`: a .json record file must hold a list of records")
     return data
@@ -103,7 +114,7 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
-            raise DataError(f"`{path}` line {lineno}: not valid JSON ({exc.msg})") from None
+            raise DataError(f"`{path}` {json_error(exc, lineno)}") from None
 
 
 def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str, dict]]:

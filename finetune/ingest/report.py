@@ -27,6 +27,9 @@ INPUT_PROBLEMS = frozenset(
 )
 
 
+SKIPPED_LISTED = 1000  # skipped files named one by one in the report; past that, only counted by reason
+
+
 @dataclass
 class Reject:
     """A candidate record that did not make it, with where it came from and why."""
@@ -54,6 +57,7 @@ class Accounting:
     slop_stripped: int = 0
     sources: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)  # (path, why): files a folder held that are not its type
 
     def _source(self, source: str) -> dict:
         return self.sources.setdefault(source, {"in": 0, "out": 0, "dropped": 0})
@@ -91,6 +95,11 @@ class Accounting:
             "slop_sentences_stripped": self.slop_stripped,
             "sources": self.sources,
             "notes": self.notes,
+            "skipped_files": {
+                "total": len(self.skipped),
+                "by_reason": dict(Counter(why for _, why in self.skipped).most_common()),
+                "files": [{"path": path, "why": why} for path, why in self.skipped[:SKIPPED_LISTED]],
+            },
         }
 
     def to_json(self) -> str:
@@ -107,3 +116,12 @@ def summary_table(acct: Accounting, top_phrases: int = 8) -> str:
     width = max(len(label) for label, _ in rows)
     lines = [f"{label.ljust(width)}  {n:>9,}" for label, n in rows]
     return "\n".join(lines)
+
+
+def skipped_line(acct: Accounting, report_path: str) -> str:
+    """One line saying which files were skipped and why, or "" when none were."""
+    if not acct.skipped:
+        return ""
+    reasons = Counter(why for _, why in acct.skipped).most_common()
+    shown = ", ".join(f"{n} {why}" for why, n in reasons[:6]) + (", ..." if len(reasons) > 6 else "")
+    return f"skipped {len(acct.skipped):,} files that are not of the source's type: {shown}; listed in {report_path}"

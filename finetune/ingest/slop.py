@@ -66,6 +66,30 @@ DEFAULT_PHRASES = (
     "as of my last training update",
 )
 
+# The variants a phrase list cannot enumerate ("I'm an AI assistant, so unable to...", "I am an AI and do
+# not have personal preferences"), as regexes over the canonical text (lower case, straight apostrophes,
+# single spaces). Each is counted under its label. Narrow: "an AI" must be what the speaker *is* ("as",
+# "I am"), followed by what boilerplate follows it (a comma, "so", "and I/do/cannot..."), so "as an AI
+# researcher", "AI assistants are useful" and "as an assistant professor" do not match.
+_AN_AI = (r"(?:an? |just an? |only an? |merely an? )(?:ai|artificial intelligence)"
+          r"(?: (?:language model|assistant|model|chatbot|system|program))?")
+# (label, regex, gates): the regex runs only on a text holding one of its gates. A regex that starts with
+# an alternation is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan.
+DEFAULT_PATTERNS = (
+    ("as / i am an ai [assistant|model], ...",
+     rf"\b(?:as|i am|i'm) {_AN_AI}(?=[,;:.!]|$| so\b| i\b| i'm\b| without\b| developed\b| created\b| trained\b"
+     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel")),
+    ("i don't have personal preferences / feelings / ...",
+     r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
+     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own ")),
+    ("i am unable to browse / access the internet",
+     r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
+     r"the (?:internet|web)\b", ("the internet", "the web")),
+    ("my training data goes up to ...",
+     r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
+     ("my training", "my knowledge")),
+)
+
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
 
 
@@ -104,6 +128,7 @@ class SlopMatcher:
     regex: re.Pattern | None
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
+    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates)
 
     @classmethod
     def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
@@ -115,7 +140,8 @@ class SlopMatcher:
         if not canon:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
-        return cls(regex, frozenset(canon), tuple(canon))
+        patterns = tuple((label, re.compile(rx), gates) for label, rx, gates in DEFAULT_PATTERNS) if builtin else ()
+        return cls(regex, frozenset(canon), tuple(canon), patterns)
 
     def find(self, text: str) -> list[str]:
         """Canonical phrases found in `text`, one entry per occurrence (the longest phrase wins an overlap).
@@ -133,16 +159,23 @@ class SlopMatcher:
                     found.append(phrase)
                     taken.append((start, end))
                 start = canon.find(phrase, start + 1)
+        for label, rx, gates in self.patterns:  # after the phrases: an overlap counts once, under the phrase
+            if not any(gate in canon for gate in gates):
+                continue
+            for m in rx.finditer(canon):
+                if not any(a < m.end() and m.start() < b for a, b in taken):
+                    found.append(label)
+                    taken.append(m.span())
         return found
 
     def strip(self, text: str) -> tuple[str, list[str]]:
         """`text` without the sentences that hold a phrase, and the phrases removed."""
-        if self.regex is None or not self.regex.search(text):
+        if self.regex is None or not self.find(text):
             return text, []
         found: list[str] = []
         kept_lines = []
         for line in text.split("\n"):
-            if not self.regex.search(line):
+            if not self.find(line):
                 kept_lines.append(line)
                 continue
             sentences = _SENTENCE.split(line)

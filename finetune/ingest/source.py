@@ -11,15 +11,15 @@ an edited one gets a new key. The report and rejects sit beside the records file
 from __future__ import annotations
 
 import hashlib
-import logging
+import json
 import os
+import sys
 from pathlib import Path
 
 from finetune.ingest.locate import expand_sources, is_url
 from finetune.ingest.options import IngestOptions
 
-INGEST_FORMAT = 2  # bump when a reader or the cleaner changes what it writes for the same input
-log = logging.getLogger("finetune.ingest")
+INGEST_FORMAT = 3  # bump when a reader or the cleaner changes what it writes for the same input
 
 
 def options_from_spec(spec) -> IngestOptions:
@@ -53,12 +53,26 @@ def materialize(spec, cache_dir: str) -> Path:
 
     opts = options_from_spec(spec)
     out = Path(cache_dir) / "ingested" / f"{source_key(spec.path, opts)}.jsonl"
-    _, report = sidecar_paths(out)
-    if out.is_file() and report.is_file() and not is_url(spec.path):
-        log.info("ingest: reusing %s for %s", out, spec.path)
-        return out
-    acct = ingest([spec.path], out, opts)
-    dropped = ", ".join(f"{n} {reason}" for reason, n in acct.dropped.most_common()) or "none"
-    log.info("ingest: %s -> %s: %d records in, %d out (dropped: %s); report %s",
-             spec.path, out, acct.records_in, acct.records_out, dropped, report)
+    rejects, report = sidecar_paths(out)
+    reused = out.is_file() and report.is_file() and not is_url(spec.path)
+    if not reused:
+        ingest([spec.path], out, opts)
+    # Said every time, also when reused: a recipe user must see what ingestion dropped, not only a count
+    # of the records that are left.
+    counts = json.loads(report.read_text(encoding="utf-8"))
+    print(ingest_summary(spec.path, counts, rejects, report, reused), file=sys.stderr)
     return out
+
+
+def ingest_summary(source: str, report: dict, rejects: Path, report_path: Path, reused: bool) -> str:
+    """What ingesting one recipe source kept and dropped, by reason, and where the rejects are."""
+    lines = [f"ingest {source}{' (cached)' if reused else ''}: {report['records_in']:,} records in, "
+             f"{report['records_out']:,} kept"]
+    if report["dropped_total"]:
+        reasons = ", ".join(f"{n:,} {reason}" for reason, n in report["dropped"].items())
+        lines[0] += f", {report['dropped_total']:,} dropped ({reasons}); rejects: {rejects}"
+    skipped = report.get("skipped_files", {}).get("total", 0)
+    if skipped:
+        by_reason = ", ".join(f"{n:,} {why}" for why, n in report["skipped_files"]["by_reason"].items())
+        lines.append(f"  skipped {skipped:,} files that are not of the source's type ({by_reason}); see {report_path}")
+    return "\n".join(lines)
