@@ -1,0 +1,117 @@
+"""Export a trained run as one GGUF file (llama.cpp, Ollama, LM Studio, llama-cpp-python) plus an Ollama
+Modelfile: merge the adapter if there is one (in memory, fp32, unquantized base), then write the weights and
+the tokenizer with the `gguf` package's writer. No llama.cpp checkout and no compiler.
+
+Everything is checked before the first byte is written; the file is written to a temporary name in the
+output folder and renamed when complete, so a refusal or a crash never leaves a half file under the name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.errors import ModelError
+from finetune.model.gguf_tensors import QUANT_TYPES
+
+
+@dataclass
+class Exported:
+    gguf_path: Path
+    modelfile_path: Path
+    size_bytes: int
+    tensor_count: int
+    pre_tokenizer: str
+
+
+def _log(message: str) -> None:
+    print(f"[finetune] {message}", file=sys.stderr, flush=True)
+
+
+def check_output(out: Path) -> None:
+    modelfile = out.with_name("Modelfile")
+    for path in (out, modelfile):
+        if path.exists():
+            raise ModelError(f"`{path}` already exists; remove it or pass another file with -o/--output "
+                             "(an export never overwrites)")
+    if out.suffix != ".gguf":
+        raise ModelError(f"`{out}`: the output file must end in .gguf (runtimes look for that name)")
+
+
+def load_model(trained):
+    """(model, tokenizer) in fp32: the adapter merged into its unquantized base, or the full model as trained."""
+    if trained.is_adapter:
+        from finetune.model.merge import load_adapter_model
+
+        _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
+        model, tokenizer = load_adapter_model(trained, "fp32")
+        return model.merge_and_unload(), tokenizer
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _log(f"loading the model in {trained.folder}")
+    return (AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32),
+            AutoTokenizer.from_pretrained(str(trained.folder)))
+
+
+def check_family(folder: Path):
+    """Refuse an unsupported family or head from config.json alone, before loading any weight."""
+    from transformers import AutoConfig
+
+    from finetune.model.gguf_tensors import family_of
+
+    return family_of(AutoConfig.from_pretrained(str(folder)))
+
+
+def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
+    """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
+    import gguf
+
+    from finetune.model.gguf_tensors import add_hyperparameters, encode, family_of, gguf_tensors
+    from finetune.model.gguf_vocab import add_tokenizer
+    from finetune.model.ollama import write_modelfile
+
+    if quant not in QUANT_TYPES:
+        raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
+    config = model.config
+    family = family_of(config)
+    # encode everything first: a weight llama.cpp cannot hold refuses here, with nothing on disk yet
+    state = model.state_dict()
+    if getattr(config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # tied: llama.cpp reuses token_embd, as the HF model does
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    writer = gguf.GGUFWriter(None, family.arch)
+    try:
+        writer.add_name(name)
+        add_hyperparameters(writer, config, family, quant)
+        pre = add_tokenizer(writer, tokenizer, config.vocab_size)
+        tensors = list(gguf_tensors(state, config, family))
+        for done, (tensor_name, data) in enumerate(tensors, 1):
+            array, raw = encode(tensor_name, data, quant)
+            writer.add_tensor(tensor_name, array, raw_dtype=raw)
+            if done % 32 == 0 or done == len(tensors):
+                _log(f"converted {done}/{len(tensors)} tensors ({quant})")
+        writer.write_header_to_file(path=tmp)
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(tmp, out)
+    except BaseException:
+        writer.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    modelfile = write_modelfile(out, tokenizer, config.max_position_embeddings)
+    return Exported(out, modelfile, out.stat().st_size, len(tensors), pre)
+
+
+def export(trained, out: Path, quant: str) -> Exported:
+    """A located run (finetune.model.merge.locate) -> GGUF + Modelfile at `out`."""
+    check_output(out)
+    if quant not in QUANT_TYPES:
+        raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
+    check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
+    model, tokenizer = load_model(trained)
+    return write_gguf(model, tokenizer, out, quant, name=out.stem)

@@ -1,0 +1,119 @@
+"""The tokenizer half of a GGUF file: vocabulary, merges, token types, special ids, add-BOS/EOS and the chat
+template, under llama.cpp's `tokenizer.ggml.*` keys, so a runtime tokenizes and renders chats as training did.
+
+Byte-level BPE (GPT-2 style: SmolLM, Llama 3, Qwen2, Mistral Nemo ...) is what is written; llama.cpp splits
+text before BPE with a named regex (`tokenizer.ggml.pre`), which we pick by reading the tokenizer's own
+pre-tokenizer rather than guessing from the model's name. A sentencepiece vocabulary is refused for now.
+"""
+
+from __future__ import annotations
+
+import json
+
+from finetune.errors import ModelError
+
+# llama_token_type in llama.cpp (gguf.TokenType): how the runtime treats a token when it meets it in text
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+
+# The split regexes of the byte-level tokenizers we recognise, as their tokenizer.json spells them, with the
+# name llama.cpp gives the same split. The plain GPT-2 split has no regex in the JSON (ByteLevel use_regex).
+_LLAMA3_SPLIT = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_QWEN2_SPLIT = (
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_SPLIT_NAMES = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2"}
+
+
+def _pre_tokenizer_name(pre: dict | None) -> str | None:
+    """llama.cpp's name for this pre-tokenizer, or None if it is not one llama.cpp implements the same way."""
+    if pre is None:
+        return None
+    steps = pre["pretokenizers"] if pre["type"] == "Sequence" else [pre]
+    kinds = [s["type"] for s in steps]
+    if kinds == ["ByteLevel"] and steps[0].get("use_regex", True) and not steps[0].get("add_prefix_space"):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
+        return "smollm"  # each digit alone, then the GPT-2 split (SmolLM's own tokenizer.json)
+    if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
+        pattern = steps[0].get("pattern", {}).get("Regex")
+        return _SPLIT_NAMES.get(pattern)
+    return None
+
+
+def _describe(tokenizer) -> tuple[dict, str]:
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    model = spec["model"]
+    if model["type"] != "BPE" or model.get("byte_fallback"):
+        raise ModelError(
+            f"the tokenizer is a {model['type']}{' with byte fallback' if model.get('byte_fallback') else ''} "
+            "(sentencepiece-style) vocabulary; this exporter writes byte-level BPE tokenizers only (SmolLM, "
+            "Llama 3, Qwen2, Mistral Nemo). Convert the merged model with llama.cpp's convert_hf_to_gguf.py"
+        )
+    pre = _pre_tokenizer_name(spec.get("pre_tokenizer"))
+    if pre is None:
+        raise ModelError(
+            f"the tokenizer splits text with a pre-tokenizer llama.cpp has no name for "
+            f"({json.dumps(spec.get('pre_tokenizer'))[:200]}); a runtime would tokenize differently from training, "
+            "so nothing was written"
+        )
+    return spec, pre
+
+
+def _tokens(tokenizer, spec: dict, vocab_size: int) -> tuple[list[str], list[int]]:
+    """Every id 0..vocab_size-1 with its spelling and type; ids the model has but the tokenizer lacks are UNUSED."""
+    by_id = {i: t for t, i in spec["model"]["vocab"].items()}
+    added = {a["id"]: a for a in spec.get("added_tokens", [])}
+    tokens, types = [], []
+    for i in range(vocab_size):
+        if i in added:
+            entry = added[i]
+            tokens.append(entry["content"])
+            types.append(CONTROL if entry.get("special") else USER_DEFINED)
+        elif i in by_id:
+            tokens.append(by_id[i])
+            types.append(NORMAL)
+        else:  # the embedding was padded past the tokenizer (a multiple of 64 ...): never produced
+            tokens.append(f"[PAD{i}]")
+            types.append(UNUSED)
+    if len(tokenizer) > vocab_size:
+        raise ModelError(f"the tokenizer has {len(tokenizer)} tokens but the model's embedding only "
+                         f"{vocab_size}; resize the embedding (the run's `tokens:` does) before exporting")
+    return tokens, types
+
+
+def _adds(tokenizer, token_id: int | None, at_start: bool) -> bool:
+    """Whether encoding text puts this special token at the start (BOS) or end (EOS), as the tokenizer does."""
+    if token_id is None:
+        return False
+    ids = tokenizer("a")["input_ids"]
+    return bool(ids) and ids[0 if at_start else -1] == token_id
+
+
+def add_tokenizer(writer, tokenizer, vocab_size: int) -> str:
+    """Write the tokenizer keys; return llama.cpp's pre-tokenizer name (for the report)."""
+    spec, pre = _describe(tokenizer)
+    tokens, types = _tokens(tokenizer, spec, vocab_size)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"].get("merges", [])]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    for token_id, add in ((tokenizer.bos_token_id, writer.add_bos_token_id),
+                          (tokenizer.eos_token_id, writer.add_eos_token_id),
+                          (tokenizer.unk_token_id, writer.add_unk_token_id),
+                          (tokenizer.pad_token_id, writer.add_pad_token_id)):
+        if token_id is not None:
+            add(token_id)
+    writer.add_add_bos_token(_adds(tokenizer, tokenizer.bos_token_id, at_start=True))
+    writer.add_add_eos_token(_adds(tokenizer, tokenizer.eos_token_id, at_start=False))
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # several named templates: the runtimes read the default one
+        template = template.get("default")
+    if template:
+        writer.add_chat_template(template)
+    return pre

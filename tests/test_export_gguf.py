@@ -1,0 +1,211 @@
+"""`finetune export --gguf`: the file loads back with transformers' GGUF loader and gives the same logits, the
+same token ids and the same chat rendering; a LoRA run exports through its recipe; refusals write nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune.cli import main as cli_main
+
+MIXED = [
+    "the cat sat on the mat",
+    "Crème brûlée à la française, naïve café",
+    "東京で寿司を食べました。你好，世界",
+    "emoji 🤗🚀 and 👩‍💻 too",
+    "def f(x):\n    return x ** 2  # code\n\tif a != b: pass",
+    "  leading spaces, 12345 digits and <|im_end|> specials",
+]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is the river"},
+            {"role": "assistant", "content": "a blue river"}, {"role": "user", "content": "and the tree?"}]
+
+
+def build_tiny_qwen2(out_dir: Path) -> Path:
+    """A tiny Qwen2 (attention biases, tied embeddings) with a byte-level BPE split like Qwen2's own tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    from finetune.model.gguf_vocab import _QWEN2_SPLIT
+    from tiny import CHATML, corpus
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHATML
+    # vocab_size above the tokenizer's length, as real checkpoints pad it: the extra ids must still load
+    config = Qwen2Config(vocab_size=len(tokenizer) + 8, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():  # random biases, so a q/k/v bias lost on the way would show in the logits
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, tiny_model_dir):
+    return {"llama": tiny_model_dir, "qwen2": build_tiny_qwen2(tmp_path_factory.mktemp("qwen2") / "model")}
+
+
+def _export(folder: Path, out: Path, quant: str = "f32") -> int:
+    return cli_main(["export", str(folder), "--gguf", "--quant", quant, "-o", str(out)])
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits.float()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("quant", ["f32", "f16"])
+def test_gguf_loads_back_with_the_same_logits(models, tmp_path, family, quant):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = models[family]
+    out = tmp_path / f"{family}.gguf"
+    assert _export(folder, out, quant) == 0
+    original = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=out.name, dtype=torch.float32)
+    assert type(loaded).__name__ == type(original).__name__
+    ids = AutoTokenizer.from_pretrained(folder)(" ".join(MIXED))["input_ids"]
+    want, got = _logits(original, ids), _logits(loaded, ids)
+    # f32 is exact up to reassociation; f16 rounds each weight to 11 significant bits
+    tol = 1e-4 if quant == "f32" else 2e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    assert (got.argmax(-1) == want.argmax(-1)).float().mean() > 0.95
+
+
+def test_q8_0_stays_close_and_is_smaller(models, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = models["llama"]
+    assert _export(folder, tmp_path / "f16.gguf", "f16") == 0
+    (tmp_path / "Modelfile").unlink()
+    assert _export(folder, tmp_path / "q8.gguf", "q8_0") == 0
+    assert (tmp_path / "q8.gguf").stat().st_size < 0.75 * (tmp_path / "f16.gguf").stat().st_size
+    original = AutoModelForCausalLM.from_pretrained(folder)
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="q8.gguf")
+    ids = list(range(5, 60))
+    want, got = _logits(original, ids), _logits(loaded, ids)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_tokenizer_and_chat_template_round_trip(models, tmp_path, family):
+    from transformers import AutoTokenizer
+
+    folder = models[family]
+    out = tmp_path / "m.gguf"
+    assert _export(folder, out) == 0
+    original = AutoTokenizer.from_pretrained(folder)
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=out.name)
+    for text in MIXED:
+        assert loaded(text)["input_ids"] == original(text)["input_ids"], text
+    assert loaded.eos_token == original.eos_token and loaded.pad_token == original.pad_token
+    rendered = original.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert loaded.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) == rendered
+
+    from gguf import GGUFReader
+
+    fields = GGUFReader(out).fields
+    assert fields["tokenizer.chat_template"].contents() == original.chat_template
+    assert fields["tokenizer.ggml.pre"].contents() == {"llama": "gpt-2", "qwen2": "qwen2"}[family]
+
+
+def test_modelfile_has_the_chatml_template_and_stops(models, tmp_path):
+    assert _export(models["llama"], tmp_path / "m.gguf") == 0
+    text = (tmp_path / "Modelfile").read_text()
+    assert "FROM ./m.gguf" in text
+    assert "<|im_start|>{{ .Role }}" in text and 'PARAMETER stop "<|im_end|>"' in text
+    assert 'PARAMETER stop "<|endoftext|>"' in text and "PARAMETER num_ctx 512" in text
+
+
+def test_lora_run_exports_through_its_recipe(tmp_path, tiny_model_dir, capsys):
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from conftest import make_records, write_jsonl
+    from finetune.model.merge import load_adapter_model, locate
+    from finetune.recipe_load import load_recipe
+    from finetune.train import run_training
+
+    write_jsonl(tmp_path / "chat.jsonl", make_records("chat", 8))
+    recipe = {"base_model": str(tiny_model_dir), "datasets": [{"path": "chat.jsonl", "type": "chat"}],
+              "adapter": "lora", "lora_r": 4, "max_steps": 3, "micro_batch_size": 4, "learning_rate": 2e-2,
+              "output_dir": "out", "cache_dir": "cache", "report_to": ["none"], "logging_steps": 1}
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe))
+    run_training(load_recipe(tmp_path / "recipe.yml"))
+    capsys.readouterr()
+
+    assert cli_main(["export", str(tmp_path / "recipe.yml"), "--gguf", "--quant", "f32"]) == 0
+    out = Path(capsys.readouterr().out.strip())
+    assert out == tmp_path / "out" / "gguf" / "out.f32.gguf" and (out.parent / "Modelfile").is_file()
+    adapter_model, tokenizer = load_adapter_model(locate(str(tmp_path / "recipe.yml")))
+    loaded = AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name)
+    ids = tokenizer(MIXED[0])["input_ids"]
+    want = _logits(adapter_model, ids)
+    torch.testing.assert_close(_logits(loaded, ids), want, rtol=1e-4, atol=1e-4)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert (_logits(base, ids) - want).abs().max() > 1e-2  # the adapter changed the model: the match means something
+
+
+def _refused(args: list[str], capsys) -> str:
+    capsys.readouterr()  # what building the model printed
+    assert cli_main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1  # one message
+    return err
+
+
+def test_refuses_an_existing_output_and_leaves_it_alone(models, tmp_path, capsys):
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"mine")
+    err = _refused(["export", str(models["llama"]), "--gguf", "-o", str(out)], capsys)
+    assert "already exists" in err and str(out) in err
+    assert out.read_bytes() == b"mine" and not (tmp_path / "Modelfile").exists()
+
+
+def test_refuses_an_unsupported_family_by_name(tmp_path, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).save_pretrained(tmp_path / "gpt2")
+    err = _refused(["export", str(tmp_path / "gpt2"), "--gguf", "-o", str(tmp_path / "x.gguf")], capsys)
+    assert "`gpt2`" in err and "llama" in err and "qwen2" in err
+    assert list(tmp_path.glob("*.gguf")) == [] and not list(tmp_path.glob(".*tmp"))
+
+
+def test_refuses_a_classification_head(models, tmp_path, capsys):
+    from transformers import AutoConfig, LlamaForSequenceClassification
+
+    config = AutoConfig.from_pretrained(models["llama"], num_labels=2)
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path / "cls")
+    err = _refused(["export", str(tmp_path / "cls"), "--gguf", "-o", str(tmp_path / "x.gguf")], capsys)
+    assert "LlamaForSequenceClassification" in err and "head" in err
+    assert list(tmp_path.glob("*.gguf")) == []
+
+
+def test_refuses_a_weight_gguf_cannot_hold_and_writes_nothing(models, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from finetune.errors import ModelError
+    from finetune.model.export_gguf import write_gguf
+
+    model = AutoModelForCausalLM.from_pretrained(models["llama"])
+    model.v_head = torch.nn.Linear(64, 1)  # a value head (PPO-style) on top of the causal LM
+    with pytest.raises(ModelError, match="v_head"):
+        write_gguf(model, AutoTokenizer.from_pretrained(models["llama"]), tmp_path / "m.gguf", "f16", "m")
+    assert list(tmp_path.iterdir()) == []
