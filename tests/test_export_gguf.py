@@ -94,7 +94,6 @@ def test_q8_0_stays_close_and_is_smaller(models, tmp_path):
 
     folder = models["llama"]
     assert _export(folder, tmp_path / "f16.gguf", "f16") == 0
-    (tmp_path / "Modelfile").unlink()
     assert _export(folder, tmp_path / "q8.gguf", "q8_0") == 0
     assert (tmp_path / "q8.gguf").stat().st_size < 0.75 * (tmp_path / "f16.gguf").stat().st_size
     original = AutoModelForCausalLM.from_pretrained(folder)
@@ -128,7 +127,7 @@ def test_tokenizer_and_chat_template_round_trip(models, tmp_path, family):
 
 def test_modelfile_has_the_chatml_template_and_stops(models, tmp_path):
     assert _export(models["llama"], tmp_path / "m.gguf") == 0
-    text = (tmp_path / "Modelfile").read_text()
+    text = (tmp_path / "m.Modelfile").read_text()
     assert "FROM ./m.gguf" in text
     assert "<|im_start|>{{ .Role }}" in text and 'PARAMETER stop "<|im_end|>"' in text
     assert 'PARAMETER stop "<|endoftext|>"' in text and "PARAMETER num_ctx 512" in text
@@ -153,7 +152,7 @@ def test_lora_run_exports_through_its_recipe(tmp_path, tiny_model_dir, capsys):
 
     assert cli_main(["export", str(tmp_path / "recipe.yml"), "--gguf", "--quant", "f32"]) == 0
     out = Path(capsys.readouterr().out.strip())
-    assert out == tmp_path / "out" / "gguf" / "out.f32.gguf" and (out.parent / "Modelfile").is_file()
+    assert out == tmp_path / "out" / "gguf" / "out.f32.gguf" and (out.parent / "out.f32.Modelfile").is_file()
     adapter_model, tokenizer = load_adapter_model(locate(str(tmp_path / "recipe.yml")))
     loaded = AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name)
     ids = tokenizer(MIXED[0])["input_ids"]
@@ -176,7 +175,7 @@ def test_refuses_an_existing_output_and_leaves_it_alone(models, tmp_path, capsys
     out.write_bytes(b"mine")
     err = _refused(["export", str(models["llama"]), "--gguf", "-o", str(out)], capsys)
     assert "already exists" in err and str(out) in err
-    assert out.read_bytes() == b"mine" and not (tmp_path / "Modelfile").exists()
+    assert out.read_bytes() == b"mine" and not (tmp_path / "m.Modelfile").exists()
 
 
 def test_refuses_an_unsupported_family_by_name(tmp_path, capsys):

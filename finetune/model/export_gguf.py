@@ -31,8 +31,9 @@ def _log(message: str) -> None:
 
 
 def check_output(out: Path) -> None:
-    modelfile = out.with_name("Modelfile")
-    for path in (out, modelfile):
+    from finetune.model.ollama import modelfile_path
+
+    for path in (out, modelfile_path(out)):
         if path.exists():
             raise ModelError(f"`{path}` already exists; remove it or pass another file with -o/--output "
                              "(an export never overwrites)")

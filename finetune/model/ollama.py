@@ -53,7 +53,8 @@ def chatml_system_default(tokenizer) -> str | None:
 
 
 def modelfile(gguf_name: str, tokenizer, context_length: int) -> str:
-    lines = [f"# Ollama: ollama create NAME -f Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
+    stem = gguf_name.removesuffix(".gguf")
+    lines = [f"# ollama create NAME -f {stem}.Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
     system = chatml_system_default(tokenizer) if tokenizer.chat_template else None
     stops = []
     if system is not None:
@@ -70,9 +71,14 @@ def modelfile(gguf_name: str, tokenizer, context_length: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def modelfile_path(gguf_path: Path) -> Path:
+    """run.f16.gguf -> run.f16.Modelfile: one per file, so an f16 and a q8_0 export can share a folder."""
+    return gguf_path.with_suffix(".Modelfile")
+
+
 def write_modelfile(gguf_path: Path, tokenizer, context_length: int) -> Path:
-    """Modelfile beside the GGUF, written whole (temp file in the same folder, then rename)."""
-    path = gguf_path.with_name("Modelfile")
+    """The Modelfile beside the GGUF, written whole (temp file in the same folder, then rename)."""
+    path = modelfile_path(gguf_path)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(modelfile(gguf_path.name, tokenizer, context_length))
     tmp.replace(path)
