@@ -208,3 +208,30 @@ def test_refuses_a_weight_gguf_cannot_hold_and_writes_nothing(models, tmp_path):
     with pytest.raises(ModelError, match="v_head"):
         write_gguf(model, AutoTokenizer.from_pretrained(models["llama"]), tmp_path / "m.gguf", "f16", "m")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_mistral_exports_as_llama_with_the_same_logits(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    llama = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config
+    config = MistralConfig(vocab_size=llama.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                           sliding_window=None, tie_word_embeddings=False)
+    torch.manual_seed(2)
+    MistralForCausalLM(config).save_pretrained(tmp_path / "mistral")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "mistral")
+    assert _export(tmp_path / "mistral", tmp_path / "gguf" / "m.gguf") == 0
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "gguf"), gguf_file="m.gguf")
+    ids = list(range(3, 80))
+    want = _logits(AutoModelForCausalLM.from_pretrained(tmp_path / "mistral"), ids)
+    torch.testing.assert_close(_logits(loaded, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_modelfile_leaves_a_template_it_cannot_translate_to_the_gguf(tiny_tokenizer):
+    from finetune.model.ollama import modelfile
+
+    tokenizer = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path)
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+    text = modelfile("m.gguf", tokenizer, 4096)
+    assert "TEMPLATE" not in text.replace("no TEMPLATE", "") and "tokenizer.chat_template" in text
+    assert 'PARAMETER stop "<|endoftext|>"' in text and "num_ctx 4096" in text
