@@ -89,6 +89,9 @@ def main() -> int:
             prefix = next((i for i, (a, b) in enumerate(zip(got["greedy"], case["greedy"])) if a != b),
                           min(len(got["greedy"]), len(case["greedy"])))
             matched.append(prefix)
+            if got["greedy"] != case["greedy"]:
+                print(f"  differs after {prefix} tokens:\n    transformers {tokenizer.decode(case['greedy'])!r}"
+                      f"\n    llama.cpp    {tokenizer.decode(got['greedy'])!r}")
         print(f"{path}: prompt ids identical {same_ids}/{len(cases)}; greedy {NEW_TOKENS} tokens identical "
               f"{same_greedy}/{len(cases)}; tokens matching before the first difference {matched}")
         print(f"  e.g. {tokenizer.decode(cases[0]['greedy'])!r}")
