@@ -2,6 +2,8 @@
 so `finetune --help` never imports torch.
 
 A verb module exposes `add_arguments(parser)` and `run(args) -> int`.
+
+`--quiet` / `--verbose` are global: before or after the verb (finetune/log.py says what they do).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ VERBS: dict[str, tuple[str, str]] = {
 }
 
 
+GLOBAL_FLAGS = {"--quiet": "quiet", "-q": "quiet", "--verbose": "verbose", "-v": "verbose"}
+
+
 def _top_help() -> str:
     width = max(len(v) for v in VERBS)
     lines = [
@@ -42,14 +47,35 @@ def _top_help() -> str:
         "verbs:",
     ]
     lines += [f"  {name.ljust(width)}  {text}" for name, (_, text) in VERBS.items()]
+    lines += ["", "global options (before or after the verb):",
+              "  -q, --quiet    warnings and errors only",
+              "  -v, --verbose  debug messages too, from every process of a distributed run"]
     return "\n".join(lines)
 
 
-def run_verb(module_name: str, prog: str, argv: list[str]) -> int:
+def _add_global_flags(parser: argparse.ArgumentParser) -> None:
+    """--quiet / --verbose after the verb; a verb that declares one itself (`lr --verbose`, `ingest --quiet`)
+    keeps its own help, and its flag then also sets the log level."""
+    for flags, dest, text in ((("-q", "--quiet"), "quiet", "warnings and errors only"),
+                              (("-v", "--verbose"), "verbose", "debug messages too, from every process")):
+        for flag in flags:
+            try:
+                parser.add_argument(flag, dest=dest, action="store_true", help=text)
+            except argparse.ArgumentError:  # the verb has this flag already
+                continue
+
+
+def run_verb(module_name: str, prog: str, argv: list[str], quiet: bool = False, verbose: bool = False) -> int:
+    from finetune import log
+
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=prog, description=module.__doc__.strip().splitlines()[0])
     module.add_arguments(parser)
+    _add_global_flags(parser)
     args = parser.parse_args(argv)
+    args.quiet = quiet or getattr(args, "quiet", False)
+    args.verbose = verbose or getattr(args, "verbose", False)
+    log.configure(quiet=args.quiet, verbose=args.verbose)
     try:
         return int(module.run(args) or 0)
     except FinetuneError as err:
@@ -79,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    given = set()
+    while argv and argv[0] in GLOBAL_FLAGS:  # global flags before the verb
+        given.add(GLOBAL_FLAGS[argv.pop(0)])
     if not argv or argv[0] in ("-h", "--help"):
         print(_top_help())
         return 0 if argv else 2
@@ -96,7 +125,7 @@ def _dispatch(argv: list[str] | None) -> int:
         print(f"error: unknown verb `{verb}`.{hint} Run `finetune --help` for the list.", file=sys.stderr)
         return 2
     module_name, _ = VERBS[verb]
-    return run_verb(module_name, f"finetune {verb}", argv[1:])
+    return run_verb(module_name, f"finetune {verb}", argv[1:], quiet="quiet" in given, verbose="verbose" in given)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,17 @@ def make_recipe(tmp_path, tiny_model_dir):
         return path
 
     return _make
+
+
+def resolved_training_arguments(recipe, prepared=None):
+    """TrainingArguments exactly as run_training builds them: the process group, the counted data, the one
+    resolution (finetune/train/settings.py), then the arguments."""
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+    from finetune.train.launch import start_process_group
+    from finetune.train.run import training_arguments
+    from finetune.train.settings import resolve
+
+    state = start_process_group(recipe, cuda=False)
+    prepared = prepared or build_dataset(recipe, load_tokenizer(recipe))
+    return training_arguments(recipe, resolve(recipe, prepared, state.num_processes, cuda=False))

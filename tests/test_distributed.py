@@ -319,7 +319,7 @@ def test_launcher_picks_accelerate_on_gpus_and_torchrun_on_cpu():
 
 
 def test_process_group_timeout_comes_from_the_recipe(workdir):
-    from finetune.train.run import training_arguments
+    from conftest import resolved_training_arguments
 
     recipe = load_recipe(workdir / "recipe.yml", ["ddp_timeout=12345"], world_size=1)
-    assert training_arguments(recipe, "fp32", has_eval=False).ddp_timeout == 12345
+    assert resolved_training_arguments(recipe).ddp_timeout == 12345

@@ -9,12 +9,12 @@ import pytest
 import torch
 from transformers import Trainer, TrainerCallback
 
+from conftest import resolved_training_arguments
 from finetune.data import build_dataset
 from finetune.data.collate import Collator
 from finetune.model import build_model
 from finetune.model.loader import load_tokenizer
 from finetune.recipe_load import load_recipe
-from finetune.train.run import training_arguments
 
 TOLERANCE = 1e-5
 
@@ -48,7 +48,7 @@ def one_step(make_recipe, tmp_path, name, fast_paths=False, **settings):
         assert use_varlen_attention(model) and model.config._attn_implementation == NAME
         assert attach(model) is not None
     capture = GradCapture()
-    trainer = Trainer(model=model, args=training_arguments(recipe, "fp32", has_eval=False),
+    trainer = Trainer(model=model, args=resolved_training_arguments(recipe, prepared),
                       train_dataset=prepared.train, data_collator=Collator(tokenizer.pad_token_id),
                       callbacks=[capture])
     trainer.train()

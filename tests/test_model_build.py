@@ -9,13 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from conftest import resolved_training_arguments
 from finetune.cli import main as cli_main
 from finetune.errors import ModelError
 from finetune.model import build_model, get_quantization_config, resolve_attn_implementation
 from finetune.model.bnb import resolve_optimizer
 from finetune.model.checkpointing import CheckpointedForward, checkpoint_mlps
 from finetune.recipe_load import load_recipe
-from finetune.train.run import run_training, training_arguments
+from finetune.train.run import run_training
 
 PAGED_NOTICE = "paging needs CUDA"
 
@@ -103,7 +104,7 @@ def test_qlora_without_bitsandbytes_names_the_install_command(make_recipe, tmp_p
 def test_gradient_checkpointing_modes_and_axolotl_booleans(make_recipe, written, mode, trainer_full):
     recipe = load_recipe(make_recipe("completion", n=4, gradient_checkpointing=written))
     assert recipe.gradient_checkpointing == mode
-    args = training_arguments(recipe, "fp32", has_eval=False)
+    args = resolved_training_arguments(recipe)
     assert args.activation_checkpointing is trainer_full
     if trainer_full:
         assert args.activation_checkpointing_kwargs == {"use_reentrant": False}

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
@@ -122,3 +124,30 @@ def test_auto_learning_rate_curves_and_throughput_are_recorded(make_recipe, tmp_
     assert summary["curves"]["verdict"] in {"underfit", "overfit", "well-fit", "unknown"}
     assert any("tokens_per_second" in k or "tokens/s" in k for e in summary["log_history"] for k in e), \
         summary["log_history"][-3:]
+
+
+class EvalCounter(TrainerCallback):
+    """Counts evaluations by the step they ran at."""
+
+    def __init__(self):
+        self.at_step = Counter()
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        self.at_step[state.global_step] += 1
+
+
+@pytest.mark.parametrize("eval_steps", [None, 3, 2])  # each epoch's end; a divisor of the 3 steps; not one
+def test_the_final_evaluation_runs_once(make_recipe, eval_steps):
+    """Issue 14 item 6: the Trainer's own last evaluation (epoch end, or an eval_steps that lands on the last
+    step) was followed by a second, identical one; now it is reused, and run only when none fell on the
+    last step."""
+    recipe = load_recipe(make_recipe("completion", n=16, val_set_size=4, eval_steps=eval_steps))
+    counter = EvalCounter()
+    summary = run_training(recipe, extra_callbacks=[counter])
+    final = summary["steps"]
+    assert final == 3  # 12 train examples / 4 per step
+    assert counter.at_step[0] == 1 and counter.at_step[final] == 1, counter.at_step
+    expected = {None: {0, 3}, 3: {0, 3}, 2: {0, 2, 3}}[eval_steps]
+    assert set(counter.at_step) == expected
+    final_evals = [e["eval_loss"] for e in summary["log_history"] if "eval_loss" in e and e["step"] == final]
+    assert final_evals == [summary["final_eval_loss"]]

@@ -7,10 +7,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from finetune.commands.args import add_overrides
+from finetune.log import get_logger
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
 
     trained = locate(args.target, args.overrides)
     out_dir = Path(args.output) if args.output else trained.folder / "merged"
-    print(f"[finetune] merging {trained.folder} into its base {trained.base_source} ({args.dtype}, unquantized)",
-          file=sys.stderr)
+    get_logger(__name__).info(f"merging {trained.folder} into its base {trained.base_source} ({args.dtype}, "
+                              "unquantized)")
     merge_adapter(trained, out_dir, args.dtype)
     print(out_dir)
     return 0

@@ -157,11 +157,11 @@ def build_dataset(recipe, tokenizer) -> Prepared:
 
 def pack_prepared(recipe, prepared: Prepared) -> Prepared:
     """Pack the splits the recipe asks to pack (packing is cheap, so the cache keeps unpacked examples)."""
-    from finetune.data.packing import pack_dataset
+    from finetune.data.packing import pack_dataset, packed_splits
 
-    eval_packing = recipe.sample_packing if recipe.eval_sample_packing is None else recipe.eval_sample_packing
+    train_packing, eval_packing = packed_splits(recipe)
     packing = {}
-    if recipe.sample_packing:
+    if train_packing:
         prepared.train, packing["train"] = pack_dataset(prepared.train, recipe.sequence_len, recipe.seed)
     elif recipe.group_by_length:  # the Trainer's length-grouped sampler reads this column instead of every row
         prepared.train = prepared.train.add_column("length", [len(ids) for ids in prepared.train["input_ids"]])

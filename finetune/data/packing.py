@@ -23,6 +23,14 @@ from finetune.contract import IGNORE_INDEX
 from finetune.errors import DataError
 
 
+def packed_splits(recipe) -> tuple[bool, bool]:
+    """(pack the train split, pack the eval split): the one reading of `sample_packing` /
+    `eval_sample_packing` (unset: the same as sample_packing). The data stage packs by it; the run's
+    resolved settings (finetune/train/settings.py) repeat it."""
+    eval_packing = recipe.sample_packing if recipe.eval_sample_packing is None else recipe.eval_sample_packing
+    return recipe.sample_packing, eval_packing
+
+
 def _place(bin_of, items, bins, per_bin):
     """Put `items` (in order) into `bins`, `per_bin` to a bin; returns how many items each used bin took."""
     take = np.minimum(len(items), len(bins) * per_bin)

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import functools
 import os
-import sys
 
 from finetune.compat import parameter_count
 from finetune.errors import ModelError
+from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
 from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
+
+log = get_logger(__name__)
 
 
 def base_causal_lm(model):
@@ -93,7 +95,7 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
     )
 
 
-def load_base_model(recipe, precision: str):
+def load_base_model(recipe, precision: str, attn: str):
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -105,7 +107,6 @@ def load_base_model(recipe, precision: str):
     quantization = get_quantization_config(recipe, dtypes[precision])
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
-    attn = resolve_attn_implementation(recipe)
     load = functools.partial(AutoModelForCausalLM.from_pretrained, source, dtype=load_dtype,
                              quantization_config=quantization, device_map=device_map,
                              trust_remote_code=recipe.trust_remote_code)
@@ -115,24 +116,28 @@ def load_base_model(recipe, precision: str):
         if isinstance(exc, ValueError) and "attn" in str(exc).lower():
             if attn == "flex_attention" and recipe.attn_implementation == "auto":
                 # `auto` picked flex for packed rows; this architecture has no flex path: the dense-mask sdpa one
-                print(f"[finetune] flex_attention not supported by this model ({exc}); using sdpa", file=sys.stderr)
+                log.info(f"flex_attention not supported by this model ({exc}); using sdpa")
                 return load(attn_implementation="sdpa")
             raise ModelError(f"attention implementation not usable here: {exc}") from None
         raise _not_found(recipe.base_model, exc) from None
 
 
-def build_model(recipe, tokenizer=None):
-    """(model, tokenizer) ready for the Trainer, with the trainable-parameter count printed."""
+def build_model(recipe, tokenizer=None, precision: str | None = None, attn_implementation: str | None = None):
+    """(model, tokenizer) ready for the Trainer, with the trainable-parameter count printed. The run passes
+    the precision and attention it resolved (finetune/train/settings.py); other callers let them resolve here."""
     tokenizer = tokenizer or load_tokenizer(recipe)
     if recipe.trust_remote_code:
-        print("WARNING: trust_remote_code is ON: code shipped with the model will run.", file=sys.stderr)
-    precision = resolve_precision(recipe)
-    model = load_base_model(recipe, precision)
+        log.warning("trust_remote_code is ON: code shipped with the model will run.")
+    precision = precision or resolve_precision(recipe)
+    model = load_base_model(recipe, precision, attn_implementation or resolve_attn_implementation(recipe))
+    # Training never reads a KV cache: it conflicts with recomputation (gradient checkpointing), and with one
+    # transformers skips the packed-row mask (every packed token would see its whole row; see isolation.py).
+    model.config.use_cache = False
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     modules_to_save = fit_embeddings(model, tokenizer, recipe)
     if quantized_base(recipe):
-        print(f"[finetune] base quantized: {describe_quantization(recipe, precision)}", file=sys.stderr)
+        log.info(f"base quantized: {describe_quantization(recipe, precision)}")
         from peft import prepare_model_for_kbit_training
 
         # norms to fp32, inputs ready for grads; checkpointing is switched on below / by the Trainer
@@ -146,7 +151,7 @@ def build_model(recipe, tokenizer=None):
         check_targets(module_groups(model), recipe.lora_target_modules)
         model = get_peft_model(model, lora)
     trainable, total = count_parameters(model)
-    print(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)", file=sys.stderr)
+    log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer
 
 
@@ -154,13 +159,11 @@ def apply_gradient_checkpointing(model, mode: str) -> None:
     """`mlp` wraps each MLP block here; `full` is switched on by the Trainer (train.py: activation_checkpointing)."""
     if mode == "off":
         return
-    model.config.use_cache = False  # a KV cache is useless in training and conflicts with recomputation
     if mode == "full":
-        print("[finetune] gradient checkpointing: full (every decoder layer, non-reentrant)", file=sys.stderr)
+        log.info("gradient checkpointing: full (every decoder layer, non-reentrant)")
     if mode == "mlp":
         blocks = checkpoint_mlps(model)
-        print(f"[finetune] gradient checkpointing: mlp (recomputing {blocks} MLP blocks in the backward pass)",
-              file=sys.stderr)
+        log.info(f"gradient checkpointing: mlp (recomputing {blocks} MLP blocks in the backward pass)")
 
 
 def count_parameters(model) -> tuple[int, int]:

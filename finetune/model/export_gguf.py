@@ -9,11 +9,11 @@ output folder and renamed when complete, so a refusal or a crash never leaves a 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import ModelError
+from finetune.log import get_logger
 from finetune.model.gguf_tensors import QUANT_TYPES
 
 
@@ -27,7 +27,7 @@ class Exported:
 
 
 def _log(message: str) -> None:
-    print(f"[finetune] {message}", file=sys.stderr, flush=True)
+    get_logger(__name__).info(message)
 
 
 def check_output(out: Path) -> None:

@@ -8,13 +8,13 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from finetune.atomic import honour_umask, temp_dir
 from finetune.compat import drop_quantizer
 from finetune.contract import CHATML_TEMPLATE
 from finetune.errors import ModelError
+from finetune.log import get_logger
 
 
 def package_resource(spec: str) -> Path | None:
@@ -50,7 +50,7 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
         raise ModelError(f"`{gguf}` is a GGUF file; loading it needs the `gguf` package: pip install gguf")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    print(f"converting {gguf.name} to an HF model in {target} (once)", file=sys.stderr)
+    get_logger(__name__).info(f"converting {gguf.name} to an HF model in {target} (once)")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(target)
     try:

@@ -8,7 +8,7 @@ the others) and sit outside every adapted layer. Training those two modules in f
 
 from __future__ import annotations
 
-import sys
+from finetune.log import get_logger
 
 from finetune.model.loader import missing_tokens, recipe_tokens, resolve_model_path
 
@@ -25,7 +25,7 @@ def tokens_new_to_base(recipe) -> list[str]:
 
 
 def notice(message: str) -> None:
-    print(f"[finetune] {message}", file=sys.stderr, flush=True)
+    get_logger(__name__).info(message)
 
 
 def fit_embeddings(model, tokenizer, recipe) -> list[str] | None:

@@ -1,6 +1,7 @@
 """The training run: one resolved plan, the HF Trainer, callbacks, checkpoints, DeepSpeed and launch.
 
     run.py              run_training(recipe): count data -> resolve settings -> TrainingArguments -> Trainer
+    settings.py         Resolved: every setting the machine or the data decides, resolved once
     callbacks/          TrainerCallbacks, one concern a module: guard, interrupt, checkpoint, throughput, stages
     checkpoints.py      where checkpoints live, when one is complete, which one to resume
     deepspeed_config.py the DeepSpeed JSON as the Trainer gets it ("auto" values); finding it and checking it

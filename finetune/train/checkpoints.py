@@ -20,12 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from finetune.atomic import honour_umask
 from finetune.errors import FinetuneError
+from finetune.log import get_logger
 from finetune.recipe import TRAIN, Recipe, fields_affecting
 # the recipe-time checks and the read side of output_dir live below every stage, for the recipe loader
 from finetune.recipe_checks import location_problems, resume_problem  # noqa: F401
@@ -157,9 +157,9 @@ def find_resume(recipe, fingerprint: dict, total_steps: int | None = None) -> st
             raise _refusal(folder, step, changed, "`resume: <path>`")
         context = _differences(saved, {k: fingerprint[k] for k in CONTEXT_KEYS if k in fingerprint})
         if context:
-            print(f"[finetune] WARNING: resuming from {recipe.resume}, written for other data or another process "
-                  "count (" + "; ".join(context) + "); the run will not match an uninterrupted one",
-                  file=sys.stderr, flush=True)
+            get_logger(__name__).warning(f"resuming from {recipe.resume}, written for other data or another "
+                                         "process count (" + "; ".join(context) + "); the run will not match an "
+                                         "uninterrupted one")
         _check_not_finished(folder, step, total_steps, Path(recipe.output_dir))
         return str(recipe.resume)
     found = complete_checkpoints(Layout(Path(recipe.output_dir)))

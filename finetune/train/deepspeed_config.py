@@ -32,25 +32,3 @@ def trainer_deepspeed_config(path: str) -> dict:
     if config.get("train_batch_size") == "auto":
         del config["train_batch_size"]
     return config
-
-
-def fill_resolved_learning_rate(args, path: str) -> None:
-    """Put the learning rate run_training resolved (`learning_rate: auto` needs the data counted) where the
-    JSON says "auto": TrainingArguments filled those earlier, with the placeholder it was built with."""
-    hf_config = getattr(args, "hf_deepspeed_config", None)
-    original, _ = read_deepspeed_config(path)
-    if hf_config is None or original is None:
-        return
-    for section, key in (("optimizer", "lr"), ("scheduler", "warmup_max_lr")):
-        if ((original.get(section) or {}).get("params") or {}).get(key) == "auto":
-            hf_config.config[section]["params"][key] = args.learning_rate
-
-
-def weights_partitioned() -> bool:
-    """True under ZeRO-3 (transformers loaded each rank's shard only): a forward pass must wait for the
-    DeepSpeed engine, which gathers the weights layer by layer."""
-    try:
-        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-    except ImportError:
-        return False
-    return is_deepspeed_zero3_enabled()

@@ -20,6 +20,9 @@ import sys
 from importlib.util import find_spec
 
 from finetune.errors import FinetuneError
+from finetune.log import get_logger
+
+log = get_logger(__name__)
 
 
 class LaunchError(FinetuneError):
@@ -102,7 +105,9 @@ def launch(args: argparse.Namespace, recipe) -> int:
             raise LaunchError("several machines need an agreed rendezvous port: pass --main-process-port "
                               "(the same on every machine)")
         port = free_port()
-    train_argv = [str(args.recipe), *(arg for item in args.overrides for arg in ("--set", item))]
+    train_argv = [str(args.recipe), *(arg for item in args.overrides for arg in ("--set", item)),
+                  *(["--quiet"] if getattr(args, "quiet", False) else []),  # each child logs as told here
+                  *(["--verbose"] if getattr(args, "verbose", False) else [])]
     command = launch_command(train_argv, args.num_processes, cuda_devices, num_machines=args.num_machines,
                              machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
                              main_process_port=port)
@@ -110,16 +115,19 @@ def launch(args: argparse.Namespace, recipe) -> int:
     if not cuda_devices:
         # torch would otherwise start ~all-cores threads in each process and oversubscribe the CPU
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) * args.num_machines // args.num_processes)))
-    print(f"[finetune] launching {args.num_processes} process(es): {' '.join(command)}", file=sys.stderr, flush=True)
+    log.info(f"launching {args.num_processes} process(es): {' '.join(command)}")
     return subprocess.run(command, env=env).returncode
 
 
-def configure_cpu_deepspeed(timeout_s: int) -> None:
-    """Form the process group for DeepSpeed on CPU-only processes, before TrainingArguments.
+def start_process_group(recipe, cuda: bool):
+    """Form this run's process group (a group of one without a launcher) before the data is counted, the way
+    TrainingArguments would, and return accelerate's PartialState: its barrier lets only the main process
+    tokenize while the others wait. TrainingArguments(accelerator_config={"use_configured_state": True}),
+    built once the settings are resolved, then adopts this group instead of forming another.
 
-    accelerate forms a DeepSpeed group only around a device backend (NCCL...); on a CPU-only machine it finds
-    none, calls every process a world of one, and each then trains on all the data. Given `gloo` explicitly it
-    forms the group; TrainingArguments(accelerator_config={"use_configured_state": True}) then adopts it.
+    On CPU: several processes need `cpu=True` (accelerate then makes a gloo group); DeepSpeed brings its own
+    CPU backend and must not be told `cpu`, and without a device backend accelerate would call every
+    process a world of one (each would then train on all the data), so it is given `gloo` by name.
     """
     from datetime import timedelta
 
@@ -129,11 +137,16 @@ def configure_cpu_deepspeed(timeout_s: int) -> None:
 
     # a state left by an earlier run in this process would be reused as it is (TrainingArguments resets it too)
     reset_accelerate_state()
-    # `accelerate launch` with `use_cpu: true` sets ACCELERATE_USE_CPU, which makes accelerate skip DeepSpeed
-    # altogether (its state then breaks in the Trainer); the group formed here is already a CPU one
-    os.environ.pop("ACCELERATE_USE_CPU", None)
-    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    timeout = timedelta(seconds=recipe.ddp_timeout)  # ranks wait at a barrier while the main process tokenizes
+    if recipe.deepspeed is None:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        return PartialState(cpu=not cuda and several, timeout=timeout)
+    if not cuda:
+        # `accelerate launch` with `use_cpu: true` sets ACCELERATE_USE_CPU, which makes accelerate skip
+        # DeepSpeed altogether (its state then breaks in the Trainer); the group formed here is a CPU one
+        os.environ.pop("ACCELERATE_USE_CPU", None)
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # what TrainingArguments sets around the same call
     try:
-        PartialState(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        return PartialState(timeout=timeout, **({} if cuda else {"backend": "gloo"}))
     finally:
         del os.environ["ACCELERATE_USE_DEEPSPEED"]

@@ -4,15 +4,17 @@ are warned about. The checkpoint before a bad step is kept: the guard raises bef
 from __future__ import annotations
 
 import math
-import os
 import statistics
-import sys
 from collections import deque
 
 from transformers import TrainerCallback
 
 from finetune.errors import FinetuneError
+from finetune.log import get_logger
 from finetune.train import checkpoints
+
+
+log = get_logger(__name__)
 
 
 class NonFiniteError(FinetuneError):
@@ -20,8 +22,7 @@ class NonFiniteError(FinetuneError):
 
 
 def warn(message: str) -> None:
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(f"[finetune] WARNING: {message}", file=sys.stderr, flush=True)
+    log.warning(message)
 
 
 class NonFiniteGuard(TrainerCallback):

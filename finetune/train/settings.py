@@ -1,0 +1,115 @@
+"""The run's settings, resolved once: after the data is counted and before anything is built.
+
+Everything a recipe leaves to the machine or to the data (`precision: auto`, `attn_implementation: auto`,
+`learning_rate: auto`, a paged optimizer without CUDA, the DeepSpeed JSON's contents) is decided here, into
+one frozen `Resolved`. TrainingArguments, the model, the callbacks and run.json all read it; nothing
+downstream resolves a setting a second time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Resolved:
+    world_size: int  # training processes over all machines
+    cuda: bool
+    precision: str  # bf16 | fp16 | fp32
+    attn_implementation: str  # sdpa | eager | flash_attention_2 | flex_attention
+    attn_reason: str  # why, in words (finetune/model/attention.py)
+    compile: bool  # compile each decoder layer (finetune/model/regional_compile.py)
+    compile_reason: str
+    optimizer: str  # the Trainer's `optim` name (a paged one becomes unpaged without CUDA)
+    optimizer_notice: str | None  # why `optimizer` differs from the recipe's, or None
+    learning_rate: float
+    lr_plan: object | None  # the LrPlan that derived it (`learning_rate: auto`), else None
+    packed_train: bool
+    packed_eval: bool  # only when there is an eval split
+    has_eval: bool
+    numbers: dict  # plan_numbers(): steps, examples and tokens per optimizer step
+    deepspeed: dict | None  # the recipe's DeepSpeed JSON, read once, as TrainingArguments takes it
+
+    @property
+    def packed(self) -> bool:
+        return self.packed_train or self.packed_eval
+
+    @property
+    def cpu_deepspeed(self) -> bool:
+        """DeepSpeed on CPU processes: the group is formed by hand (launch.start_process_group)."""
+        return self.deepspeed is not None and not self.cuda
+
+    @property
+    def weights_partitioned(self) -> bool:
+        """ZeRO-3: each process holds a shard of every weight, so a forward pass waits for the DeepSpeed
+        engine, which gathers the weights layer by layer."""
+        from finetune.train.deepspeed_config import zero_stage
+
+        return self.deepspeed is not None and zero_stage(self.deepspeed) == 3
+
+    def record(self) -> dict:
+        """What run.json records of the resolution."""
+        plan = self.lr_plan
+        return {"precision": self.precision, "learning_rate": self.learning_rate,
+                "learning_rate_plan": dataclasses.asdict(plan) if plan is not None else None}
+
+
+def plan_numbers(recipe, prepared, world_size: int) -> dict:
+    """The numbers printed before the first step and recorded in run.json."""
+    from finetune.plan.steps import optimizer_steps
+
+    train = prepared.stats["train"]
+    rows = len(prepared.train)  # what the Trainer iterates: examples, or packed rows with sample_packing
+    examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size
+    steps_per_epoch = optimizer_steps(rows, recipe.micro_batch_size,
+                                      recipe.gradient_accumulation_steps, world_size, 1, None)
+    return {
+        "world_size": world_size,
+        "examples_per_step": examples_per_step,
+        "steps_per_epoch": steps_per_epoch,
+        "train_rows": rows,
+        "total_steps": optimizer_steps(rows, recipe.micro_batch_size,
+                                       recipe.gradient_accumulation_steps, world_size,
+                                       recipe.num_epochs, recipe.max_steps),
+        # e.g. 1,200 tokens an epoch / 12 steps an epoch = 100 tokens per optimizer step, on average
+        "tokens_per_step": train["tokens"] / steps_per_epoch,
+        "supervised_tokens_per_step": train["supervised_tokens"] / steps_per_epoch,
+    }
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def resolve(recipe, prepared, world_size: int, cuda: bool | None = None) -> Resolved:
+    """The one resolution of the recipe against this machine and the counted data."""
+    from finetune.data.packing import packed_splits
+    from finetune.model import resolve_precision
+    from finetune.model.attention import check_trainable, choose_attention
+    from finetune.model.bnb import resolve_optimizer
+    from finetune.model.regional_compile import resolve_compile
+    from finetune.plan.lr_recipe import resolve_learning_rate
+    from finetune.train.deepspeed_config import trainer_deepspeed_config
+
+    cuda = cuda_available() if cuda is None else cuda
+    attn, attn_reason = choose_attention(recipe, cuda)
+    check_trainable(attn, cuda)  # flex_attention on CPU: refused before any model is loaded
+    compile_layers, compile_reason = resolve_compile(recipe, cuda)
+    optimizer, notice = resolve_optimizer(recipe.optimizer, cuda)  # paged needs CUDA
+    learning_rate, lr_plan = resolve_learning_rate(recipe, prepared.train_counts(), world_size)
+    packed_train, packed_eval = packed_splits(recipe)
+    has_eval = prepared.eval is not None
+    return Resolved(
+        world_size=world_size, cuda=cuda,
+        precision=resolve_precision(recipe),
+        attn_implementation=attn, attn_reason=attn_reason,
+        compile=compile_layers, compile_reason=compile_reason,
+        optimizer=optimizer, optimizer_notice=notice,
+        learning_rate=learning_rate, lr_plan=lr_plan,
+        packed_train=packed_train, packed_eval=packed_eval and has_eval, has_eval=has_eval,
+        numbers=plan_numbers(recipe, prepared, world_size),
+        deepspeed=trainer_deepspeed_config(recipe.deepspeed) if recipe.deepspeed else None,
+    )
