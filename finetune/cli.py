@@ -65,14 +65,20 @@ def _add_global_flags(parser: argparse.ArgumentParser) -> None:
                 continue
 
 
+def verb_parser(module_name: str, prog: str, **kwargs) -> argparse.ArgumentParser:
+    """A verb's parser: its own arguments, then the global --quiet / --verbose."""
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__.strip().splitlines()[0], **kwargs)
+    module.add_arguments(parser)
+    _add_global_flags(parser)
+    return parser
+
+
 def run_verb(module_name: str, prog: str, argv: list[str], quiet: bool = False, verbose: bool = False) -> int:
     from finetune import log
 
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=prog, description=module.__doc__.strip().splitlines()[0])
-    module.add_arguments(parser)
-    _add_global_flags(parser)
-    args = parser.parse_args(argv)
+    args = verb_parser(module_name, prog).parse_args(argv)
     args.quiet = quiet or getattr(args, "quiet", False)
     args.verbose = verbose or getattr(args, "verbose", False)
     log.configure(quiet=args.quiet, verbose=args.verbose)

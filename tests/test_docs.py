@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune.cli import VERBS
+from finetune.cli import GLOBAL_FLAGS, VERBS, verb_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
@@ -77,10 +77,11 @@ def parse(argv: list[str]) -> None:
     """Parse argv with the verb's own argparse parser (no run). Raises on an unknown verb or option."""
     if argv in ([], ["--help"], ["--version"]):
         return
+    while argv and argv[0] in GLOBAL_FLAGS:  # `finetune --quiet train ...`
+        argv = argv[1:]
     verb, args = argv[0], argv[1:]
     assert verb in VERBS, f"`{verb}` is not a finetune verb ({', '.join(VERBS)})"
-    parser = argparse.ArgumentParser(prog=f"finetune {verb}", exit_on_error=False)
-    importlib.import_module(VERBS[verb][0]).add_arguments(parser)
+    parser = verb_parser(VERBS[verb][0], f"finetune {verb}", exit_on_error=False)
     if "--help" in args or "-h" in args:
         args = [a for a in args if a not in ("--help", "-h")]
         _, unknown = parser.parse_known_args(args)  # options beside --help must still be known
