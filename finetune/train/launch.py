@@ -145,8 +145,12 @@ def start_process_group(recipe, cuda: bool):
         # `accelerate launch` with `use_cpu: true` sets ACCELERATE_USE_CPU, which makes accelerate skip
         # DeepSpeed altogether (its state then breaks in the Trainer); the group formed here is a CPU one
         os.environ.pop("ACCELERATE_USE_CPU", None)
+    before = os.environ.get("ACCELERATE_USE_DEEPSPEED")
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"  # what TrainingArguments sets around the same call
     try:
         return PartialState(timeout=timeout, **({} if cuda else {"backend": "gloo"}))
     finally:
-        del os.environ["ACCELERATE_USE_DEEPSPEED"]
+        if before is None:
+            del os.environ["ACCELERATE_USE_DEEPSPEED"]
+        else:
+            os.environ["ACCELERATE_USE_DEEPSPEED"] = before
