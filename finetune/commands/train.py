@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from finetune.commands.args import add_recipe_arguments
+from finetune.log import get_logger
 from finetune.recipe_load import load_recipe
 
 
@@ -39,6 +39,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_training(recipe)
     except NothingToTrain as done:  # not a mistake: the run is already finished, and nothing was written
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(f"[finetune] {done}", file=sys.stderr, flush=True)
+        get_logger(__name__).info(str(done))  # the main process says so
     return 0

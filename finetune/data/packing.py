@@ -26,7 +26,7 @@ from finetune.errors import DataError
 def packed_splits(recipe) -> tuple[bool, bool]:
     """(pack the train split, pack the eval split): the one reading of `sample_packing` /
     `eval_sample_packing` (unset: the same as sample_packing). The data stage packs by it; the run's
-    resolved settings (finetune/train/settings.py) repeat it."""
+    resolved settings (finetune/train/settings.py) read it too."""
     eval_packing = recipe.sample_packing if recipe.eval_sample_packing is None else recipe.eval_sample_packing
     return recipe.sample_packing, eval_packing
 
