@@ -40,6 +40,20 @@ def temp_file(path: str | os.PathLike) -> tuple[int, str]:
     return fd, tmp
 
 
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a temporary file beside it (the umask's mode), then a rename.
+    A reader never sees a half-written file, and a crash leaves the previous version in place."""
+    fd, tmp = temp_file(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def temp_dir(target: str | os.PathLike) -> Path:
     """A temporary folder beside `target`, mode 0777 & ~umask: what `mkdir(target)` would create."""
     target = Path(target)

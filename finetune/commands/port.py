@@ -11,10 +11,10 @@ written (unreadable input, an output that exists, a kind of training finetune do
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
+from finetune.atomic import write_text_atomic
 from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError, RecipeError
 
@@ -43,9 +43,7 @@ def _read(path: Path) -> dict:
 def _write(path: Path, text: str) -> None:
     """Temp file + rename in the same folder: never a half-written recipe; the umask applies as for any file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from finetune.atomic import write_text_atomic
+
 # Ollama puts the SYSTEM prompt first in .Messages, so one range renders system, user and assistant turns.
 CHATML_GO = (
     "{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n{{ end }}<|im_start|>assistant\n"
@@ -79,7 +81,5 @@ def modelfile_path(gguf_path: Path) -> Path:
 def write_modelfile(gguf_path: Path, tokenizer, context_length: int) -> Path:
     """The Modelfile beside the GGUF, written whole (temp file in the same folder, then rename)."""
     path = modelfile_path(gguf_path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(modelfile(gguf_path.name, tokenizer, context_length))
-    tmp.replace(path)
+    write_text_atomic(path, modelfile(gguf_path.name, tokenizer, context_length))
     return path

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from finetune.atomic import write_text_atomic
 from finetune.log import get_logger
 from finetune.recipe_load import dump_recipe
 from finetune.redact import redact, redact_text
@@ -167,12 +168,6 @@ def package_versions() -> dict:
         except PackageNotFoundError:
             pass
     return out
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
@@ -360,7 +355,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     summary = redact(summary)  # no password, token or API key reaches run.json
     with clear_write_errors(layout, "run.json"):
         (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
-        write_json_atomic(output_dir / "run.json", summary)
+        write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
     log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
              f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
              f"saved to {output_dir}")
