@@ -221,6 +221,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
     from finetune.train.callbacks.stages import AtTrainBegin
+    from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.deepspeed_config import weights_partitioned
     from finetune.train.curves import write_curves
@@ -291,8 +292,9 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         log(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
     throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
+    step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer = Trainer(
-        callbacks=[*callbacks, throughput, *at_train_begin, *compiled, *extra_callbacks],
+        callbacks=[*callbacks, throughput, step_losses, *at_train_begin, *compiled, *extra_callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,
