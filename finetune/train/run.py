@@ -220,9 +220,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     from finetune.model.varlen_attention import restore_sdpa, use_varlen_attention
     from finetune.model.loader import load_tokenizer, resolve_model_path
     from finetune.plan.lr_recipe import resolve_learning_rate
+    from finetune.plan.run_memory import planned_memory
     from finetune.train.callbacks.stages import AtTrainBegin
     from finetune.train.callbacks.step_loss import StepLossCallback
-    from finetune.train.callbacks.throughput import ThroughputCallback
+    from finetune.train.callbacks.throughput import ThroughputCallback, throughput_line
     from finetune.train.deepspeed_config import weights_partitioned
     from finetune.train.curves import write_curves
 
@@ -291,7 +292,10 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     for stale in remove_stale_staging(layout):
         log(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = callbacks = build_callbacks(recipe, layout, fingerprint, precision)
-    throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
+    # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
+    planned = planned_memory(recipe, causal_lm.config, precision, attn,
+                             resolve_optimizer(recipe.optimizer, _cuda_available())[0], world_size)
+    throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer = Trainer(
         callbacks=[*callbacks, throughput, step_losses, *at_train_begin, *compiled, *extra_callbacks],
@@ -340,6 +344,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         "checkpoints_written": saver.saved,
         "nonfinite_skipped_steps": guard.skipped_steps,
         "loss_spikes": guard.spikes,
+        "throughput": throughput.summary(),  # since start and steady state; peak memory vs the plan's
     }
     if trainer.is_world_process_zero():
         summary["curves"] = write_curves(output_dir, trainer.state.log_history)  # loss_curve.png + verdict
@@ -349,6 +354,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
         with clear_write_errors(layout, "run.json"):
             (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
             write_json_atomic(output_dir / "run.json", summary)
+        log(throughput_line(summary["throughput"]))
         log(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
             f"{summary['final_train_loss']}, eval loss {eval_before} -> {eval_after}; saved to {output_dir}")
     return summary
