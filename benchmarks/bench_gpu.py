@@ -60,7 +60,7 @@ SEED = 42
 def tiny(scenario: dict) -> dict:
     """The same scenario at a size a CPU runs in seconds: fp32, plain AdamW, 6 steps of 256-token rows."""
     return {**scenario, "shape": "tiny", "seq": 256, "examples": 48, "max_steps": 6, "optimizer": "adamw_torch",
-            "checkpointing": "off", "vocab": 512}
+            "checkpointing": "off", "vocab": 512, "logging_steps": 1}
 
 
 def build_model(shape: str, vocab: int, tokenizer_dir: str | None, out: Path) -> Path:
@@ -136,7 +136,7 @@ def worker_finetune(s: dict, args) -> dict:
         "gradient_accumulation_steps": s["accumulation"], "num_epochs": 1, "learning_rate": s["lr"],
         "lr_scheduler": s["scheduler"], "warmup_steps": 0, "seed": SEED, "optimizer": s["optimizer"],
         "precision": "bf16" if _cuda() else "fp32", "gradient_checkpointing": s["checkpointing"],
-        "logging_steps": 10, "report_to": ["none"], "output_dir": str(work / "out"),
+        "logging_steps": s.get("logging_steps", 10), "report_to": ["none"], "output_dir": str(work / "out"),
         "dataset_prepared_path": str(work / "prepared"), "checkpoint_interval": None, "resume": False,
     }
     if s["max_steps"]:
@@ -186,7 +186,7 @@ def worker_trl(s: dict, args) -> dict:
         gradient_accumulation_steps=s["accumulation"], num_train_epochs=1, max_steps=s["max_steps"] or -1,
         learning_rate=s["lr"], lr_scheduler_type=s["scheduler"], warmup_steps=0, seed=SEED, optim=s["optimizer"],
         bf16=cuda, gradient_checkpointing=s["checkpointing"] == "full", max_length=s["seq"], packing=True,
-        logging_steps=10, save_strategy="no", report_to="none", model_init_kwargs=init, **best)
+        logging_steps=s.get("logging_steps", 10), save_strategy="no", report_to="none", model_init_kwargs=init, **best)
     peft_config = None
     if s["adapter"] != "none":
         from peft import LoraConfig
