@@ -163,11 +163,11 @@ def worker_trl(s: dict, args) -> dict:
     from trl import SFTConfig, SFTTrainer
 
     from bench_train_vs_trl import Counter
-    from finetune.data.formats import encode
+    from finetune.data.encode import encode_batch
     from finetune.ingest.records import read_records
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    examples = [encode(tokenizer, shape, record, False) for shape, record in read_records(args.data, "chat")]
+    examples = encode_batch(tokenizer, list(read_records(args.data, "chat")), False)  # the same labels as ours
     examples = [e for e in examples if len(e.input_ids) <= s["seq"]]  # what finetune keeps (it drops longer ones)
     dataset = Dataset.from_dict({"input_ids": [e.input_ids for e in examples],
                                  "completion_mask": [[int(t != -100) for t in e.labels] for e in examples]})
