@@ -134,12 +134,14 @@ def test_too_short_to_judge_only_when_it_is():
 
 
 def test_a_real_default_length_run_gets_a_verdict_from_every_step(make_recipe, tmp_path):
-    """24 optimizer steps logged every 10: the curve has all 24 steps, each interval's mean is the logged loss."""
+    """24 optimizer steps (2 micro-batches each) logged every 10: the curve has all 24 steps, and each
+    interval's mean is exactly the loss the Trainer logged for it."""
     from finetune.recipe_load import load_recipe
     from finetune.train import run_training
 
-    summary = run_training(load_recipe(make_recipe("completion", n=48, adapter="lora", micro_batch_size=2,
-                                                   logging_steps=10, learning_rate=3e-3)))
+    summary = run_training(load_recipe(make_recipe("completion", n=48, adapter="lora", micro_batch_size=1,
+                                                   gradient_accumulation_steps=2, logging_steps=10,
+                                                   learning_rate=3e-3)))
     history = summary["log_history"]
     per_step = {s: loss for e in history for s, loss in e.get("step_losses", ())}
     assert sorted(per_step) == list(range(1, summary["steps"] + 1)) and summary["steps"] == 24

@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         from finetune.train.run import log
 
-        log(f"start-up: not importing {', '.join(skipped)} (this recipe does not use it; FINETUNE_IMPORT_ALL=1 "
-            "imports every library)")
+        log(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "
+            f"{'them' if len(skipped) > 1 else 'it'}; FINETUNE_IMPORT_ALL=1 imports every library)")
     from finetune.train.checkpoints import NothingToTrain
 
     try:
