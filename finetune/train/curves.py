@@ -2,7 +2,7 @@
 
 The training curve is every optimizer step's loss (`step_losses` in the log history, written by
 finetune/train/callbacks/step_loss.py); a history without them (another tool's) falls back to the logged losses.
-Levels are means over a tenth of the points at each end, so one noisy step does not decide anything.
+Levels are means over a fifth of the points (at least 3) at each end, so a few noisy steps decide nothing.
 
     too short  fewer than MIN_POINTS training losses: nothing can be told apart from noise
     overfit    eval loss reached a minimum and then rose (> 2% and > 0.01 above it): the step of the
@@ -64,7 +64,7 @@ def _train_shape(train: list[tuple[int, float]]) -> tuple[str | None, str]:
     if len(train) < MIN_POINTS:
         return "unknown", (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
                            "(train more steps; each optimizer step's loss counts)")
-    k = max(2, len(train) // 10)
+    k = max(3, len(train) // 5)  # a fifth of the steps at each end: per-step losses are noisy
     first, last = _mean([loss for _, loss in train[:k]]), _mean([loss for _, loss in train[-k:]])
     change = (last - first) / first if first > 0 else 0.0
     moved = f"{first:.3f} -> {last:.3f}, {100 * abs(change):.0f}% {'higher' if change > 0 else 'lower'}"
