@@ -88,3 +88,66 @@ def test_a_real_tiny_run_made_to_overfit_is_diagnosed_overfit(tmp_path):
     assert d["final_train_loss"] < 1.0 < d["gap"]  # memorised the training set; held-out loss climbed
     assert d["checkpoint"] == str(tmp_path / f"checkpoint-{d['best_eval_step']}")
     assert (tmp_path / "loss_curve.png").is_file()
+
+
+def _noisy(fn, sd, steps=100, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return lambda s: fn(s) + rng.gauss(0, sd)
+
+
+def test_a_rising_training_loss_is_diverged_and_says_higher():
+    d = diagnose(_history(lambda s: 0.944 + 0.0076 * s, steps=100))  # 0.944 -> ~1.70
+    assert d["verdict"] == "diverged"
+    assert "rose" in d["reason"] and "higher" in d["reason"] and "lower `learning_rate`" in d["reason"]
+
+
+def test_a_loss_that_fell_fast_then_flattened_is_well_fit_not_underfit():
+    """The quickstart's shape: 1.44 -> 0.35 in the first third, then flat with step-to-step noise."""
+    d = diagnose(_history(_noisy(lambda s: 0.35 + 1.09 * math.exp(-s / 6), 0.04), steps=60))
+    assert d["verdict"] == "well-fit", d
+    assert "fell and flattened" in d["reason"] and "lower)" in d["reason"]
+
+
+def test_a_noisy_curve_is_judged_by_its_trend_not_its_noise():
+    well = diagnose(_history(_noisy(lambda s: 1.0 + 1.5 * math.exp(-s / 15), 0.25, seed=1), steps=200))
+    assert well["verdict"] == "well-fit", well
+    flat = diagnose(_history(_noisy(lambda s: 2.0, 0.25, seed=2), steps=200))
+    assert flat["verdict"] == "underfit" and "barely moved" in flat["reason"]
+
+
+def test_every_step_loss_is_used_over_the_sparse_logged_losses():
+    """24 steps logged every 10 (3 logged points) still get a verdict from the 24 per-step losses."""
+    losses = [0.5 + 2.0 * math.exp(-s / 4) for s in range(1, 25)]
+    history = [{"step": s, "loss": sum(losses[s - 10:s]) / 10 if s >= 10 else losses[0],
+                "step_losses": [[t, losses[t - 1]] for t in range(max(1, s - 9), s + 1)]} for s in (1, 10, 20)]
+    history.append({"step": 24, "step_losses": [[t, losses[t - 1]] for t in range(21, 25)]})
+    d = diagnose(history)
+    assert d["verdict"] == "well-fit" and d["final_train_loss"] == pytest.approx(losses[-1])
+
+
+def test_too_short_to_judge_only_when_it_is():
+    short = diagnose(_history(lambda s: 2.0 - 0.1 * s, steps=5))
+    assert short["verdict"] == "unknown" and "too short to judge: 5" in short["reason"]
+    assert diagnose(_history(lambda s: 0.5 + 2.0 * math.exp(-s / 2), steps=8))["verdict"] == "well-fit"
+
+
+def test_a_real_default_length_run_gets_a_verdict_from_every_step(make_recipe, tmp_path):
+    """24 optimizer steps (2 micro-batches each) logged every 10: the curve has all 24 steps, and each
+    interval's mean is exactly the loss the Trainer logged for it."""
+    from finetune.recipe_load import load_recipe
+    from finetune.train import run_training
+
+    summary = run_training(load_recipe(make_recipe("completion", n=48, adapter="lora", micro_batch_size=1,
+                                                   gradient_accumulation_steps=2, logging_steps=10,
+                                                   learning_rate=3e-3)))
+    history = summary["log_history"]
+    per_step = {s: loss for e in history for s, loss in e.get("step_losses", ())}
+    assert sorted(per_step) == list(range(1, summary["steps"] + 1)) and summary["steps"] == 24
+    for entry in history:
+        if "loss" in entry and entry["step"] > 1:  # HF's logged loss: the mean over the steps since the last log
+            interval = [per_step[s] for s in range(entry["step"] - 9, entry["step"] + 1)]
+            assert sum(interval) / len(interval) == pytest.approx(entry["loss"], rel=1e-3)
+    assert summary["curves"]["verdict"] in ("well-fit", "underfit", "overfit"), summary["curves"]
+    assert "too short" not in summary["curves"]["reason"]

@@ -34,6 +34,8 @@ def histories() -> dict[str, tuple[str, list[dict]]]:
                                         lambda s: 1.1 + 1.4 * math.exp(-s / 8) + 0.012 * max(0, s - 20))),
         "well-fit": ("well-fit", _history(lambda s: 1.0 + 1.4 * math.exp(-s / 8),
                                           lambda s: 1.1 + 1.4 * math.exp(-s / 8))),
+        "diverged": ("diverged", _history(lambda s: 0.95 + 0.012 * s + (0.4 if s > 40 else 0.0),
+                                          lambda s: 1.0 + 0.012 * s)),
     }
 
 

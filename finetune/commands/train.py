@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from finetune.train.imports import skip_unused_libraries
     from finetune.train.launch import check_deepspeed_installed, inside_launch, launch, single_process_env
     from finetune.train.run import run_training
 
@@ -34,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     check_deepspeed_installed(recipe)
     if recipe.deepspeed is not None and not inside_launch():
         os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
+    skipped = skip_unused_libraries(recipe)  # start-up: no bitsandbytes / DeepSpeed imports it does not use
+    if skipped:
+        get_logger(__name__).info(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "
+            f"{'them' if len(skipped) > 1 else 'it'}; FINETUNE_IMPORT_ALL=1 imports every library)")
     from finetune.train.checkpoints import NothingToTrain
 
     try:

@@ -32,3 +32,22 @@ def flops_per_token(shape: ModelShape, seq_len: int, lora_params: int | None = N
 def mfu(achieved_flops_per_s: float, peak_flops_per_device: float, num_devices: int = 1) -> float:
     """Model FLOP utilisation as a fraction (0.45 = 45%)."""
     return achieved_flops_per_s / (peak_flops_per_device * num_devices)
+
+
+def attention_flops(shape: ModelShape, segment_lengths_squared: int) -> float:
+    """Attention FLOPs (forward + backward) for a batch, from the sum over its examples of length squared.
+
+    A packed row of examples a, b, c attends only within each example: a^2 + b^2 + c^2 score pairs, not
+    (a + b + c)^2. One 4096-token row of 20 examples of ~200 tokens does 20 x 200^2 = 0.8M pairs instead of
+    16.8M: counting the whole row would overstate this term 20x. Per example of length s this equals
+    attention_flops_per_token(shape, s) x s tokens.
+    """
+    return 12.0 * shape.num_layers * shape.hidden_size * segment_lengths_squared
+
+
+def training_flops(shape: ModelShape, tokens: int, segment_lengths_squared: int,
+                   lora_params: int | None = None) -> float:
+    """Model FLOPs to train on `tokens` real tokens made of examples whose squared lengths sum as given
+    (padding excluded: it is not useful work, and MFU counts useful work)."""
+    weights = 6.0 * shape.matmul_params if lora_params is None else 4.0 * shape.matmul_params + 6.0 * lora_params
+    return weights * tokens + attention_flops(shape, segment_lengths_squared)

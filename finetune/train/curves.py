@@ -1,10 +1,17 @@
-"""loss_curve.png and the verdict on a run: underfit, overfit or well-fit, with the generalization gap.
+"""loss_curve.png and the verdict on a run: underfit, overfit, well-fit or diverged, with the generalization gap.
 
-    underfit   training loss flat (fell < 10% from its start), or still falling steeply at the end
-               (the last quarter of training took > 10% off the loss): train longer or with a higher LR
+The training curve is every optimizer step's loss (`step_losses` in the log history, written by
+finetune/train/callbacks/step_loss.py); a history without them (another tool's) falls back to the logged losses.
+Levels are means over a fifth of the points (at least 3) at each end, so a few noisy steps decide nothing.
+
+    too short  fewer than MIN_POINTS training losses: nothing can be told apart from noise
     overfit    eval loss reached a minimum and then rose (> 2% and > 0.01 above it): the step of the
                minimum and the checkpoint nearest it are reported
-    well-fit   both curves flattened; the gap (final eval - final train loss) is small
+    diverged   the training loss ended higher than it began (> FLAT_DROP): lower the learning rate
+    underfit   the training loss barely moved (fell < FLAT_DROP), or it was still falling at the end: a
+               straight line through the last quarter takes > STEEP_TAIL off it and its slope is clearly
+               below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit"
+    well-fit   the training loss fell and flattened; the gap (final eval - final train loss) is reported
 
 Thresholds are deliberately simple and stated; the plot is the evidence. Plotting uses matplotlib's
 Agg canvas directly, so it runs headless and never touches the global backend.
@@ -13,43 +20,68 @@ Agg canvas directly, so it runs headless and never touches the global backend.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
-FLAT_DROP = 0.10  # a training loss that fell less than this fraction overall is flat
-STEEP_TAIL = 0.10  # ... and one that fell more than this fraction in its last quarter is still learning
+MIN_POINTS = 8  # fewer training losses than this: too short to judge
+FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat
+STEEP_TAIL = 0.10  # ... and one whose last quarter's trend takes more than this fraction off is still learning
+TAIL_T = 3.0  # the last quarter's slope must be this many standard errors below zero to count as falling
 RISE_REL, RISE_ABS = 0.02, 0.01  # eval loss this far above its minimum has turned up
 
 
 def loss_series(log_history: list[dict]) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """(train, eval) as (step, loss) pairs from HF Trainer's state.log_history."""
-    train = [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
+    """(train, eval) as (step, loss) pairs from HF Trainer's state.log_history: train from every optimizer
+    step when the run recorded them, else from the logged losses. Non-finite losses (skipped steps) are left out."""
+    per_step = {int(step): float(loss) for e in log_history for step, loss in e.get("step_losses", ())}
+    if per_step:
+        train = sorted(per_step.items())
+    else:
+        train = [(int(e["step"]), float(e["loss"])) for e in log_history if "loss" in e and "step" in e]
     evals = [(int(e["step"]), float(e["eval_loss"])) for e in log_history if "eval_loss" in e and "step" in e]
-    return train, evals
+    return [p for p in train if math.isfinite(p[1])], evals
 
 
-def _smooth(values: list[float]) -> list[float]:
-    """Trailing moving average over ~a tenth of the points (training loss is noisy per step)."""
-    window = max(1, len(values) // 10)
-    return [sum(values[max(0, i - window + 1): i + 1]) / len(values[max(0, i - window + 1): i + 1])
-            for i in range(len(values))]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares slope of loss against step, and its standard error."""
+    xs, ys = [float(s) for s, _ in points], [loss for _, loss in points]
+    mx, my = _mean(xs), _mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0, 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    residual = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, ys))
+    return slope, math.sqrt(residual / max(len(xs) - 2, 1) / sxx)
 
 
 def _train_shape(train: list[tuple[int, float]]) -> tuple[str | None, str]:
-    """('underfit', why) when the training curve says so, else (None, how it looks)."""
-    if len(train) < 4:
-        return None, f"only {len(train)} training loss points"
-    smooth = _smooth([loss for _, loss in train])
-    first, last = smooth[0], smooth[-1]
-    drop = (first - last) / first if first > 0 else 0.0
-    if drop < FLAT_DROP:
-        return "underfit", f"training loss barely moved ({first:.3f} -> {last:.3f}, {100 * drop:.0f}% lower)"
-    tail_start = smooth[int(len(smooth) * 0.75)]
-    tail_drop = (tail_start - last) / tail_start if tail_start > 0 else 0.0
-    if tail_drop > STEEP_TAIL:
-        return "underfit", (f"training loss still falling steeply at the end ({100 * tail_drop:.0f}% lower over "
-                            "the last quarter): train longer or raise the learning rate")
-    return None, f"training loss flattened ({first:.3f} -> {last:.3f})"
+    """(verdict, why) from the training curve alone; verdict None: it fell and flattened (why says so)."""
+    if len(train) < MIN_POINTS:
+        return "unknown", (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
+                           "(train more steps; each optimizer step's loss counts)")
+    k = max(3, len(train) // 5)  # a fifth of the steps at each end: per-step losses are noisy
+    first, last = _mean([loss for _, loss in train[:k]]), _mean([loss for _, loss in train[-k:]])
+    change = (last - first) / first if first > 0 else 0.0
+    moved = f"{first:.3f} -> {last:.3f}, {100 * abs(change):.0f}% {'higher' if change > 0 else 'lower'}"
+    if change > FLAT_DROP:
+        return "diverged", (f"training loss rose ({moved}): the learning rate is likely too high for this "
+                            "batch; lower `learning_rate` (or raise `warmup_steps`)")
+    if -change < FLAT_DROP:
+        return "underfit", (f"training loss barely moved ({moved}): raise the learning rate, train longer, "
+                            "or check that the responses are supervised")
+    tail = train[int(len(train) * 0.75):]
+    slope, stderr = _slope(tail)
+    tail_level = _mean([loss for _, loss in tail])
+    tail_drop = -slope * (tail[-1][0] - tail[0][0]) / tail_level if tail_level > 0 else 0.0
+    if len(tail) >= 4 and tail_drop > STEEP_TAIL and slope < -TAIL_T * stderr:
+        return "underfit", (f"training loss still falling at the end ({moved} overall; the last quarter's trend "
+                            f"takes {100 * tail_drop:.0f}% off, steps {tail[0][0]}-{tail[-1][0]}): train longer")
+    return None, f"training loss fell and flattened ({moved})"
 
 
 def _checkpoint_near(output_dir: Path, step: int) -> str | None:
@@ -74,23 +106,20 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
     if not train:
         result["reason"] = "no training loss was logged (set logging_steps lower than the step count)"
         return result
+    verdict, why = _train_shape(train)
     if evals:
         best_step, best = min(evals, key=lambda pair: pair[1])
         result.update(best_eval_step=best_step, best_eval_loss=best, gap=evals[-1][1] - train[-1][1])
         final = evals[-1][1]
-        if best_step != evals[-1][0] and final - best > max(RISE_REL * best, RISE_ABS):
+        if verdict != "diverged" and best_step != evals[-1][0] and final - best > max(RISE_REL * best, RISE_ABS):
             checkpoint = _checkpoint_near(Path(output_dir), best_step) if output_dir else None
-            where = f"; use {checkpoint}" if checkpoint else "; no checkpoint was saved near it (lower save_steps)"
+            where = f"; use {checkpoint}" if checkpoint else "; no checkpoint was saved near it (lower checkpoint_interval)"
             result.update(verdict="overfit", checkpoint=checkpoint, reason=(
                 f"eval loss bottomed at {best:.3f} at step {best_step} and rose to {final:.3f} by step "
                 f"{evals[-1][0]}{where}. Train fewer steps/epochs, add data, or raise lora_dropout/weight_decay"))
             return result
-    verdict, why = _train_shape(train)
     if verdict:
         result.update(verdict=verdict, reason=why)
-        return result
-    if len(train) < 4:
-        result["reason"] = why
         return result
     gap = result["gap"]
     tail = f"; generalization gap {gap:+.3f}" if gap is not None else "; no eval split, so overfitting is not checked"
@@ -108,7 +137,12 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     if train:
-        ax.plot(*zip(*train), label="train loss", color="tab:blue", alpha=0.8)
+        ax.plot(*zip(*train), label="train loss (each step)", color="tab:blue", alpha=0.35, linewidth=0.8)
+        window = max(1, len(train) // 20)  # a trailing mean over a twentieth of the run shows the trend
+        if window > 1:
+            losses = [loss for _, loss in train]
+            trend = [_mean(losses[max(0, i - window + 1): i + 1]) for i in range(len(losses))]
+            ax.plot([s for s, _ in train], trend, label=f"train loss (mean of {window})", color="tab:blue")
     if evals:
         ax.plot(*zip(*evals), label="eval loss", color="tab:orange", marker="o")
     if diagnosis and diagnosis.get("verdict") == "overfit":

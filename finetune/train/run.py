@@ -278,6 +278,9 @@ def train(recipe, args, settings, layout, fingerprint, model, tokenizer, collato
     from finetune.train.callbacks import build_callbacks
     from finetune.train.callbacks.checkpoint import clear_write_errors
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
+    from finetune.model import base_causal_lm
+    from finetune.plan.run_memory import planned_memory
+    from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
 
@@ -286,9 +289,13 @@ def train(recipe, args, settings, layout, fingerprint, model, tokenizer, collato
     for stale in remove_stale_staging(layout):
         log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
-    throughput = ThroughputCallback()  # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known)
+    # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
+    planned = planned_memory(recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation,
+                             settings.optimizer, settings.world_size)
+    throughput = ThroughputCallback(planned_memory=planned)
+    step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer = Trainer(
-        callbacks=[*own, throughput, *callbacks],
+        callbacks=[*own, throughput, step_losses, *callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,
@@ -305,7 +312,7 @@ def train(recipe, args, settings, layout, fingerprint, model, tokenizer, collato
         raise Interrupted(interrupted_message(interrupt, layout))
     return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": final_eval_loss(trainer) if settings.has_eval else None, "resumed_from": resume_from,
-            "trainable": trainable, "total": total, "guard": guard, "saver": saver}
+            "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput}
 
 
 def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, started: float) -> dict:
@@ -315,6 +322,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     from finetune.model.loader import resolve_model_path
     from finetune.model.varlen_attention import restore_sdpa
     from finetune.train.callbacks.checkpoint import clear_write_errors
+    from finetune.train.callbacks.throughput import throughput_line
     from finetune.train.curves import write_curves
 
     trainer, output_dir = run["trainer"], Path(recipe.output_dir)
@@ -347,6 +355,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "checkpoints_written": run["saver"].saved,
         "nonfinite_skipped_steps": run["guard"].skipped_steps,
         "loss_spikes": run["guard"].spikes,
+        "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
     }
     if not trainer.is_world_process_zero():
         return redact(summary)
@@ -356,6 +365,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     with clear_write_errors(layout, "run.json"):
         (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
         write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
+    log.info(throughput_line(summary["throughput"]))
     log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
              f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
              f"saved to {output_dir}")

@@ -22,10 +22,11 @@ def build_callbacks(recipe, layout: checkpoints.Layout, fingerprint: dict, preci
     from finetune.train.callbacks.interrupt import InterruptGuard
 
     interrupt = InterruptGuard(recipe.save_on_interrupt)
+    guard = NonFiniteGuard(layout, recipe.on_nonfinite, recipe.max_skipped_steps, recipe.loss_spike_factor,
+                           check_grads=precision != "fp16")
     return [
-        NonFiniteGuard(layout, recipe.on_nonfinite, recipe.max_skipped_steps, recipe.loss_spike_factor,
-                       check_grads=precision != "fp16"),
+        guard,
         interrupt,
         CheckpointCallback(layout, fingerprint, recipe.checkpoint_interval, recipe.export_interval,
-                           recipe.max_checkpoints, interrupt),
+                           recipe.max_checkpoints, interrupt, before_save=guard.verify),
     ]

@@ -19,8 +19,10 @@ class CheckpointCallback(TrainerCallback):
     """
 
     def __init__(self, layout: checkpoints.Layout, fingerprint: dict, interval: int | None,
-                 export_interval: int | None, max_checkpoints: int, interrupt: InterruptGuard):
+                 export_interval: int | None, max_checkpoints: int, interrupt: InterruptGuard,
+                 before_save=None):
         self.layout, self.fingerprint = layout, fingerprint
+        self.before_save = before_save  # called with the TrainingArguments; raises to refuse the save
         self.interval, self.export_interval, self.max_checkpoints = interval, export_interval, max_checkpoints
         self.interrupt = interrupt
         self.saved: list[str] = []
@@ -29,7 +31,9 @@ class CheckpointCallback(TrainerCallback):
     def _is_export(self, step: int) -> bool:
         return bool(self.export_interval) and step % self.export_interval == 0
 
-    def _stage(self, state, control) -> None:
+    def _stage(self, args, state, control) -> None:
+        if control.should_save and self.before_save is not None:
+            self.before_save(args)  # the non-finite guard: no checkpoint of weights a NaN step touched
         if control.should_save and state.is_world_process_zero:
             checkpoints.prepare_staging(self.layout, state.global_step)
 
@@ -37,14 +41,14 @@ class CheckpointCallback(TrainerCallback):
         step = state.global_step
         if (self.interval and step % self.interval == 0) or self._is_export(step):
             control.should_save = True
-        self._stage(state, control)
+        self._stage(args, state, control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         if self.interval is None and state.global_step != self.last_saved_step:
             control.should_save = True
         if self.interrupt.fired and not self.interrupt.save:
             control.should_save = False
-        self._stage(state, control)
+        self._stage(args, state, control)
 
     def on_save(self, args, state, control, **kwargs):
         import torch.distributed as dist

@@ -1,0 +1,32 @@
+"""`finetune plan`'s memory prediction for the run about to start, so run.json shows plan vs real.
+
+Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
+prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
+lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them).
+"""
+
+from __future__ import annotations
+
+from finetune.plan.memory import GIB
+
+
+def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, num_gpus: int) -> dict | None:
+    """{"peak_allocated_gib", "total_gib"} as `finetune plan` would print them; None where it cannot plan."""
+    from finetune.errors import FinetuneError
+    from finetune.plan.budget import PlanInputs, plan_memory
+    from finetune.plan.model_size import count_model
+
+    if recipe.deepspeed or recipe.load_in_8bit:  # the planner has no 8-bit base
+        return None
+    adapter = "qlora" if recipe.load_in_4bit and recipe.adapter != "none" else recipe.adapter
+    shape, full, lora = count_model(config, recipe.lora_r, recipe.lora_target_modules, recipe.lora_modules_to_save)
+    inputs = PlanInputs(shape, full, lora, adapter=adapter, precision=precision, optimizer=optimizer,
+                        seq_len=recipe.sequence_len, micro_batch_size=recipe.micro_batch_size,
+                        gradient_checkpointing=recipe.gradient_checkpointing,
+                        attn=attn if attn in ("eager", "sdpa", "flash_attention_2") else "sdpa",
+                        num_gpus=num_gpus, lora_dropout=recipe.lora_dropout > 0)
+    try:
+        estimate = plan_memory(inputs)
+    except (FinetuneError, ValueError):  # an optimizer or adapter the planner has no table for
+        return None
+    return {"peak_allocated_gib": estimate.peak_allocated / GIB, "total_gib": estimate.total / GIB}
