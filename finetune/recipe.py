@@ -2,7 +2,8 @@
 
 Each field's description is the documentation: `finetune schema --markdown` renders docs/recipe.md from it.
 Key names follow axolotl's wherever the concept is the same, so an axolotl recipe ports with few edits.
-Loading, error reporting and overrides live in finetune/recipe_load.py.
+The `affects` tags and one `datasets:` entry (DatasetSpec) live in finetune/recipe_parts.py and are
+re-exported here. Loading, error reporting and overrides live in finetune/recipe_load.py.
 """
 
 from __future__ import annotations
@@ -10,9 +11,22 @@ from __future__ import annotations
 import os
 from typing import Literal, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator
 
-RECORD_TYPES = ("auto", "completion", "instruction", "chat")
+from finetune.recipe_parts import (  # noqa: F401  (re-exported: finetune.recipe is where the schema is reached)
+    AFFECTS_TAGS,
+    CONTENT,
+    INGEST,
+    LENGTH,
+    RECORD_TYPES,
+    TOKENS,
+    TRAIN,
+    DatasetSpec,
+    Strict,
+    affects,
+    field_affects,
+    fields_affecting,
+)
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token")
 
@@ -28,179 +42,8 @@ OPTIMIZERS = (
 )
 
 
-# What changing a setting changes. Every field of Recipe and DatasetSpec carries `affects` in its metadata
-# (tests/test_settings.py fails on a field without it); the resume fingerprint, the tokenization cache key and
-# the ingest cache key are derived from these tags, never listed by hand. A field may carry several tags;
-# an empty tuple means: changes neither the data nor what a step is (paths, logging, checkpoint cadence...).
-TRAIN = "train"  # what an optimizer step is, or what the weights and optimizer state mean: the resume fingerprint
-TOKENS = "tokens"  # the tokenized examples, keyed by the value: the tokenization cache key (data/cache.py)
-CONTENT = "content"  # the data or the tokenizer, keyed by the CONTENT hash of the files / tokenizer, not the value
-INGEST = "ingest"  # what ingesting a raw source writes: the ingest cache key (ingest/source.py)
-# How long training runs (num_epochs, max_steps). Not fingerprinted: a resumed run with a larger value is a
-# legitimate "train longer"; the learning-rate schedule is then re-planned over the new total.
-LENGTH = "length"
-AFFECTS_TAGS = (TRAIN, TOKENS, CONTENT, INGEST, LENGTH)
-
-
-def affects(*tags: str) -> dict:
-    """Field metadata: `Field(..., json_schema_extra=affects(TRAIN))` (it also shows in the JSON schema)."""
-    return {"affects": tags}
-
-
-def field_affects(model: type[BaseModel], name: str) -> tuple[str, ...] | None:
-    """The `affects` tags of one field; None when the field was never classified."""
-    extra = model.model_fields[name].json_schema_extra
-    return tuple(extra["affects"]) if isinstance(extra, dict) and "affects" in extra else None
-
-
-def fields_affecting(model: type[BaseModel], tag: str) -> tuple[str, ...]:
-    """The fields of `model` tagged `tag`, in declaration order."""
-    return tuple(name for name in model.model_fields if tag in (field_affects(model, name) or ()))
-
-
 def _default_cache_dir() -> str:
     return os.environ.get("FINETUNE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "finetune")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class DatasetSpec(Strict):
-    """One training data source: a records file, or a raw source (HTML, CSV, SQL...) ingested first."""
-
-    path: str = Field(
-        description=(
-            "A JSONL or JSON file of records (relative paths are relative to the recipe file). For a raw source "
-            "type: an HTML file, folder or glob; a CSV/TSV file (.gz/.bz2/.zip too); a SQL dump; a SQLite file; "
-            "a database URL (`type: database`); or a records file to clean (`type: records`)."
-        ),
-        json_schema_extra=affects(CONTENT),
-    )
-    type: Literal[  # type: ignore[valid-type]
-        "auto", "completion", "instruction", "chat", "html", "csv", "sql", "sqlite", "database", "records"
-    ] = Field(
-        "auto",
-        description=(
-            "Record shape: `completion` ({text}), `instruction` ({instruction, input, output}, alpaca prompt), "
-            "`chat` ({messages: [{role, content}]}), or `auto` to detect it from each record's keys. "
-            "Raw sources, ingested and cleaned into records first (cached by content hash; see "
-            "docs/ingestion.md): `html`, `csv`, `sql` (a dump file), `sqlite`, `database` (a SQLAlchemy URL), "
-            "`records` (a JSONL/JSON file run through the cleaning steps)."
-        ),
-        json_schema_extra=affects(CONTENT, INGEST),
-    )
-    # --- raw sources: what becomes a record (docs/ingestion.md) ---
-    map: dict[str, str] | None = Field(
-        None,
-        description=(
-            "Raw sources: record field -> column (CSV/SQL/database), a `{column}` template, or a CSS selector "
-            "(HTML). Fields: text | instruction, input, output | system, user, assistant. "
-            "E.g. {instruction: question, output: answer}. Default: columns already named like record fields."
-        ),
-        json_schema_extra=affects(INGEST),
-    )
-    template: str | None = Field(
-        None, description='Raw sources: completion text from a template of columns, e.g. "{title}\\n\\n{body}".',
-        json_schema_extra=affects(INGEST),
-    )
-    table: str | None = Field(
-        None, description="`sql`, `sqlite`, `database`: the table whose rows become records.",
-        json_schema_extra=affects(INGEST),
-    )
-    query: str | None = Field(
-        None, description="`sqlite`, `database`: a read-only SELECT whose rows become records.",
-        json_schema_extra=affects(INGEST),
-    )
-    sql_dialect: Literal["auto", "mysql", "postgres", "sqlite"] = Field(
-        "auto", description="`sql`: the dump's dialect (quoting and escapes); `auto` detects it.",
-        json_schema_extra=affects(INGEST),
-    )
-    html_mode: Literal["document", "sections"] = Field(
-        "document", description="`html`: one record per page, or one per heading section (see html_split_level).",
-        json_schema_extra=affects(INGEST),
-    )
-    html_split_level: int = Field(
-        2, ge=1, le=6,
-        description="`html` with `html_mode: sections`: start a section at headings h1..hN (2: at h1 and h2).",
-        json_schema_extra=affects(INGEST),
-    )
-    delimiter: str | None = Field(
-        None, description="`csv`: field delimiter. Default: comma, tab for .tsv.", json_schema_extra=affects(INGEST),
-    )
-    encoding: str | None = Field(
-        None, description="Raw sources: input encoding. Default: BOM, then the declared charset, then detection.",
-        json_schema_extra=affects(INGEST),
-    )
-    unescape_html: bool = Field(
-        False, description="`csv`, `sql`, `sqlite`, `database`: turn &amp; &lt; ... in cells into characters.",
-        json_schema_extra=affects(INGEST),
-    )
-    # --- raw sources: cleaning ---
-    slop: Literal["drop", "strip", "off"] = Field(
-        "drop",
-        description=(
-            'Raw sources: a record whose response holds a slop/refusal phrase ("As an AI language model"...) '
-            "is dropped, or only the offending sentences are stripped, or nothing is done (`off`)."
-        ),
-        json_schema_extra=affects(INGEST),
-    )
-    slop_phrases: list[str] = Field(
-        [], description="Raw sources: extra slop phrases (case and spacing ignored).",
-        json_schema_extra=affects(INGEST),
-    )
-    slop_file: str | None = Field(
-        None, description="Raw sources: a file of extra slop phrases, one a line.", json_schema_extra=affects(INGEST),
-    )
-    slop_builtin: bool = Field(
-        True, description="Raw sources: use the built-in, narrow, curated slop phrase list.",
-        json_schema_extra=affects(INGEST),
-    )
-    normalize: bool = Field(
-        True, description="Raw sources: unicode NFC and whitespace normalization.", json_schema_extra=affects(INGEST),
-    )
-    dedup: bool = Field(
-        True, description="Raw sources: drop exact duplicates (after normalization).",
-        json_schema_extra=affects(INGEST),
-    )
-    near_dedup: float | None = Field(
-        None, gt=0.0, lt=1.0, description="Raw sources: drop near-duplicates at this Jaccard similarity, e.g. 0.85.",
-        json_schema_extra=affects(INGEST),
-    )
-    min_chars: int = Field(
-        1, ge=0, description="Raw sources: drop records shorter than this many characters.",
-        json_schema_extra=affects(INGEST),
-    )
-    max_chars: int | None = Field(
-        None, gt=0, description="Raw sources: drop records longer than this many characters.",
-        json_schema_extra=affects(INGEST),
-    )
-    strict: bool = Field(
-        False, description="Raw sources: fail when any input row, page or statement was unusable.",
-        json_schema_extra=affects(INGEST),
-    )
-
-    @model_validator(mode="after")
-    def _raw_source_options(self) -> "DatasetSpec":
-        """Ingestion options only where they mean something: a setting is never silently ignored."""
-        only = {"table": ("sql", "sqlite", "database"), "query": ("sqlite", "database"), "sql_dialect": ("sql",),
-                "html_mode": ("html",), "html_split_level": ("html",), "delimiter": ("csv",),
-                "map": ("html", "csv", "sql", "sqlite", "database"), "template": ("csv", "sql", "sqlite", "database")}
-        for name in sorted(self.model_fields_set - {"path", "type"}):
-            allowed = only.get(name)
-            if self.type in RECORD_TYPES:
-                raise ValueError(f"`{name}` applies to raw sources only; for a records file to be cleaned use "
-                                 f"`type: records`, or set `type:` to html, csv, sql, sqlite or database")
-            if allowed and self.type not in allowed:
-                raise ValueError(f"`{name}` does not apply to `type: {self.type}`; it works with "
-                                 f"{', '.join(allowed)}")
-        if self.map and self.template:
-            raise ValueError("give either `map` or `template`, not both")
-        if self.type == "database" and not (self.query or self.table):
-            raise ValueError("`type: database` needs `query: SELECT ...` or `table: NAME`")
-        if self.max_chars is not None and self.max_chars < self.min_chars:
-            raise ValueError(f"`max_chars` {self.max_chars} is below `min_chars` {self.min_chars}")
-        return self
 
 
 class Recipe(Strict):
