@@ -141,3 +141,11 @@ def test_an_explicit_resume_path_refuses_changed_settings_and_a_finished_run_is_
         with pytest.raises(ck.NothingToTrain, match=r"nothing left to train.*step 4.*4 optimizer steps"):
             ck.find_resume(resume, FP, total_steps=4)
     assert ck.NothingToTrain.exit_code == 0
+    # checkpoint_interval left the last step without a checkpoint: run.json says the run finished at step 6
+    (tmp_path / "run.json").write_text('{"steps": 6}')
+    with pytest.raises(ck.NothingToTrain, match=r"finished at step 6 and this run has 6 optimizer steps"):
+        ck.find_resume(R(tmp_path), FP, total_steps=6)
+    assert ck.find_resume(R(tmp_path), FP, total_steps=8) == str(folder)  # raised max_steps: train longer
+    # only the data changed: the refusal also names the explicit path that continues anyway
+    with pytest.raises(ck.CheckpointError, match=r"set `resume: .*step-4`"):
+        ck.find_resume(R(tmp_path), {**FP, "data": "new"}, total_steps=8)

@@ -235,3 +235,34 @@ def test_modelfile_leaves_a_template_it_cannot_translate_to_the_gguf(tiny_tokeni
     text = modelfile("m.gguf", tokenizer, 4096)
     assert "TEMPLATE" not in text.replace("no TEMPLATE", "") and "tokenizer.chat_template" in text
     assert 'PARAMETER stop "<|endoftext|>"' in text and "num_ctx 4096" in text
+
+
+def test_llama_attention_biases_take_the_rotary_reordering_of_their_weights(tiny_model_dir, tmp_path):
+    """q/k biases are rows of the same projection as the weights, so llama.cpp's layout reorders them alike.
+    (transformers' GGUF loader drops llama biases, so the check reads the file and undoes the reordering with
+    transformers' own inverse, the one its loader applies to the weights.)"""
+    import numpy as np
+    from gguf import GGUFReader
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    vocab = AutoModelForCausalLM.from_pretrained(tiny_model_dir).config.vocab_size
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         attention_bias=True, tie_word_embeddings=False)
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+                proj.bias.normal_(0, 0.5)
+    model.save_pretrained(tmp_path / "biased")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "biased")
+    assert _export(tmp_path / "biased", tmp_path / "gguf" / "b.gguf") == 0
+    tensors = {t.name: np.array(t.data) for t in GGUFReader(str(tmp_path / "gguf" / "b.gguf")).tensors}
+    undo = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 2})
+    for name, proj in (("attn_q", model.model.layers[0].self_attn.q_proj),
+                       ("attn_k", model.model.layers[0].self_attn.k_proj)):
+        for kind, want in (("weight", proj.weight), ("bias", proj.bias)):
+            got = undo.process(tensors[f"blk.0.{name}.{kind}"].reshape(want.shape), f"blk.0.{name}.{kind}").weights
+            np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-6)

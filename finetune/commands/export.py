@@ -1,6 +1,6 @@
 """Export a trained run to one GGUF file (llama.cpp, Ollama, LM Studio) with an Ollama Modelfile beside it.
 
-    finetune export recipe.yml --gguf                       # output_dir/gguf/<run>.gguf, f16
+    finetune export recipe.yml --gguf                       # output_dir/gguf/<run>.f16.gguf
     finetune export outputs/run --gguf --quant q8_0 -o run.q8_0.gguf
 """
 

@@ -63,7 +63,13 @@ def check_family(folder: Path):
 
     from finetune.model.gguf_tensors import family_of
 
-    return family_of(AutoConfig.from_pretrained(str(folder)))
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:  # moved folder, or a hub id not in the cache while offline
+        raise ModelError(f"cannot read the model's config at `{folder}` ({exc.__class__.__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else 'not found'}); check that the base model "
+                         "and the trained output are where run.json says, then run the export again") from None
+    return family_of(config)
 
 
 def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:

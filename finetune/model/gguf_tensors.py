@@ -107,9 +107,10 @@ def gguf_tensors(state_dict: dict, config, family: Family):
                 "or module llama.cpp would not run); nothing was written"
             )
         data = tensor.detach().float().cpu().numpy()
-        if family.permute_qk and name.endswith("attn_q.weight"):
+        # biases are rows of the same projection: they take the same reordering as the weights
+        if family.permute_qk and name.endswith(("attn_q.weight", "attn_q.bias")):
             data = _to_llama_rope(data, n_head)
-        elif family.permute_qk and name.endswith("attn_k.weight"):
+        elif family.permute_qk and name.endswith(("attn_k.weight", "attn_k.bias")):
             data = _to_llama_rope(data, n_kv)
         yield name, np.ascontiguousarray(data)
 

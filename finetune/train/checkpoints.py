@@ -120,18 +120,34 @@ def _refusal(folder: Path, step: int, changed: list[str], how: str) -> Checkpoin
         f"{'; '.join(changed)}.{why} Either put the setting{'s' if len(changed) > 1 else ''} back, use a new "
         "`output_dir` for the new run, or set `resume: false` to start over in this one (its checkpoints are "
         "then replaced)."
+        + ("" if settings else f" To continue from these weights on the new data anyway, set `resume: {folder}`.")
     )
 
 
+def _finished_at(output_dir: Path, step: int) -> int | None:
+    """The step the run in output_dir finished at: run.json's `steps` (the last file a run writes), else the
+    checkpoint's step when run.json exists without it; None when the run never finished (no run.json)."""
+    try:
+        record = json.loads((output_dir / "run.json").read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return step
+    done = record.get("steps") if isinstance(record, dict) else None
+    return max(step, done) if isinstance(done, int) else step
+
+
 def _check_not_finished(folder: Path, step: int, total_steps: int | None, output_dir: Path) -> None:
-    """NothingToTrain when the checkpoint reached the last step and the run's end was written (run.json is the
-    last file a run writes). Without run.json the run died while saving its result: resuming at the last step
-    trains nothing and writes the model and run.json, which is what the user wants."""
-    if total_steps is not None and step >= total_steps and (output_dir / "run.json").is_file():
+    """NothingToTrain when the run in output_dir already reached the last step. Decided from run.json, not from
+    the newest checkpoint: with `checkpoint_interval` the last step has no checkpoint of its own, and resuming
+    from the one before it would retrain the end and overwrite the final model. Without run.json the run died
+    while saving its result: resuming trains what is left and writes the model and run.json."""
+    done = _finished_at(output_dir, step)
+    if total_steps is not None and done is not None and done >= total_steps:
         raise NothingToTrain(
-            f"nothing left to train: `{folder}` is at step {step} and this run has {total_steps} optimizer steps, "
-            "so the run in output_dir is finished; nothing was written. To train longer, raise `max_steps` or "
-            "`num_epochs`; to train again, use a new `output_dir` or set `resume: false`."
+            f"nothing left to train: the run in output_dir finished at step {done} and this run has {total_steps} "
+            f"optimizer steps (newest checkpoint `{folder}`, step {step}); nothing was written. To train longer, "
+            "raise `max_steps` or `num_epochs`; to train again, use a new `output_dir` or set `resume: false`."
         )
 
 

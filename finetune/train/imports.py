@@ -24,10 +24,10 @@ ACCELERATE_DEEPSPEED = "ACCELERATE_USE_DEEPSPEED"
 
 def unused_libraries(recipe) -> list[str]:
     """The optional libraries this recipe's training never calls."""
+    from finetune.model import quantized_base
     from finetune.model.bnb import BNB_OPTIMIZERS
 
-    uses_bnb = (recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit
-                or recipe.optimizer in BNB_OPTIMIZERS or _prequantized(recipe.base_model))
+    uses_bnb = quantized_base(recipe) or recipe.optimizer in BNB_OPTIMIZERS or _prequantized(recipe.base_model)
     uses_deepspeed = recipe.deepspeed is not None or os.environ.get(ACCELERATE_DEEPSPEED, "").lower() in ("1", "true")
     return [name for name, used in (("bitsandbytes", uses_bnb), ("deepspeed", uses_deepspeed)) if not used]
 

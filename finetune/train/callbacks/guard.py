@@ -55,8 +55,9 @@ class NonFiniteGuard(TrainerCallback):
         raise NonFiniteError(
             f"training stopped at step {step}: the {what} is not finite. Nothing from this step was saved. "
             f"{checkpoints.last_good_message(self.layout)} Usual causes: a learning rate too high (now {args.learning_rate:g}), fp16 "
-            "overflow (use bf16 where the GPU has it), or broken data. Lower `learning_rate` and run again, or set "
-            "`on_nonfinite: skip` to drop such steps."
+            "overflow (use bf16 where the GPU has it), or broken data. To resume from that checkpoint, keep the "
+            "settings and set `on_nonfinite: skip` to drop such steps; a lower `learning_rate` (or any other "
+            "training setting) means starting over: `--set resume=false` or a new `output_dir`."
         )
 
     def _grad_norm(self, model):
@@ -114,6 +115,9 @@ class NonFiniteGuard(TrainerCallback):
         # the host reads the loss to log it, the weights to evaluate or save them: check first, at no extra cost
         if control.should_log or control.should_evaluate or control.should_save or control.should_training_stop:
             self.verify(args)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.verify(args)  # an epoch's end may evaluate (eval_strategy epoch) or save: once an epoch, at no cost
 
     def on_train_end(self, args, state, control, **kwargs):
         self.verify(args)  # before the trained model is saved
