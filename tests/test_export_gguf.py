@@ -266,3 +266,11 @@ def test_llama_attention_biases_take_the_rotary_reordering_of_their_weights(tiny
         for kind, want in (("weight", proj.weight), ("bias", proj.bias)):
             got = undo.process(tensors[f"blk.0.{name}.{kind}"].reshape(want.shape), f"blk.0.{name}.{kind}").weights
             np.testing.assert_allclose(got, want.detach().numpy(), rtol=0, atol=1e-6)
+
+
+def test_the_command_offers_exactly_the_types_the_writer_takes():
+    """commands/export.py spells the list out so `--help` stays light: it must not drift from the writer's."""
+    from finetune.commands.export import QUANT_CHOICES
+    from finetune.model.gguf_tensors import QUANT_TYPES
+
+    assert tuple(QUANT_CHOICES) == tuple(QUANT_TYPES)

@@ -72,6 +72,12 @@ def check_family(folder: Path):
     return family_of(config)
 
 
+def check_quant(quant: str) -> None:
+    """Refuse a quantization type the gguf package cannot write, before anything is loaded or written."""
+    if quant not in QUANT_TYPES:
+        raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
+
+
 def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
     """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
     import gguf
@@ -80,8 +86,7 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
     from finetune.model.gguf_vocab import add_tokenizer
     from finetune.model.ollama import write_modelfile
 
-    if quant not in QUANT_TYPES:
-        raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
+    check_quant(quant)
     config = model.config
     family = family_of(config)
     # encode everything first: a weight llama.cpp cannot hold refuses here, with nothing on disk yet
@@ -117,8 +122,7 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
 def export(trained, out: Path, quant: str) -> Exported:
     """A located run (finetune.model.merge.locate) -> GGUF + Modelfile at `out`."""
     check_output(out)
-    if quant not in QUANT_TYPES:
-        raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
+    check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     model, tokenizer = load_model(trained)
     return write_gguf(model, tokenizer, out, quant, name=out.stem)
