@@ -34,11 +34,29 @@ def test_auto_attention_says_what_it_chose_and_why(monkeypatch, cuda, flash, pac
     real = attention.importlib.util.find_spec
     monkeypatch.setattr(attention.importlib.util, "find_spec",
                         lambda name: (object() if flash else None) if name == "flash_attn" else real(name))
-    choice, reason = choose_attention(recipe(sample_packing=packed), cuda=cuda)
+    choice, reason = choose_attention(recipe(sample_packing=packed), cuda=cuda,
+                                      supports_flex=lambda recipe: (True, "LlamaForCausalLM"))
     assert choice == expected
     assert reason and ("CPU" in reason) == (not cuda)
     assert choose_attention(recipe(attn_implementation="eager"), cuda=cuda) == (
         "eager", "set in the recipe (attn_implementation)")
+
+
+def test_auto_asks_the_model_class_before_choosing_flex(tiny_model_dir, tmp_path, monkeypatch):
+    """`auto` picks flex_attention on CUDA only for a class that has a flex path, decided from the config
+    before any model loads, so the attention the run logs and records is the one it trains with."""
+    from transformers import GPT2Config
+
+    monkeypatch.setattr(attention, "_flex_available", lambda: True)
+    llama = recipe(base_model=str(tiny_model_dir), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
+    assert choose_attention(llama, cuda=True)[0] == "flex_attention"
+    GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path / "gpt2")
+    gpt2 = recipe(base_model=str(tmp_path / "gpt2"), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
+    choice, reason = choose_attention(gpt2, cuda=True)
+    assert choice == "sdpa" and "GPT2LMHeadModel has no flex_attention path" in reason
+    missing = recipe(base_model=str(tmp_path / "nowhere"), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
+    choice, reason = choose_attention(missing, cuda=True)
+    assert choice == "sdpa" and "could not be determined" in reason
 
 
 def test_compile_auto_is_on_for_cuda_only():

@@ -111,13 +111,11 @@ def load_base_model(recipe, precision: str, attn: str):
                              quantization_config=quantization, device_map=device_map,
                              trust_remote_code=recipe.trust_remote_code)
     try:
+        # `auto` chose flex_attention only for a model class that has it (attention.flex_support): no fallback
+        # here, so the attention logged and recorded is the one the model trains with
         return load(attn_implementation=attn)
     except (OSError, ValueError) as exc:
         if isinstance(exc, ValueError) and "attn" in str(exc).lower():
-            if attn == "flex_attention" and recipe.attn_implementation == "auto":
-                # `auto` picked flex for packed rows; this architecture has no flex path: the dense-mask sdpa one
-                log.info(f"flex_attention not supported by this model ({exc}); using sdpa")
-                return load(attn_implementation="sdpa")
             raise ModelError(f"attention implementation not usable here: {exc}") from None
         raise _not_found(recipe.base_model, exc) from None
 

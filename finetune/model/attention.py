@@ -22,8 +22,40 @@ def _flex_available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
 
 
-def choose_attention(recipe, cuda: bool | None = None) -> tuple[str, str]:
-    """(attn_implementation for from_pretrained, the reason in words) for this recipe on this machine."""
+def model_class(recipe):
+    """The class from_pretrained builds for the recipe's base model, found from its config alone (no weights
+    read); None when the config cannot be read here (loading the model reports that properly)."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from finetune.errors import ModelError
+    from finetune.model.loader import resolve_model_path
+
+    try:
+        source = resolve_model_path(recipe.base_model, recipe.cache_dir)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
+        auto_map = getattr(config, "auto_map", None) or {}
+        if recipe.trust_remote_code and "AutoModelForCausalLM" in auto_map:
+            from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+            return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], source)
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (OSError, ValueError, KeyError, ModelError):
+        return None
+
+
+def flex_support(recipe) -> tuple[bool, str]:
+    """(whether the base model's class has a flex_attention path in transformers, its name): asked before the
+    model loads, so the attention the run logs and records is the one it trains with."""
+    cls = model_class(recipe)
+    if cls is None:
+        return False, "the base model's class could not be determined from its config"
+    return bool(getattr(cls, "_supports_flex_attn", False)), cls.__name__
+
+
+def choose_attention(recipe, cuda: bool | None = None, supports_flex=flex_support) -> tuple[str, str]:
+    """(attn_implementation for from_pretrained, the reason in words) for this recipe on this machine.
+    `supports_flex(recipe) -> (bool, class name)` is asked only when flex_attention would be chosen."""
     if recipe.attn_implementation != "auto":
         return recipe.attn_implementation, "set in the recipe (attn_implementation)"
     if cuda is None:
@@ -35,6 +67,10 @@ def choose_attention(recipe, cuda: bool | None = None) -> tuple[str, str]:
     if not recipe.sample_packing:
         return "sdpa", "rows are not packed: sdpa with a padding mask"
     if cuda and _flex_available():
+        flex, name = supports_flex(recipe)
+        if not flex:
+            return "sdpa", (f"packed rows on CUDA without flash-attn, and {name} has no flex_attention path in "
+                            "transformers: sdpa with a dense per-example mask")
         return "flex_attention", ("packed rows on CUDA without flash-attn: flex_attention with a per-example "
                                   "(document) mask from position_ids skips the masked-out blocks")
     if cuda:
