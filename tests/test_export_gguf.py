@@ -197,6 +197,28 @@ def test_refuses_a_classification_head(models, tmp_path, capsys):
     assert list(tmp_path.glob("*.gguf")) == []
 
 
+def test_refuses_a_sentencepiece_tokenizer_before_loading_any_weight(models, tmp_path, capsys, monkeypatch):
+    """The tokenizer is judged before the fp32 merge (minutes on a 7B): a refusal never loads the model."""
+    import json
+    import shutil
+
+    import finetune.model.export_gguf as export_gguf
+
+    folder = tmp_path / "spm"
+    shutil.copytree(models["llama"], folder)
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    spec["model"]["byte_fallback"] = True  # what Llama 2 / Mistral v0.1 tokenizers are
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+
+    def never(trained):
+        raise AssertionError("the model was loaded before the tokenizer was checked")
+
+    monkeypatch.setattr(export_gguf, "load_model", never)
+    err = _refused(["export", str(folder), "--gguf", "-o", str(tmp_path / "x.gguf")], capsys)
+    assert "byte fallback" in err and "convert_hf_to_gguf" in err
+    assert list(tmp_path.glob("*.gguf")) == []
+
+
 def test_refuses_a_weight_gguf_cannot_hold_and_writes_nothing(models, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

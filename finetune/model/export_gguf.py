@@ -50,11 +50,11 @@ def load_model(trained):
         model, tokenizer = load_adapter_model(trained, "fp32")
         return model.merge_and_unload(), tokenizer
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     _log(f"loading the model in {trained.folder}")
     return (AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32),
-            AutoTokenizer.from_pretrained(str(trained.folder)))
+            load_tokenizer(trained.folder))
 
 
 def check_family(folder: Path):
@@ -70,6 +70,13 @@ def check_family(folder: Path):
                          f"{str(exc).splitlines()[0] if str(exc) else 'not found'}); check that the base model "
                          "and the trained output are where run.json says, then run the export again") from None
     return family_of(config)
+
+
+def load_tokenizer(folder: Path):
+    """The run's tokenizer: saved beside an adapter or a full model alike (the merge reads the same one)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def check_quant(quant: str) -> None:
@@ -121,8 +128,11 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
 
 def export(trained, out: Path, quant: str) -> Exported:
     """A located run (finetune.model.merge.locate) -> GGUF + Modelfile at `out`."""
+    from finetune.model.gguf_vocab import check_tokenizer
+
     check_output(out)
     check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
+    check_tokenizer(load_tokenizer(trained.folder))  # before the merge: a refusal costs seconds, not minutes
     model, tokenizer = load_model(trained)
     return write_gguf(model, tokenizer, out, quant, name=out.stem)

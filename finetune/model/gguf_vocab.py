@@ -63,6 +63,12 @@ def _describe(tokenizer) -> tuple[dict, str]:
     return spec, pre
 
 
+def check_tokenizer(tokenizer) -> None:
+    """Refuse a tokenizer this exporter cannot write (sentencepiece-style, or a pre-tokenizer llama.cpp has no
+    name for) from the tokenizer alone: the export asks before the minutes-long fp32 merge."""
+    _describe(tokenizer)
+
+
 def _tokens(tokenizer, spec: dict, vocab_size: int) -> tuple[list[str], list[int]]:
     """Every id 0..vocab_size-1 with its spelling and type; ids the model has but the tokenizer lacks are UNUSED."""
     by_id = {i: t for t, i in spec["model"]["vocab"].items()}
