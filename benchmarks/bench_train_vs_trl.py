@@ -21,7 +21,8 @@ TRL runs in two configurations (`--trl-modes default,packed`, both by default):
   collator TRL trains with, and prints whether packed examples are isolated or attend to each other.
 
 finetune: `sample_packing: true`, rows of 512 tokens, 2 rows per micro batch (~1,000 tokens per step,
-about TRL default's 8 examples x ~115 tokens).
+about TRL default's 8 examples x ~115 tokens). Its process starts as `finetune train recipe.yml` does (the
+optional libraries the recipe does not use are not imported: finetune/train/imports.py).
 
 Each side runs in its own fresh process (whole-process wall time: imports, model load, tokenization,
 training, saving); the order rotates every repeat, and the ratios are taken per repeat. The machine's CPU
@@ -80,6 +81,7 @@ def worker_finetune(args) -> dict:
     import finetune.data.collate as collate_module
     from finetune.recipe_load import load_recipe
     from finetune.train import run_training
+    from finetune.train.imports import skip_unused_libraries
 
     counters = []
     original = collate_module.Collator
@@ -111,7 +113,9 @@ def worker_finetune(args) -> dict:
         "cache_dir": args.cache_dir,
     }
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
-    summary = run_training(load_recipe(work / "recipe.yml"))
+    loaded = load_recipe(work / "recipe.yml")
+    skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does: the start-up a user gets
+    summary = run_training(loaded)
     losses = [e["loss"] for e in summary["log_history"] if "loss" in e]
     train_end = [e for e in summary["log_history"] if "train_loss" in e]
     c = counters[-1]
