@@ -163,6 +163,43 @@ def test_compiled_decoder_layers_match_eager_with_lora_and_checkpointing(tiny_mo
     assert set(compiled.state_dict()) == set(eager.state_dict())  # names unchanged: adapters save as before
 
 
+@pytest.mark.skipif(COMPILER is None, reason="torch.compile's inductor needs a C compiler (cc/gcc), none here")
+def test_compiled_decoder_layers_match_eager_with_qlora_and_mlp_checkpointing(tiny_model_dir):
+    """Regional compilation over a 4-bit NF4 base (bitsandbytes' Linear4bit inside the compiled layer) with
+    `gradient_checkpointing: mlp` (a checkpointed MLP forward inside it): the same loss and adapter grads."""
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM
+
+    from finetune.model import get_quantization_config
+    from finetune.model.checkpointing import checkpoint_mlps
+
+    def qlora():
+        torch.manual_seed(0)
+        quantization = get_quantization_config(
+            types.SimpleNamespace(adapter="qlora", load_in_4bit=False, load_in_8bit=False), torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32,
+                                                     quantization_config=quantization, attn_implementation="sdpa")
+        model.config.use_cache = False
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        checkpoint_mlps(model)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
+                                                 task_type="CAUSAL_LM"))
+        for name, param in model.named_parameters():  # lora_B starts at zero: make the adapter matter
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.02)
+        return model
+
+    eager, compiled = qlora(), qlora()
+    assert type(eager.get_base_model().model.layers[0].mlp.up_proj.base_layer).__name__ == "Linear4bit"
+    assert compile_decoder_layers(compiled) == 2
+    batch = batch_with_prompts(eager.config.vocab_size)
+    loss_a, grads_a = loss_and_grads(eager, batch)
+    loss_b, grads_b = loss_and_grads(compiled, batch)
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)  # the tolerance of the LoRA test above, same reasons
+    assert grads_a.keys() == grads_b.keys() and any("lora_A" in k for k in grads_a)
+    assert max((grads_a[k] - grads_b[k]).abs().max().item() for k in grads_a) < 1e-5
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="flex_attention trains on CUDA")
 def test_flex_attention_on_cpu_is_refused_before_anything_is_written(make_recipe, tmp_path, capsys):
     from finetune.cli import main as cli_main
