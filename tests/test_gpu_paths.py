@@ -164,6 +164,8 @@ def test_compiled_decoder_layers_match_eager_with_lora_and_checkpointing(tiny_mo
 
 
 @pytest.mark.skipif(COMPILER is None, reason="torch.compile's inductor needs a C compiler (cc/gcc), none here")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="bitsandbytes' CPU 4-bit path; on CUDA, compile over QLoRA "
+                    "runs in benchmarks/bench_gpu.py --scenario 7b-qlora (compile: auto is on there)")
 def test_compiled_decoder_layers_match_eager_with_qlora_and_mlp_checkpointing(tiny_model_dir):
     """Regional compilation over a 4-bit NF4 base (bitsandbytes' Linear4bit inside the compiled layer) with
     `gradient_checkpointing: mlp` (a checkpointed MLP forward inside it): the same loss and adapter grads."""
