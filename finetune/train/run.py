@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from finetune.atomic import write_text_atomic
 from finetune.log import get_logger
@@ -187,8 +188,17 @@ def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
         log.info("LM head on every position: this model's forward does not allow gathering supervised positions")
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device_type: str):
-    """(model, tokenizer, collator, callbacks for the Trainer). The packing guard and the supervised-logits
+class Built(NamedTuple):
+    """What prepare_model hands the Trainer."""
+
+    model: object
+    tokenizer: object
+    collator: object
+    callbacks: list  # the model's own (ZeRO-3 probes, compile time), then the caller's
+
+
+def prepare_model(recipe, tokenizer, settings: Resolved, device_type: str) -> Built:
+    """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the supervised-logits
     probe run here, before anything is written, except under ZeRO-3, where they wait for the DeepSpeed engine
     to gather the weights; then the decoder layers are compiled when asked."""
     from transformers import set_seed
@@ -213,7 +223,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device_type: str):
     else:
         probe(model)  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
-    return model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)]
+    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)])
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -262,28 +272,27 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     resume_from = find_resume(recipe, fingerprint, settings.numbers["total_steps"])
     if resume_from:
         log.info(f"resuming from {resume_from}")
-    model, tokenizer, collator, model_callbacks = prepare_model(recipe, tokenizer, settings, args.device.type)
-    run = train(recipe, args, settings, layout, fingerprint, model, tokenizer, collator, prepared,
-                [*model_callbacks, *extra_callbacks], resume_from)
+    built = prepare_model(recipe, tokenizer, settings, args.device.type)
+    built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
+    run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from)
     return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
-def train(recipe, args, settings, layout, fingerprint, model, tokenizer, collator, prepared, callbacks,
-          resume_from) -> dict:
+def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from) -> dict:
     """The Trainer: eval loss before, training, the final eval loss. output_dir is created here, the first
     thing the run writes."""
     from transformers import Trainer
 
-    from finetune.model import count_parameters
+    from finetune.model import base_causal_lm, count_parameters
+    from finetune.plan.run_memory import planned_memory
     from finetune.train.callbacks import build_callbacks
     from finetune.train.callbacks.checkpoint import clear_write_errors
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
-    from finetune.model import base_causal_lm
-    from finetune.plan.run_memory import planned_memory
     from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
 
+    model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
     claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
     for stale in remove_stale_staging(layout):
@@ -295,12 +304,12 @@ def train(recipe, args, settings, layout, fingerprint, model, tokenizer, collato
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer = Trainer(
-        callbacks=[*own, throughput, step_losses, *callbacks],
+        callbacks=[*own, throughput, step_losses, *built.callbacks],
         model=model,
         args=args,
         train_dataset=prepared.train,
         eval_dataset=prepared.eval,
-        data_collator=throughput.wrap(collator),
+        data_collator=throughput.wrap(built.collator),
         processing_class=tokenizer,
     )
     eval_before = trainer.evaluate()["eval_loss"] if settings.has_eval else None
