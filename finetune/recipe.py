@@ -103,8 +103,9 @@ class Recipe(Strict):
         "auto",
         description=(
             "Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA; else, for packed rows "
-            "on CUDA, flex_attention with a per-example (document) mask; else sdpa (packed rows on CPU then run "
-            "example by example). The run logs what it chose and why."
+            "on CUDA, flex_attention with a per-example (document) mask when the model's class has a flex path "
+            "(asked before loading); else sdpa (packed rows on CPU then run example by example). The run logs what it "
+            "chose and why."
         ),
         json_schema_extra=affects(),
     )

@@ -114,9 +114,13 @@ def load_base_model(recipe, precision: str, attn: str):
         # `auto` chose flex_attention only for a model class that has it (attention.flex_support): no fallback
         # here, so the attention logged and recorded is the one the model trains with
         return load(attn_implementation=attn)
+    except ImportError as exc:  # remote model code, or a kernel package, that needs what is not installed
+        raise ModelError(f"loading `{recipe.base_model}` needs a package that is not installed: {exc}") from None
     except (OSError, ValueError) as exc:
         if isinstance(exc, ValueError) and "attn" in str(exc).lower():
-            raise ModelError(f"attention implementation not usable here: {exc}") from None
+            hint = (" (`attn_implementation: auto` chose it from the model class; set `attn_implementation: sdpa`)"
+                    if recipe.attn_implementation == "auto" else "")
+            raise ModelError(f"attention implementation {attn} not usable here: {exc}{hint}") from None
         raise _not_found(recipe.base_model, exc) from None
 
 

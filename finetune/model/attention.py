@@ -40,22 +40,24 @@ def model_class(recipe):
 
             return get_class_from_dynamic_module(auto_map["AutoModelForCausalLM"], source)
         return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
-    except (OSError, ValueError, KeyError, ModelError):
+    except Exception:  # noqa: BLE001 advisory only: remote code may raise anything; loading reports it properly
         return None
 
 
 def flex_support(recipe) -> tuple[bool, str]:
-    """(whether the base model's class has a flex_attention path in transformers, its name): asked before the
-    model loads, so the attention the run logs and records is the one it trains with."""
+    """(whether the base model's class has a flex_attention path in transformers, why not in words): asked
+    before the model loads, so the attention the run logs and records is the one it trains with."""
     cls = model_class(recipe)
     if cls is None:
         return False, "the base model's class could not be determined from its config"
-    return bool(getattr(cls, "_supports_flex_attn", False)), cls.__name__
+    if not getattr(cls, "_supports_flex_attn", False):
+        return False, f"{cls.__name__} has no flex_attention path in transformers"
+    return True, ""
 
 
 def choose_attention(recipe, cuda: bool | None = None, supports_flex=flex_support) -> tuple[str, str]:
     """(attn_implementation for from_pretrained, the reason in words) for this recipe on this machine.
-    `supports_flex(recipe) -> (bool, class name)` is asked only when flex_attention would be chosen."""
+    `supports_flex(recipe) -> (bool, why not)` is asked only when flex_attention would be chosen."""
     if recipe.attn_implementation != "auto":
         return recipe.attn_implementation, "set in the recipe (attn_implementation)"
     if cuda is None:
@@ -67,10 +69,9 @@ def choose_attention(recipe, cuda: bool | None = None, supports_flex=flex_suppor
     if not recipe.sample_packing:
         return "sdpa", "rows are not packed: sdpa with a padding mask"
     if cuda and _flex_available():
-        flex, name = supports_flex(recipe)
+        flex, why_not = supports_flex(recipe)
         if not flex:
-            return "sdpa", (f"packed rows on CUDA without flash-attn, and {name} has no flex_attention path in "
-                            "transformers: sdpa with a dense per-example mask")
+            return "sdpa", f"packed rows on CUDA without flash-attn, and {why_not}: sdpa with a dense per-example mask"
         return "flex_attention", ("packed rows on CUDA without flash-attn: flex_attention with a per-example "
                                   "(document) mask from position_ids skips the masked-out blocks")
     if cuda:

@@ -41,8 +41,9 @@ def check_output(out: Path) -> None:
         raise ModelError(f"`{out}`: the output file must end in .gguf (runtimes look for that name)")
 
 
-def load_model(trained):
-    """(model, tokenizer) in fp32: the adapter merged into its unquantized base, or the full model as trained."""
+def load_model(trained, tokenizer=None):
+    """(model, tokenizer) in fp32: the adapter merged into its unquantized base, or the full model as trained.
+    `tokenizer`: the run's, already loaded (saved_tokenizer); the adapter merge reads its own copy."""
     if trained.is_adapter:
         from finetune.model.merge import load_adapter_model
 
@@ -54,7 +55,7 @@ def load_model(trained):
 
     _log(f"loading the model in {trained.folder}")
     return (AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32),
-            load_tokenizer(trained.folder))
+            tokenizer or saved_tokenizer(trained.folder))
 
 
 def check_family(folder: Path):
@@ -72,7 +73,7 @@ def check_family(folder: Path):
     return family_of(config)
 
 
-def load_tokenizer(folder: Path):
+def saved_tokenizer(folder: Path):
     """The run's tokenizer: saved beside an adapter or a full model alike (the merge reads the same one)."""
     from transformers import AutoTokenizer
 
@@ -133,6 +134,7 @@ def export(trained, out: Path, quant: str) -> Exported:
     check_output(out)
     check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
-    check_tokenizer(load_tokenizer(trained.folder))  # before the merge: a refusal costs seconds, not minutes
-    model, tokenizer = load_model(trained)
+    tokenizer = saved_tokenizer(trained.folder)
+    check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
+    model, tokenizer = load_model(trained, tokenizer)
     return write_gguf(model, tokenizer, out, quant, name=out.stem)
