@@ -86,3 +86,21 @@ def test_no_gpu_peak_when_training_on_the_cpu_of_a_gpu_machine(monkeypatch):
     assert _detect_peak_tflops(args) is None
     args.device = torch.device("cuda", 0)
     assert _detect_peak_tflops(args) == pytest.approx(989.4)
+
+
+def test_model_shape_counts_every_weight_of_a_4bit_base(tiny_model_dir):
+    """The throughput callback measures the loaded model: a 4-bit base packs 2 weights a byte, and its FLOPs
+    (hence MFU) must count the weights it stands for, not the bytes it stores."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from finetune.plan.model_size import model_shape
+
+    plain = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    nf4 = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32, quantization_config=(
+        BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.float32)))
+    if not torch.cuda.is_available():
+        assert type(nf4.model.layers[0].mlp.up_proj.weight).__name__ == "Params4bit"
+    assert model_shape(nf4) == model_shape(plain)
+    assert flops_per_token(model_shape(nf4), 64, 1000) == flops_per_token(model_shape(plain), 64, 1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from finetune.compat import parameter_count
 from finetune.errors import FinetuneError
 from finetune.plan.shape import ModelShape, Trainable
 
@@ -44,7 +45,9 @@ def _blocks_linears(model):
 def model_shape(model) -> ModelShape:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     params = {id(p): p for p in model.parameters()}  # tied weights once
-    total = sum(p.numel() for p in params.values())
+    # parameter_count, not numel: a loaded 4-bit base packs 2 weights a byte, a ZeRO-3 shard holds a
+    # placeholder (the throughput callback measures the trained model; FLOPs count every weight)
+    total = sum(parameter_count(p) for p in params.values())
     emb = model.get_input_embeddings().weight
     out = model.get_output_embeddings()
     tied = out is not None and out.weight is emb
@@ -57,8 +60,8 @@ def model_shape(model) -> ModelShape:
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
         vocab_size=cfg.vocab_size,
         total_params=total,
-        embedding_params=emb.numel(),
-        quantizable_params=sum(m.weight.numel() for _, m in _blocks_linears(model)),
+        embedding_params=parameter_count(emb),
+        quantizable_params=sum(parameter_count(m.weight) for _, m in _blocks_linears(model)),
         tied_embeddings=tied,
     )
 
