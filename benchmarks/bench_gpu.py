@@ -10,8 +10,11 @@ DIR`) and the model's vocabulary is 49,152 (SmolLM2's) so the LM head and loss c
                seq 2048 packed, micro batch 1 x 4 accumulation, paged_adamw_8bit, full checkpointing
 
 TRL runs its best configuration, not its defaults: its own packing (`packing=True`, best-fit decreasing) and
-padding-free batches where its version has them, the same attention (flash-attn when installed, else sdpa),
-optimizer, precision, learning rate and seed. Both sides train on the same tokens: TRL gets finetune's
+padding-free batches where its version has them, flash-attn when installed, else sdpa (`--trl-attention
+flex_attention` tries transformers' flex path for it too: its padding-free rows carry position_ids, from
+which transformers builds the same document mask finetune's flex path uses), the same optimizer, precision,
+learning rate and seed. finetune runs as a user gets it (`attn_implementation: auto`, `compile: auto`); the
+table names each side's attention. Neither side writes a checkpoint inside the timed loop. Both sides train on the same tokens: TRL gets finetune's
 tokenization as `input_ids` + `completion_mask` (assistant turns only), so the supervised targets match.
 Each side runs in its own fresh process; the order alternates per repeat; the ratio is taken per repeat.
 
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -82,11 +86,16 @@ def build_model(shape: str, vocab: int, tokenizer_dir: str | None, out: Path) ->
         model = model.to(torch.bfloat16)  # half the disk; finetune and TRL load it in the dtype they train in
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the timed runs are child processes: this one keeps no GPU memory
     return out
 
 
 def attention() -> str:
-    """What both sides use: flash-attn's kernels when installed (TRL's padding-free path needs them), else sdpa."""
+    """TRL's attention by default: flash-attn's kernels when installed (its padding-free path is documented for
+    them), else sdpa. finetune uses its own `attn_implementation: auto` choice (flash-attn, else flex_attention
+    for packed rows on CUDA) and compiles its layers (`compile: auto`); each row of the table names both."""
     import importlib.util
 
     return "flash_attention_2" if importlib.util.find_spec("flash_attn") else "sdpa"
@@ -137,7 +146,10 @@ def worker_finetune(s: dict, args) -> dict:
         "lr_scheduler": s["scheduler"], "warmup_steps": 0, "seed": SEED, "optimizer": s["optimizer"],
         "precision": "bf16" if _cuda() else "fp32", "gradient_checkpointing": s["checkpointing"],
         "logging_steps": s.get("logging_steps", 10), "report_to": ["none"], "output_dir": str(work / "out"),
-        "dataset_prepared_path": str(work / "prepared"), "checkpoint_interval": None, "resume": False,
+        "dataset_prepared_path": str(work / "prepared"), "resume": False,
+        # no checkpoint inside the timed loop (the default writes one at the epoch's end: ~13 GB of fp32
+        # weights + Adam states for the 1B), as TRL runs with save_strategy="no"
+        "checkpoint_interval": 10**9,
     }
     if s["max_steps"]:
         recipe["max_steps"] = s["max_steps"]
@@ -151,7 +163,8 @@ def worker_finetune(s: dict, args) -> dict:
             "slots": counter.slots, "supervised": counter.supervised, "final_loss": summary["final_train_loss"],
             "peak_gib": peak_memory_gib(), "planned_gib": (numbers.get("planned_memory_gib") or {}).get("peak_allocated_gib"),
             "mfu": numbers.get("mfu"), "steady_mfu": numbers.get("steady_mfu"),
-            "steady_tokens_per_second": numbers.get("steady_tokens_per_second")}
+            "steady_tokens_per_second": numbers.get("steady_tokens_per_second"),
+            "attention": summary["attn_implementation"], "compile": summary["compile"]}
 
 
 def worker_trl(s: dict, args) -> dict:
@@ -174,7 +187,8 @@ def worker_trl(s: dict, args) -> dict:
     fields = {f.name for f in dataclasses.fields(SFTConfig)}
     best = {k: v for k, v in {"padding_free": True, "completion_only_loss": True}.items() if k in fields}
     cuda = _cuda()
-    init = {"dtype": torch.float32 if s["adapter"] == "none" else torch.bfloat16, "attn_implementation": attention()}
+    init = {"dtype": torch.float32 if s["adapter"] == "none" else torch.bfloat16,
+            "attn_implementation": args.trl_attention or attention()}
     if not cuda:
         init["dtype"] = torch.float32
     if s["adapter"] == "qlora":
@@ -201,10 +215,11 @@ def worker_trl(s: dict, args) -> dict:
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": trainer.state.global_step, "train_runtime_s": result.metrics["train_runtime"],
             "real": counter.real, "slots": counter.slots, "supervised": counter.supervised,
-            "final_loss": losses[-1] if losses else None, "peak_gib": peak_memory_gib(), "settings": best}
+            "final_loss": losses[-1] if losses else None, "peak_gib": peak_memory_gib(), "settings": best,
+            "attention": init["attn_implementation"], "compile": False}
 
 
-def run_side(side: str, scenario: str, s: dict, model_path: Path, data: Path) -> dict:
+def run_side(side: str, scenario: str, s: dict, model_path: Path, data: Path, trl_attention: str | None) -> dict:
     if side == "trl":
         import importlib.util
 
@@ -213,13 +228,16 @@ def run_side(side: str, scenario: str, s: dict, model_path: Path, data: Path) ->
     work = Path(tempfile.mkdtemp(prefix=f"bench-gpu-{side}-"))
     result_path = work / "result.json"
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--worker", side, "--settings", json.dumps(s),
-                           "--model-path", str(model_path), "--data", str(data), "--work", str(work),
-                           "--result", str(result_path)], capture_output=True, text=True)
+    command = [sys.executable, __file__, "--worker", side, "--settings", json.dumps(s), "--model-path",
+               str(model_path), "--data", str(data), "--work", str(work), "--result", str(result_path)]
+    if trl_attention:
+        command += ["--trl-attention", trl_attention]
+    proc = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    if proc.returncode != 0:
-        return {"failed": proc.stderr[-3000:]}
-    result = json.loads(result_path.read_text())
+    result = json.loads(result_path.read_text()) if proc.returncode == 0 else {"failed": proc.stderr[-3000:]}
+    shutil.rmtree(work, ignore_errors=True)  # a 1B full fine-tune's output is GBs; the disk is not endless
+    if "failed" in result:
+        return result
     result["wall_s"] = wall
     result["tokens_per_second"] = result["real"] / result["train_runtime_s"]  # real tokens through the loop
     return result
@@ -234,19 +252,20 @@ def machine() -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"Machine: {report['machine']}; attention {report['attention']}.", "",
-             "| scenario | repeat | side | steps | real tokens | supervised | loop s | wall s | real tokens/s | "
-             "finetune / TRL | peak GiB | plan GiB | MFU steady | final loss |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Machine: {report['machine']}.", "",
+             "| scenario | repeat | side | attention (compiled) | steps | real tokens | supervised | loop s | wall s | "
+             "real tokens/s | finetune / TRL | peak GiB | plan GiB | MFU steady | final loss |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["runs"]:
         r = row["result"]
         if "skipped" in r or "failed" in r:
             why = r.get("skipped") or "failed: " + r["failed"].strip().splitlines()[-1][:120]
-            lines.append(f"| {row['scenario']} | {row['repeat']} | {row['side']} | {why} |" + " |" * 10)
+            lines.append(f"| {row['scenario']} | {row['repeat']} | {row['side']} | {why} |" + " |" * 11)
             continue
         fmt = lambda v, f: format(v, f) if isinstance(v, (int, float)) else "-"  # noqa: E731
         lines.append(
-            f"| {row['scenario']} | {row['repeat']} | {row['side']} | {r['steps']} | {r['real']:,} | {r['supervised']:,} | "
+            f"| {row['scenario']} | {row['repeat']} | {row['side']} | {r.get('attention', '-')}"
+            f"{' (yes)' if r.get('compile') else ''} | {r['steps']} | {r['real']:,} | {r['supervised']:,} | "
             f"{r['train_runtime_s']:.1f} | {r['wall_s']:.1f} | {r['tokens_per_second']:,.0f} | "
             f"{fmt(row.get('ratio'), '.2f')} | {r['peak_gib']:.2f} | {fmt(r.get('planned_gib'), '.2f')} | "
             f"{fmt(r.get('steady_mfu') and 100 * r['steady_mfu'], '.1f')} | {fmt(r.get('final_loss'), '.4f')} |")
@@ -261,6 +280,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder with a chat template (default: tiny BPE)")
     parser.add_argument("--out", default="bench-gpu", help="folder for results.json and results.md")
+    parser.add_argument("--trl-attention", default=None, choices=["sdpa", "flex_attention", "flash_attention_2"],
+                        help="TRL's attention (default: flash-attn when installed, else sdpa); finetune's is its "
+                             "`auto` choice, recorded per run in the table")
     parser.add_argument("--worker", choices=["finetune", "trl"])
     for name in ("--settings", "--model-path", "--data", "--work", "--result"):
         parser.add_argument(name)
@@ -278,14 +300,16 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
-    report = {"machine": machine(), "attention": attention(), "tiny": args.tiny, "runs": []}
+    report = {"machine": machine(), "trl_attention": args.trl_attention or attention(), "tiny": args.tiny,
+              "runs": []}
     for name in SCENARIOS if args.scenario == "all" else [args.scenario]:
         s = tiny(SCENARIOS[name]) if args.tiny else SCENARIOS[name]
         model = build_model(s["shape"], s.get("vocab", VOCAB), args.tokenizer, work / f"model-{name}")
         data = make_data(work / f"{name}.jsonl", n=s["examples"])
         sides = args.sides.split(",")
         for repeat in range(args.repeats):
-            results = {side: run_side(side, name, s, model, data) for side in (sides if repeat % 2 == 0 else sides[::-1])}
+            results = {side: run_side(side, name, s, model, data, args.trl_attention)
+                       for side in (sides if repeat % 2 == 0 else sides[::-1])}
             ours, theirs = results.get("finetune", {}), results.get("trl", {})
             ratio = (ours["tokens_per_second"] / theirs["tokens_per_second"]
                      if "tokens_per_second" in ours and "tokens_per_second" in theirs else None)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,7 +25,10 @@ def test_tiny_smoke_run_writes_json_and_a_markdown_table(tmp_path):
     assert result["steps"] == 6 and result["supervised"] > 0 and result["real"] <= result["slots"]
     assert result["tokens_per_second"] > 0 and result["final_loss"] > 0
     table = (tmp_path / "results.md").read_text()
-    assert table.startswith("Machine: CPU") and "| 1b-full | 0 | finetune | 6 |" in table
+    if not torch.cuda.is_available():  # what `auto` chooses on a CPU
+        assert result["attention"] == "sdpa" and result["compile"] is False
+    compiled = " (yes)" if result["compile"] else ""
+    assert table.startswith("Machine: ") and f"| 1b-full | 0 | finetune | {result['attention']}{compiled} | 6 |" in table
 
 
 def test_without_cuda_the_full_benchmark_says_how_to_run(tmp_path):

@@ -75,6 +75,10 @@ def test_module_entry_point_writes_outputs_and_run_json(make_recipe, tmp_path):
     assert len(run["data_hash"]) == 64 and run["versions"]["torch"].startswith(torch.__version__.split("+")[0])
     assert run["first_train_loss"] > 0 and run["final_eval_loss"] > 0
     assert "optimizer steps" in proc.stderr and "supervised" in proc.stderr
+    # what the run resolved is recorded as logged: the attention and compile choices with their reasons
+    assert f"attention {run['attn_implementation']} ({run['attn_reason']})" in proc.stderr
+    assert run["compile"] is torch.cuda.is_available() and run["compile_reason"].startswith("auto")
+    assert run["optimizer"]
 
 
 @pytest.mark.parametrize("override, needle", [

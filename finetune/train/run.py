@@ -197,7 +197,7 @@ class Built(NamedTuple):
     callbacks: list  # the model's own (ZeRO-3 probes, compile time), then the caller's
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device_type: str) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the supervised-logits
     probe run here, before anything is written, except under ZeRO-3, where they wait for the DeepSpeed engine
     to gather the weights; then the decoder layers are compiled when asked."""
@@ -214,13 +214,17 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device_type: str) -> Bu
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
     attn = settings.attn_implementation
-    if settings.packed and attn == "sdpa" and device_type == "cpu" and use_varlen_attention(base_causal_lm(model)):
+    if settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model)):
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
     at_train_begin = []
     if settings.weights_partitioned:  # ZeRO-3: after the engine gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
     else:
+        if device.type != "cpu" and not getattr(model, "hf_device_map", None):
+            # where the Trainer would put it, so the probes run the kernels that train (flex_attention and
+            # flash-attn have no CPU path to probe); a quantized base is on its GPU already (device_map)
+            model.to(device)
         probe(model)  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
     return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)])
@@ -272,7 +276,7 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     resume_from = find_resume(recipe, fingerprint, settings.numbers["total_steps"])
     if resume_from:
         log.info(f"resuming from {resume_from}")
-    built = prepare_model(recipe, tokenizer, settings, args.device.type)
+    built = prepare_model(recipe, tokenizer, settings, args.device)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from)
     return save_and_record(recipe, settings, layout, prepared, run, started)

@@ -52,7 +52,9 @@ class Resolved:
         """What run.json records of the resolution."""
         plan = self.lr_plan
         return {"precision": self.precision, "learning_rate": self.learning_rate,
-                "learning_rate_plan": dataclasses.asdict(plan) if plan is not None else None}
+                "learning_rate_plan": dataclasses.asdict(plan) if plan is not None else None,
+                "attn_implementation": self.attn_implementation, "attn_reason": self.attn_reason,
+                "compile": self.compile, "compile_reason": self.compile_reason, "optimizer": self.optimizer}
 
 
 def plan_numbers(recipe, prepared, world_size: int) -> dict:
