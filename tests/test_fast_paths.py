@@ -17,18 +17,22 @@ from finetune.model.supervised_logits import attach
 from finetune.model.varlen_attention import NAME, restore_sdpa, segments, use_varlen_attention
 
 
-def tiny(tiny_model_dir, lora: bool = False, cls=AutoModelForCausalLM):
+def tiny(tiny_model_dir, lora: bool = False, cls=AutoModelForCausalLM, **load):
     torch.manual_seed(0)
-    model = cls.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attn_implementation="sdpa")
+    model = cls.from_pretrained(str(tiny_model_dir), dtype=torch.float32, attn_implementation="sdpa", **load)
     model.config.use_cache = False
-    if lora:
-        from peft import LoraConfig, get_peft_model
+    return add_lora(model) if lora else model
 
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules="all-linear",
-                                                 task_type="CAUSAL_LM"))
-        for name, param in model.named_parameters():  # lora_B starts at zero: make the adapter matter
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.02)
+
+def add_lora(model, dropout: float = 0.1):
+    """r=4 LoRA on every linear layer, with lora_B drawn instead of zero so the adapter matters."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=dropout, target_modules="all-linear",
+                                             task_type="CAUSAL_LM"))
+    for name, param in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.02)
     return model
 
 

@@ -16,7 +16,7 @@ from finetune.model.regional_compile import compile_decoder_layers, decoder_laye
 from finetune.model.supervised_logits import attach
 from finetune.data.collate import Collator
 from finetune.model.varlen_attention import use_varlen_attention
-from test_fast_paths import batch_with_prompts, loss_and_grads, packed_batch, tiny
+from test_fast_paths import add_lora, batch_with_prompts, loss_and_grads, packed_batch, tiny
 
 
 def recipe(**keys):
@@ -171,27 +171,18 @@ def test_compiled_decoder_layers_match_eager_with_lora_and_checkpointing(tiny_mo
 def test_compiled_decoder_layers_match_eager_with_qlora_and_mlp_checkpointing(tiny_model_dir):
     """Regional compilation over a 4-bit NF4 base (bitsandbytes' Linear4bit inside the compiled layer) with
     `gradient_checkpointing: mlp` (a checkpointed MLP forward inside it): the same loss and adapter grads."""
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM
+    from peft import prepare_model_for_kbit_training
 
     from finetune.model import get_quantization_config
     from finetune.model.checkpointing import checkpoint_mlps
 
     def qlora():
-        torch.manual_seed(0)
         quantization = get_quantization_config(
             types.SimpleNamespace(adapter="qlora", load_in_4bit=False, load_in_8bit=False), torch.float32)
-        model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32,
-                                                     quantization_config=quantization, attn_implementation="sdpa")
-        model.config.use_cache = False
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(tiny(tiny_model_dir, quantization_config=quantization),
+                                                use_gradient_checkpointing=False)
         checkpoint_mlps(model)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear",
-                                                 task_type="CAUSAL_LM"))
-        for name, param in model.named_parameters():  # lora_B starts at zero: make the adapter matter
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.02)
-        return model
+        return add_lora(model, dropout=0.0)
 
     from torch._dynamo.utils import counters
 
