@@ -14,8 +14,9 @@ padding-free batches where its version has them, flash-attn when installed, else
 flex_attention` tries transformers' flex path for it too: its padding-free rows carry position_ids, from
 which transformers builds the same document mask finetune's flex path uses), the same optimizer, precision,
 learning rate and seed. finetune runs as a user gets it (`attn_implementation: auto`, `compile: auto`); the
-table names each side's attention. Neither side writes a checkpoint inside the timed loop. Both sides train on the same tokens: TRL gets finetune's
-tokenization as `input_ids` + `completion_mask` (assistant turns only), so the supervised targets match.
+table names each side's attention. Neither side writes a checkpoint inside the timed loop. Both sides
+train on the same tokens: TRL gets finetune's tokenization as `input_ids` + `completion_mask` (assistant
+turns only), so the supervised targets match.
 Each side runs in its own fresh process; the order alternates per repeat; the ratio is taken per repeat.
 
     python benchmarks/bench_gpu.py --out bench-gpu/                     # both scenarios on the GPU

@@ -198,9 +198,10 @@ class Built(NamedTuple):
 
 
 def prepare_model(recipe, tokenizer, settings: Resolved, device) -> Built:
-    """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the supervised-logits
-    probe run here, before anything is written, except under ZeRO-3, where they wait for the DeepSpeed engine
-    to gather the weights; then the decoder layers are compiled when asked."""
+    """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
+    supervised-logits probe run here, on the device that trains, before anything is written, except under
+    ZeRO-3, where they wait for the DeepSpeed engine to gather the weights; then the decoder layers are
+    compiled when asked."""
     from transformers import set_seed
 
     from finetune.data.collate import Collator
