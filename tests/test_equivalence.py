@@ -34,8 +34,9 @@ def one_step(make_recipe, tmp_path, name, fast_paths=False, **settings):
     """Loss and gradients of the first optimizer step of a full fine-tune on 4 examples, plus the data.
     `fast_paths`: with train.py's exact speedups (per-example attention for packed rows, supervised-only
     logits), which must change nothing."""
+    # fp32 on any machine: the question is how examples are cut into batches, not bf16 rounding on a GPU
     recipe = load_recipe(make_recipe("instruction", n=4, adapter="none", max_steps=1, max_grad_norm=0,
-                                     learning_rate=1e-5, output_dir=name, **settings))
+                                     learning_rate=1e-5, output_dir=name, precision="fp32", **settings))
     tokenizer = load_tokenizer(recipe)
     prepared = build_dataset(recipe, tokenizer)
     torch.manual_seed(0)
