@@ -48,9 +48,11 @@ def transformers_side(target: str) -> tuple[list[dict], object]:
     import torch
 
     from finetune.model.export_gguf import load_model
-    from finetune.model.merge import locate
+    from finetune.model.merge import locate, saved_tokenizer
 
-    model, tokenizer = load_model(locate(target))
+    trained = locate(target)
+    tokenizer = saved_tokenizer(trained.folder)
+    model = load_model(trained, tokenizer)
     cases = []
     for prompt in PROMPTS:
         text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,

@@ -41,21 +41,19 @@ def check_output(out: Path) -> None:
         raise ModelError(f"`{out}`: the output file must end in .gguf (runtimes look for that name)")
 
 
-def load_model(trained, tokenizer=None):
-    """(model, tokenizer) in fp32: the adapter merged into its unquantized base, or the full model as trained.
-    `tokenizer`: the run's, already loaded (saved_tokenizer); the adapter merge reads its own copy."""
+def load_model(trained, tokenizer):
+    """The model in fp32: the adapter merged into its unquantized base, or the full model as trained.
+    `tokenizer`: the run's (merge.saved_tokenizer)."""
     if trained.is_adapter:
         from finetune.model.merge import load_adapter_model
 
         _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
-        model, tokenizer = load_adapter_model(trained, "fp32")
-        return model.merge_and_unload(), tokenizer
+        return load_adapter_model(trained, "fp32", tokenizer=tokenizer)[0].merge_and_unload()
     import torch
     from transformers import AutoModelForCausalLM
 
     _log(f"loading the model in {trained.folder}")
-    return (AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32),
-            tokenizer or saved_tokenizer(trained.folder))
+    return AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32)
 
 
 def check_family(folder: Path):
@@ -71,13 +69,6 @@ def check_family(folder: Path):
                          f"{str(exc).splitlines()[0] if str(exc) else 'not found'}); check that the base model "
                          "and the trained output are where run.json says, then run the export again") from None
     return family_of(config)
-
-
-def saved_tokenizer(folder: Path):
-    """The run's tokenizer: saved beside an adapter or a full model alike (the merge reads the same one)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(folder))
 
 
 def check_quant(quant: str) -> None:
@@ -130,11 +121,12 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
 def export(trained, out: Path, quant: str) -> Exported:
     """A located run (finetune.model.merge.locate) -> GGUF + Modelfile at `out`."""
     from finetune.model.gguf_vocab import check_tokenizer
+    from finetune.model.merge import saved_tokenizer
 
     check_output(out)
     check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
     check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
-    model, tokenizer = load_model(trained, tokenizer)
+    model = load_model(trained, tokenizer)
     return write_gguf(model, tokenizer, out, quant, name=out.stem)

@@ -77,14 +77,22 @@ def torch_dtype(name: str):
     return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 
 
-def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None):
-    """(PeftModel, tokenizer): the base (unquantized unless asked), grown to the run's vocabulary, plus the adapter."""
+def saved_tokenizer(folder):
+    """The run's tokenizer, saved beside its adapter or full model."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))
+
+
+def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None, tokenizer=None):
+    """(PeftModel, tokenizer): the base (unquantized unless asked), grown to the run's vocabulary, plus the adapter.
+    `tokenizer`: the run's, when the caller has loaded it already."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from finetune.model.loader import _not_found
 
-    tokenizer = AutoTokenizer.from_pretrained(str(trained.folder))
+    tokenizer = tokenizer or saved_tokenizer(trained.folder)
     try:
         base = AutoModelForCausalLM.from_pretrained(trained.base_source, dtype=torch_dtype(dtype),
                                                     quantization_config=quantization_config)
