@@ -13,6 +13,7 @@ from typing import Literal, Union
 
 from pydantic import AliasChoices, Field, field_validator
 
+from finetune.recipe_method import METHODS
 from finetune.recipe_parts import (  # noqa: F401  (re-exported: finetune.recipe is where the schema is reached)
     AFFECTS_TAGS,
     CONTENT,
@@ -150,6 +151,54 @@ class Recipe(Strict):
     def _checkpointing_alias(cls, value):
         # axolotl recipes say `gradient_checkpointing: true`
         return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    # --- method (finetune/recipe_method.py: which method reads which key, and its default there) ---------
+    # tokens too: KTO reads a pair as two unpaired examples, so the method changes what is tokenized
+    method: Literal[METHODS] = Field(  # type: ignore[valid-type]
+        "sft",
+        description=(
+            "`sft`: supervised fine-tuning on completion / instruction / chat records. Preference tuning on "
+            "{prompt, chosen, rejected} pairs: `dpo`, `ipo` (against the reference: the model as it is before the "
+            "first step), `orpo`, `simpo` (no reference); `kto` on {prompt, completion, label} records or pairs. "
+            "docs/preference.md."
+        ),
+        json_schema_extra=affects(TRAIN, TOKENS),
+    )
+    rl_beta: float | None = Field(
+        None, gt=0.0,
+        description=("How far the policy may move from the reference (DPO, IPO's tau, KTO) or the reward scale "
+                     "(SimPO). Default: 0.1; SimPO 2.0."),
+        json_schema_extra=affects(TRAIN),
+    )
+    dpo_label_smoothing: float | None = Field(
+        None, ge=0.0,
+        description="DPO: the assumed probability that a pair's labels are flipped (conservative DPO), in [0, 0.5). Default 0.",
+        json_schema_extra=affects(TRAIN),
+    )
+    rpo_alpha: float | None = Field(
+        None, ge=0.0,
+        description=("DPO, IPO, SimPO: weight of an SFT term, the mean negative log-likelihood of the chosen "
+                     "responses' tokens, added to the loss (RPO; SimPO's `cpo_alpha`). Default 0: off."),
+        json_schema_extra=affects(TRAIN),
+    )
+    simpo_gamma: float | None = Field(
+        None, ge=0.0, description="SimPO: the target reward margin gamma. Default 1.0 (gamma / beta = 0.5).",
+        json_schema_extra=affects(TRAIN),
+    )
+    orpo_alpha: float | None = Field(
+        None, gt=0.0, description="ORPO: weight (lambda) of the odds-ratio term beside the chosen NLL. Default 0.1.",
+        json_schema_extra=affects(TRAIN),
+    )
+    kto_desirable_weight: float | None = Field(
+        None, gt=0.0, description="KTO: weight of desirable examples' loss. Default 1.0.",
+        json_schema_extra=affects(TRAIN),
+    )
+    kto_undesirable_weight: float | None = Field(
+        None, gt=0.0,
+        description=("KTO: weight of undesirable examples' loss. Default 1.0; with unbalanced data, aim for "
+                     "desirable_weight x desirable count / (undesirable_weight x undesirable count) in [1, 4/3]."),
+        json_schema_extra=affects(TRAIN),
+    )
 
     # --- data --------------------------------------------------------------------------------------
     datasets: list[DatasetSpec] = Field(

@@ -15,6 +15,7 @@ from finetune.errors import RecipeError
 from finetune.port import axolotl
 from finetune.recipe import DatasetSpec, Recipe
 from finetune.recipe_checks import deepspeed_problems, location_problems, resolve_deepspeed
+from finetune.recipe_method import method_problems
 
 # Keys whose values are filesystem paths, resolved relative to the recipe file's folder.
 PATH_KEYS = ("output_dir", "dataset_prepared_path", "cache_dir")
@@ -213,6 +214,7 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
             )
     if recipe.group_by_length and recipe.sample_packing:
         problems.append("`group_by_length` has nothing to group once `sample_packing` fills every row; drop one")
+    problems += method_problems(recipe)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
     return problems
 

@@ -1,0 +1,108 @@
+"""The training method: supervised fine-tuning, or preference tuning (DPO, IPO, ORPO, SimPO, KTO), and the
+settings each method reads.
+
+Every method setting is a flat recipe key named as axolotl names it (`rl_beta`, `dpo_label_smoothing`,
+`simpo_gamma`, `orpo_alpha`, `rpo_alpha`, `kto_desirable_weight`, `kto_undesirable_weight`). A key is
+`None` in the schema; METHOD_SETTINGS below is where each one's default for each method lives (the recipe
+is the only place a default lives: this module is part of it), and `method_setting(recipe, key)` reads
+the value a run trains with. A key the recipe's method does not read is an error, never silently ignored.
+
+Pure Python: the recipe imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto")
+PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
+PAIRED_METHODS = ("dpo", "ipo", "orpo", "simpo")  # need {prompt, chosen, rejected}
+REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference (the model before step 1)
+
+# key -> {method: default}. Sources: DPO (Rafailov et al. 2023) and TRL's DPOConfig beta 0.1; IPO (Azar et
+# al. 2023) tau 0.1; SimPO (Meng et al. 2024) beta 2.0 with gamma/beta 0.5, no SFT term; ORPO (Hong et al.
+# 2024) lambda 0.1; KTO (Ethayarajh et al. 2024) beta 0.1, both weights 1.0.
+METHOD_SETTINGS: dict[str, dict[str, float]] = {
+    "rl_beta": {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "kto": 0.1},
+    "dpo_label_smoothing": {"dpo": 0.0},
+    "rpo_alpha": {"dpo": 0.0, "ipo": 0.0, "simpo": 0.0},
+    "simpo_gamma": {"simpo": 1.0},
+    "orpo_alpha": {"orpo": 0.1},
+    "kto_desirable_weight": {"kto": 1.0},
+    "kto_undesirable_weight": {"kto": 1.0},
+}
+
+# the record shapes each kind of method trains on (finetune/ingest/records.py)
+SFT_SHAPES = ("completion", "instruction", "chat")
+PAIR_SHAPES = ("preference",)
+UNPAIRED_SHAPES = ("unpaired", "preference")  # KTO also reads pairs: chosen is desirable, rejected is not
+
+
+def is_preference(recipe) -> bool:
+    return recipe.method in PREFERENCE_METHODS
+
+
+def uses_reference(recipe) -> bool:
+    return recipe.method in REFERENCE_METHODS
+
+
+def shapes_for(method: str) -> tuple[str, ...]:
+    """The record shapes `method` trains on."""
+    if method == "sft":
+        return SFT_SHAPES
+    return UNPAIRED_SHAPES if method == "kto" else PAIR_SHAPES
+
+
+def method_setting(recipe, key: str) -> float:
+    """The value `key` has in this run: the recipe's, else the method's default."""
+    defaults = METHOD_SETTINGS[key]
+    if recipe.method not in defaults:
+        raise KeyError(f"`{key}` is not a setting of method {recipe.method}")
+    value = getattr(recipe, key)
+    return defaults[recipe.method] if value is None else value
+
+
+def method_settings(recipe) -> dict[str, float]:
+    """Every setting the recipe's method reads, resolved (what run.json records)."""
+    return {key: method_setting(recipe, key) for key, per_method in METHOD_SETTINGS.items()
+            if recipe.method in per_method}
+
+
+def _users(key: str) -> str:
+    methods = list(METHOD_SETTINGS[key])
+    return ", ".join(f"`{m}`" for m in methods[:-1]) + (" or " if len(methods) > 1 else "") + f"`{methods[-1]}`"
+
+
+def method_problems(recipe) -> list[str]:
+    """Keys the method does not read, records it cannot train on, and settings that mean nothing to it."""
+    problems = []
+    for key in METHOD_SETTINGS:
+        if getattr(recipe, key) is not None and recipe.method not in METHOD_SETTINGS[key]:
+            problems.append(f"`{key}` is a setting of method {_users(key)}, not of `method: {recipe.method}`; "
+                            f"remove it, or set the method it belongs to")
+    label_smoothing = recipe.dpo_label_smoothing
+    if label_smoothing is not None and not 0.0 <= label_smoothing < 0.5:
+        problems.append(f"`dpo_label_smoothing` {label_smoothing} must be in [0, 0.5): the probability that a "
+                        "pair's labels are flipped")
+    allowed = shapes_for(recipe.method)
+    for i, spec in enumerate(recipe.datasets):
+        shape = spec.type
+        if shape in ("completion", "instruction", "chat", "preference", "unpaired") and shape not in allowed:
+            problems.append(_shape_problem(i, shape, recipe.method, allowed))
+        elif shape in ("html", "csv", "sql", "sqlite", "database") and recipe.method != "sft":
+            problems.append(f"`datasets.{i}.type: {shape}` ingests supervised records (text, instruction or chat), "
+                            f"which `method: {recipe.method}` cannot train on; give it a file of preference records "
+                            "({prompt, chosen, rejected}: docs/preference.md)")
+    if recipe.method != "sft" and recipe.train_on_inputs:
+        problems.append(f"`train_on_inputs` does not apply to `method: {recipe.method}`: preference losses compare "
+                        "responses, never prompts; remove it")
+    return problems
+
+
+def _shape_problem(index: int, shape: str, method: str, allowed: tuple[str, ...]) -> str:
+    if shape == "unpaired" and method != "sft":
+        return (f"`datasets.{index}.type: unpaired` holds unpaired records ({{prompt, completion, label}}), which only "
+                f"`method: kto` trains on; `method: {method}` needs pairs ({{prompt, chosen, rejected}})")
+    if method == "sft":
+        return (f"`datasets.{index}.type: {shape}` holds preference records, but the recipe trains "
+                f"`method: sft`; set `method: dpo` (or ipo, orpo, simpo, kto), or point it at SFT records")
+    return (f"`datasets.{index}.type: {shape}` holds supervised records, but `method: {method}` trains on "
+            f"{' or '.join(allowed)} records (docs/preference.md); set `method: sft`, or point it at preference data")
