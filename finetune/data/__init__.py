@@ -29,6 +29,7 @@ class Prepared:
     data_hash: str = ""
     cache_path: str = ""
     reused: bool = False
+    store: object = None  # preference methods: the token ids the rows of pair ids point into (preference_rows.py)
 
     def train_counts(self) -> dict:
         """stats["train"] with `examples` replaced by what the Trainer iterates: the packed rows with
@@ -128,6 +129,10 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
 
+    from finetune.recipe_method import is_preference
+
+    if is_preference(recipe):
+        return build_preference_dataset(recipe, tokenizer)
     files = record_files(recipe)
     files_hash = data_hash(files)
     key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
@@ -167,6 +172,59 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
         prepared.train = prepared.train.add_column("length", [len(ids) for ids in prepared.train["input_ids"]])
     if eval_packing and prepared.eval is not None:
         prepared.eval, packing["eval"] = pack_dataset(prepared.eval, recipe.sequence_len, recipe.seed)
+    prepared.stats = {**prepared.stats, "packing": packing}
+    return prepared
+
+
+def build_preference_dataset(recipe, tokenizer) -> Prepared:
+    """Preference methods: tokenized pairs (KTO: unpaired examples), cached like SFT examples; the Trainer's
+    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference_rows.py)."""
+    from datasets import DatasetDict
+
+    from finetune.data.preference import item_stats, to_dataset, tokenize_preferences
+
+    files = record_files(recipe)
+    files_hash = data_hash(files)
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
+    root = prepared_root(recipe)
+    cached = load_prepared(root, key)
+    if cached is not None:
+        dd, stats = cached
+        prepared = Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key), reused=True)
+        return preference_prepared(recipe, prepared)
+    items, outcome = tokenize_preferences(recipe, tokenizer, files)
+    train, held = split(items, recipe)
+    stats = {
+        "records": outcome.get("records", 0),
+        "dropped_too_long": outcome.get("too_long", 0),
+        "dropped_response_too_long": outcome.get("response_too_long", 0),
+        "truncated": outcome.get("truncated", 0),
+        "dropped_listed": outcome["dropped_listed"],
+        "train": item_stats(train),
+        "eval": item_stats(held),
+    }
+    dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
+    save_prepared(root, key, dd, stats)
+    return preference_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+
+
+def preference_prepared(recipe, prepared: Prepared) -> Prepared:
+    """The token store and the rows of ids the Trainer iterates, packed where the recipe packs."""
+    from finetune.data.packing import packed_splits
+    from finetune.data.preference_rows import PairStore, preference_rows, row_capacity
+
+    store = PairStore(prepared.train, prepared.eval)
+    train_packing, eval_packing = packed_splits(recipe)
+    capacity = row_capacity(recipe, store)
+    packing = {}
+    prepared.train, packed = preference_rows(store, "train", train_packing, capacity, recipe.seed)
+    if packed:
+        packing["train"] = packed
+    if prepared.eval is not None:
+        prepared.eval, packed = preference_rows(store, "eval", eval_packing, capacity, recipe.seed)
+        if packed:
+            packing["eval"] = packed
+    prepared.store = store
     prepared.stats = {**prepared.stats, "packing": packing}
     return prepared
 

@@ -123,6 +123,13 @@ def count_data(recipe, state):
         tokenizer = load_tokenizer(recipe)
         prepared = build_dataset(recipe, tokenizer)
     stats = prepared.stats
+    if prepared.store is not None:
+        kind = "examples" if prepared.store.unpaired else "pairs"
+        log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
+                 f"eval {kind}; dropped {stats['dropped_too_long']} too long, {stats['dropped_response_too_long']} "
+                 f"whose response leaves no room for the prompt; prompt cut from its start in {stats['truncated']}"
+                 f"{' (cached)' if prepared.reused else ''}")
+        return tokenizer, prepared
     log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / "
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
@@ -195,9 +202,10 @@ class Built(NamedTuple):
     tokenizer: object
     collator: object
     callbacks: list  # the model's own (ZeRO-3 probes, compile time), then the caller's
+    full_logits: bool = False  # preference methods: log-probs from the model's full logits (sequence_logps.py)
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3, where they wait for the DeepSpeed engine to gather the weights; then the decoder layers are
@@ -215,10 +223,16 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device) -> Built:
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
     attn = settings.attn_implementation
+    if store is not None:  # preference methods: rows of pair ids into the token store
+        from finetune.train.preference_setup import preference_collator, probe_preference
+
+        collator = preference_collator(store, pad_id, collator.flatten)
+        probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     if settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model)):
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
-    probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
-    at_train_begin = []
+    else:
+        probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
+    at_train_begin, full_logits = [], False
     if settings.weights_partitioned:  # ZeRO-3: after the engine gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
     else:
@@ -226,9 +240,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device) -> Built:
             # where the Trainer would put it, so the probes run the kernels that train (flex_attention and
             # flash-attn have no CPU path to probe); a quantized base is on its GPU already (device_map)
             model.to(device)
-        probe(model)  # before anything is written: a refusal costs nothing
+        full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)])
+    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits)
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -277,13 +291,19 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
     resume_from = find_resume(recipe, fingerprint, settings.numbers["total_steps"])
     if resume_from:
         log.info(f"resuming from {resume_from}")
-    built = prepare_model(recipe, tokenizer, settings, args.device)
+    reference = None
+    if prepared.store is not None:  # before the model loads: a resume without its reference table is refused
+        from finetune.train.preference_setup import reference_for
+
+        reference = reference_for(recipe, prepared, settings.precision, resume_from)
+    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
-    run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from)
+    run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
     return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
-def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from) -> dict:
+def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from,
+          reference=None) -> dict:
     """The Trainer: eval loss before, training, the final eval loss. output_dir is created here, the first
     thing the run writes."""
     from transformers import Trainer
@@ -308,7 +328,14 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
                              settings.optimizer, settings.world_size)
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
-    trainer = Trainer(
+    trainer_class, own_kwargs = Trainer, {}
+    if prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
+        from finetune.train.preference import PreferenceTrainer
+        from finetune.train.preference_setup import preference_trainer_kwargs
+
+        trainer_class, own_kwargs = PreferenceTrainer, preference_trainer_kwargs(recipe, built, prepared, reference)
+    trainer = trainer_class(
+        **own_kwargs,
         callbacks=[*own, throughput, step_losses, *built.callbacks],
         model=model,
         args=args,
@@ -370,7 +397,12 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "nonfinite_skipped_steps": run["guard"].skipped_steps,
         "loss_spikes": run["guard"].spikes,
         "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
+        "method": recipe.method,
     }
+    if prepared.store is not None:
+        from finetune.train.preference_setup import preference_record
+
+        summary["preference"] = preference_record(recipe, trainer)
     if not trainer.is_world_process_zero():
         return redact(summary)
     summary["curves"] = write_curves(output_dir, history)  # loss_curve.png + verdict

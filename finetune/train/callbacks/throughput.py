@@ -72,7 +72,11 @@ class ThroughputCallback(TrainerCallback):
 
     def count(self, batch, features=None) -> None:
         """Real tokens and squared example lengths from the features (CPU lists), supervised from the labels."""
-        if features and "input_ids" in features[0]:
+        if "sequence_lengths" in batch:  # preference batches list their sequences (data/preference_collate.py)
+            lengths = batch["sequence_lengths"].tolist()
+            self.counts.tokens += int(sum(lengths))
+            self.counts.squares += int(sum(n * n for n in lengths))
+        elif features and "input_ids" in features[0]:
             for f in features:
                 lengths = segment_lengths(f["position_ids"]) if "position_ids" in f else [len(f["input_ids"])]
                 self.counts.tokens += sum(lengths)

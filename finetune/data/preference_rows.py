@@ -1,0 +1,67 @@
+"""What the Trainer iterates for preference tuning: rows of pair ids, and the store the ids point into.
+
+A pair (or a KTO example) has one global id: the train split's come first, then the eval split's. The
+Trainer's dataset holds only rows of ids (column `pairs`; `packed_pairs` when packed): one id a row unpacked, so `micro_batch_size`
+counts pairs as it counts examples in SFT; several a row with `sample_packing`, best-fit-decreasing packed
+(finetune/data/packing.py) into rows of 2 x sequence_len tokens, so any pair fits a row whole and a packed
+row holds as many tokens as one unpacked pair at its longest. The collator (finetune/data/preference_collate.py)
+turns ids into token tensors from the store, and into the reference log-probs computed for them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# the rows' column: its name says whether a row's items are packed into one token row or are a row each
+UNPACKED, PACKED = "pairs", "packed_pairs"
+
+
+class PairStore:
+    """Token ids of every item of both splits, by global id (train first, then eval)."""
+
+    def __init__(self, train, eval=None):
+        parts = [train] + ([eval] if eval is not None else [])
+        self.n_train = len(train)
+        self.unpaired = "completion_ids" in train.column_names
+        self.prompts = [ids for part in parts for ids in part["prompt_ids"]]
+        if self.unpaired:
+            self.responses = [[ids] for part in parts for ids in part["completion_ids"]]
+            self.labels = [bool(label) for part in parts for label in part["label"]]
+        else:
+            self.responses = [[c, r] for part in parts for c, r in zip(part["chosen_ids"], part["rejected_ids"])]
+            self.labels = None
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def split_ids(self, split: str) -> range:
+        return range(0, self.n_train) if split == "train" else range(self.n_train, len(self))
+
+    def sequences(self, item: int) -> list[tuple[list[int], list[int]]]:
+        """(prompt ids, response ids) of each sequence the item is read as: chosen then rejected for a pair."""
+        return [(self.prompts[item], response) for response in self.responses[item]]
+
+    def length(self, item: int) -> int:
+        return sum(len(self.prompts[item]) + len(response) for response in self.responses[item])
+
+
+def row_capacity(recipe, store: PairStore) -> int:
+    """Tokens a packed row holds: a pair's two sequences at their longest, or one KTO example."""
+    return recipe.sequence_len * (1 if store.unpaired else 2)
+
+
+def preference_rows(store: PairStore, split: str, packed: bool, capacity: int, seed: int):
+    """(Dataset of rows of ids, packing stats or None)."""
+    from datasets import Dataset
+
+    from finetune.data.packing import pack_lengths, packing_efficiency
+
+    ids = np.asarray(store.split_ids(split), dtype=np.int64)
+    if not packed:
+        return Dataset.from_dict({UNPACKED: [[int(i)] for i in ids]}), None
+    lengths = np.asarray([store.length(int(i)) for i in ids], dtype=np.int64)
+    bins = pack_lengths(lengths, capacity, seed)
+    rows = [[int(ids[j]) for j in row] for row in bins]
+    stats = {"examples": int(ids.size), "rows": len(rows), "tokens": int(lengths.sum()), "sequence_len": capacity,
+             "efficiency": round(packing_efficiency(lengths, bins, capacity), 4)}
+    return Dataset.from_dict({PACKED: rows}), stats

@@ -1,0 +1,104 @@
+"""Per-sequence log-probabilities of the response tokens, the quantity every preference loss is made of.
+
+For a batch from finetune/data/preference_collate.py: one forward pass of the model as the Trainer holds it
+(DDP / DeepSpeed wrappers included, so their gradient hooks run), then, for every position whose next token
+is supervised, log p(next token), summed per sequence with `sequence_index`. The LM head runs only on those
+positions: a pre-hook on the output embeddings takes the hidden states of the supervised positions and hands
+the head zero rows; the head and log-softmax then run on the gathered rows chunk by chunk, each chunk under
+activation checkpointing when gradients are on (at most one chunk's logits exist at a time: a 152k vocabulary
+makes 4,096 rows of fp32 logits 2.5 GB). `probe_gathered_head` proves on the real model, before training,
+that this equals log-softmax over the model's own full logits (a model that post-processes its logits, e.g.
+soft-capping, fails the probe and is run with full logits instead).
+"""
+
+from __future__ import annotations
+
+from finetune.contract import IGNORE_INDEX
+from finetune.model.supervised_logits import CHUNK_LOGITS
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+PROBE_TOLERANCE = 1e-4  # fp32 sums of the same terms in another order differ ~1e-7 of their size
+
+
+class _GatherRows:
+    """Forward pre-hook on the LM head: keep the hidden states at `mask`, give the head none of them."""
+
+    def __init__(self, mask):
+        self.mask, self.rows = mask, None
+
+    def __call__(self, module, args):
+        hidden = args[0]
+        if self.rows is not None or tuple(hidden.shape[:-1]) != tuple(self.mask.shape):
+            return None
+        self.rows = hidden[self.mask]
+        return (self.rows[:0], *args[1:])
+
+
+def _token_logps(head, hidden, targets):
+    logits = head(hidden).float()
+    return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _chunked_logps(head, rows, targets, chunk_rows: int):
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    if rows.shape[0] == 0:
+        return rows.new_zeros(0, dtype=torch.float32)
+    pieces = []
+    for start in range(0, rows.shape[0], chunk_rows):
+        part = slice(start, start + chunk_rows)
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_token_logps, head, rows[part], targets[part], use_reentrant=False))
+        else:
+            pieces.append(_token_logps(head, rows[part], targets[part]))
+    return torch.cat(pieces)
+
+
+def response_logps(model, head, batch: dict, full_logits: bool = False):
+    """(summed log-probs per sequence (S,), fp32): S = the batch's sequences, as `sequence_lengths` lists them.
+    `model` is what the Trainer calls (wrapped or not); `head` its LM head module."""
+    import torch
+    import torch.nn.functional as F
+
+    labels = batch["labels"]
+    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t + 1
+    mask = shifted != IGNORE_INDEX
+    targets = shifted[mask]
+    owner = F.pad(batch["sequence_index"], (0, 1), value=-1)[:, 1:][mask]  # the sequence of each target
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    if full_logits:
+        logits = model(**inputs, use_cache=False).logits
+        token_logps = logits[mask].float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    else:
+        gather = _GatherRows(mask)
+        handle = head.register_forward_pre_hook(gather)
+        try:
+            model(**inputs, use_cache=False)
+        finally:
+            handle.remove()
+        if gather.rows is None:
+            raise RuntimeError("the LM head was not called on the hidden states: use full logits for this model")
+        chunk_rows = max(1, CHUNK_LOGITS // (getattr(head, "out_features", None) or head.weight.shape[0]))
+        token_logps = _chunked_logps(head, gather.rows, targets, chunk_rows)
+    sequences = batch["sequence_lengths"].shape[0]
+    return torch.zeros(sequences, dtype=torch.float32, device=token_logps.device).index_add(0, owner, token_logps)
+
+
+def probe_gathered_head(model, head, collator_batch: dict) -> bool:
+    """True when the gathered-rows path gives the full-logits path's numbers on this model (eval mode, no grad)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            full = response_logps(model, head, collator_batch, full_logits=True)
+            try:
+                gathered = response_logps(model, head, collator_batch)
+            except Exception:  # a forward that does not call the head on the hidden states
+                return False
+    finally:
+        model.train(was_training)
+    scale = max(full.abs().max().item(), 1.0)
+    return (gathered - full).abs().max().item() <= PROBE_TOLERANCE * scale

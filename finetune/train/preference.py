@@ -1,0 +1,128 @@
+"""Preference tuning with the HF Trainer: one subclass, through its public hooks only.
+
+    compute_loss        per-sequence response log-probs (finetune/model/sequence_logps.py), the method's
+                        per-pair losses (finetune/train/preference_objective.py), normalized over the STEP
+    get_batch_samples   counts what a step normalizes by: pairs (KTO: examples) and chosen-response tokens,
+                        over every micro batch of the optimizer step and every process
+    prediction_step     evaluation: the same loss, no logits
+    log                 the metrics people know (rewards/chosen, rewards/margins, rewards/accuracies, logps/...),
+                        averaged over the pairs since the last log, eval_-prefixed on the eval split
+
+Why over the step: with packing, micro batches hold different numbers of pairs, so a mean per micro batch would
+weigh pairs unequally; summing per-pair losses and dividing by the pairs of the whole optimizer step (all
+processes) gives every pair the same weight, packed or not, one process or several. DDP and DeepSpeed average
+gradients over processes, so each process's loss is multiplied by their number (the sum is then exact).
+
+The reference table (finetune/train/reference.py) is computed at the first loss, through the model as the
+Trainer holds it, unless the run found it cached.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import Trainer
+
+from finetune.log import get_logger
+
+log = get_logger(__name__)
+
+
+class PreferenceTrainer(Trainer):
+    def __init__(self, *args, objective, store, head, full_logits: bool, reference=None, reference_path=None,
+                 reference_batch_items: int = 8, reference_collator=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reference_collator = reference_collator or self.data_collator  # unwrapped: not counted as training
+        self.objective, self.store, self.head, self.full_logits = objective, store, head, full_logits
+        self.reference, self.reference_path = reference, reference_path
+        self.reference_batch_items = reference_batch_items
+        self.reference_seconds = None  # how long the reference pass took (None: read from the cache / not needed)
+        self.loss_is_scaled_for_ga = True  # compute_loss normalizes over the whole step itself
+        self._sums = {"train": {}, "eval": {}}
+
+    # --- the step's counts ---------------------------------------------------------------------------------
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        counts = torch.tensor(_step_counts(self.objective, batches), dtype=torch.float64, device=device)
+        if self.args.world_size > 1:
+            counts = self.accelerator.reduce(counts, reduction="sum")
+        return batches, counts
+
+    # --- the loss --------------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.objective.needs_reference and self.reference is None:
+            self.reference = self._reference_table(model)
+        from finetune.model.sequence_logps import response_logps
+
+        logps = response_logps(model, self.head, inputs, self.full_logits)
+        ref = None
+        if self.objective.needs_reference:
+            ref = self.reference.to(logps.device)[inputs["pair_ids"]]
+        terms = self.objective.terms(logps, ref, inputs)
+        if num_items_in_batch is None:  # evaluation, or a caller without the step's counts: this batch alone
+            counts, scale = torch.tensor(self.objective.counts(inputs), dtype=torch.float64), 1
+        else:
+            counts, scale = num_items_in_batch, self.accelerator.num_processes
+        loss = self.objective.combine(terms, counts.to(logps.device), scale)
+        self._record(terms.metrics, "train" if model.training else "eval")
+        return (loss, {}) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def _reference_table(self, model):
+        from finetune.train.reference import compute_table, save_table
+
+        started = time.time()
+        log.info(f"reference log-probs: one no-grad pass over {len(self.store):,} "
+                 f"{'examples' if self.store.unpaired else 'pairs'} with the model as it starts")
+        table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_items,
+                              self._prepare_inputs, self.full_logits, self.accelerator.process_index,
+                              self.accelerator.num_processes)
+        self.reference_seconds = time.time() - started
+        if self.reference_path is not None and self.is_world_process_zero():
+            save_table(self.reference_path, table)
+        log.info(f"reference log-probs: {self.reference_seconds:.1f} s, stored in {self.reference_path}")
+        return table
+
+    # --- metrics ---------------------------------------------------------------------------------------------
+    def _record(self, metrics: dict, mode: str) -> None:
+        sums = self._sums[mode]
+        for name, values in metrics.items():
+            values = values.detach().double()
+            total, count = sums.get(name, (0.0, 0))
+            sums[name] = (total + values.sum(), count + values.numel())  # a device tensor: no sync per step
+
+    def log(self, logs: dict, start_time=None) -> None:
+        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+        sums = self._sums[mode]
+        if sums:
+            names = sorted(sums)
+            totals = torch.stack([torch.as_tensor(sums[n][0], dtype=torch.float64) for n in names]).to(self.args.device)
+            counts = torch.tensor([float(sums[n][1]) for n in names], dtype=torch.float64, device=self.args.device)
+            if self.args.world_size > 1:
+                totals = self.accelerator.reduce(totals, reduction="sum")
+                counts = self.accelerator.reduce(counts, reduction="sum")
+            prefix = "eval_" if mode == "eval" else ""
+            for name, total, count in zip(names, totals.tolist(), counts.tolist()):
+                if count:
+                    logs[f"{prefix}{name}"] = round(total / count, 6)
+            sums.clear()
+        super().log(logs, start_time)
+
+
+def _step_counts(objective, batches) -> list[float]:
+    totals = None
+    for batch in batches:
+        counts = objective.counts(batch)
+        totals = list(counts) if totals is None else [a + b for a, b in zip(totals, counts)]
+    return totals or [0.0, 0.0]

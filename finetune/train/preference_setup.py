@@ -1,0 +1,90 @@
+"""What a preference run adds to the SFT run's steps (finetune/train/run.py): its collator, its probes, and
+the Trainer subclass with the objective, the token store and the reference table (cached or to compute)."""
+
+from __future__ import annotations
+
+from finetune.log import get_logger
+
+log = get_logger(__name__)
+
+
+def preference_collator(store, pad_id: int, flatten: bool):
+    from finetune.data.preference_collate import PreferenceCollator
+
+    return PreferenceCollator(store, pad_id, flatten=flatten)
+
+
+def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> bool:
+    """The packing guard (segments isolated by position_ids, as in SFT rows) and the gathered-head probe;
+    returns whether the loss must read the model's full logits."""
+    from finetune.data.collate import Collator
+    from finetune.data.preference_rows import UNPACKED
+    from finetune.model import base_causal_lm
+    from finetune.model.sequence_logps import probe_gathered_head
+
+    if packed:
+        from finetune.model.isolation import guard_packing
+
+        # the same position_ids restarts a preference row uses between chosen and rejected and between pairs
+        leak = guard_packing(model, Collator(pad_id, flatten=collator.flatten), attn)
+        log.info(f"packed sequences are isolated: a packed sequence's logits match it alone (leak {leak:.1e} of full "
+                 "cross-attention)")
+    device = next(model.parameters()).device
+    items = [{UNPACKED: [i]} for i in range(min(2, len(collator.store)))]
+    batch = {k: v.to(device) for k, v in collator(items).items()}
+    head = base_causal_lm(model).get_output_embeddings()
+    if head is not None and probe_gathered_head(model, head, batch):
+        log.info("preference log-probs: the LM head runs on response positions only")
+        return False
+    log.info("preference log-probs: from the model's full logits (its forward does not allow gathering positions)")
+    return True
+
+
+def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object, object]:
+    """(the cached reference table or None, where it is stored). A resumed run without its table is refused:
+    its model is no longer the one the run started from."""
+    from finetune.errors import DataError
+    from finetune.recipe_method import uses_reference
+    from finetune.train.reference import load_table, reference_path
+
+    if not uses_reference(recipe):
+        return None, None
+    path = reference_path(recipe, prepared.key, precision)
+    table = load_table(path, len(prepared.store))
+    if table is not None:
+        log.info(f"reference log-probs: read from {path} (the same data, model and settings)")
+    elif resume_from:
+        raise DataError(
+            f"resuming needs the reference log-probs this run computed when it started ({path}), and they are gone "
+            "(the cache was cleared, or the base model's files changed); the model being resumed is no longer the "
+            "model the run started from, so they cannot be recomputed. Start over with `resume: false`"
+        )
+    return table, path
+
+
+def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict:
+    """PreferenceTrainer's own arguments; `reference` is reference_for's answer."""
+    from finetune.model import base_causal_lm
+    from finetune.train.preference_objective import Objective
+
+    table, path = reference
+    return {"objective": Objective(recipe), "store": prepared.store, "full_logits": built.full_logits,
+            "head": base_causal_lm(built.model).get_output_embeddings(), "reference": table,
+            "reference_path": path, "reference_batch_items": recipe.micro_batch_size,
+            "reference_collator": built.collator}
+
+
+def preference_record(recipe, trainer) -> dict:
+    """What run.json records of a preference run: the method's settings, the reference pass, the last metrics."""
+    from finetune.recipe_method import method_settings
+
+    history = trainer.state.log_history
+    last_train = next((e for e in reversed(history) if "rewards/accuracies" in e or "rewards/margins" in e), {})
+    last_eval = next((e for e in reversed(history) if any(k.startswith("eval_rewards/") for k in e)), {})
+    return {
+        "settings": method_settings(recipe),
+        "reference_pass_s": getattr(trainer, "reference_seconds", None),
+        "reference_table": str(trainer.reference_path) if getattr(trainer, "reference_path", None) else None,
+        "train_metrics": {k: v for k, v in last_train.items() if "/" in k},
+        "eval_metrics": {k: v for k, v in last_eval.items() if k.startswith("eval_") and "/" in k},
+    }

@@ -1,0 +1,128 @@
+"""The reference: log-probs of every pair's responses under the model as it is before the first step.
+
+DPO, IPO and KTO measure how far the policy has moved from a reference. Ours is the model the run starts
+from, exactly as built (base, plus any adapter it continues, quantized or not, plus the fresh LoRA whose
+zero-initialised B leaves its output unchanged), in evaluation mode (no dropout). With LoRA that is NOT the
+base with the adapter switched off, which is what the usual "disable the adapter" reference computes and
+which is wrong when the run continues an SFT adapter. No second model is held: the log-probs are computed
+once, in one no-grad pass over both splits, before the first optimizer step, and stored in a table keyed by
+the tokenized data, the model's files and the settings that change its forward pass, next to the tokenized
+data (cache_dir/prepared/reference/KEY.pt): a second run on the same data and model skips the pass.
+
+The pass runs where the first loss is computed (finetune/train/preference.py), through the model as the
+Trainer holds it: wrapped by DDP or the DeepSpeed engine, so ZeRO-3's gathered weights and every process
+take part. Each process scores a strided share of the items, in batches of items of similar length, and
+the shares are gathered. A resumed run must find the table its first run stored: the model it holds then is
+no longer the one it started from (finetune/train/run.py refuses otherwise).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from finetune.atomic import temp_file
+from finetune.data.preference_rows import UNPACKED
+
+# recipe fields that change the starting model's forward pass (the data key covers data and tokenizer)
+MODEL_FIELDS = ("base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_modules_to_save", "tokens",
+                "special_tokens", "seed")
+SMALL_FILE = 1 << 20  # files up to 1 MiB (configs, adapter configs) are hashed by content; weights by size + mtime
+
+
+def model_fingerprint(recipe) -> str:
+    from finetune.model.loader import resolve_model_path
+
+    digest = hashlib.sha256()
+    source = Path(resolve_model_path(recipe.base_model, recipe.cache_dir))
+    if source.is_dir():
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            stat = path.stat()
+            digest.update(str(path.relative_to(source)).encode())
+            if stat.st_size <= SMALL_FILE:
+                digest.update(path.read_bytes())
+            else:
+                digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
+    else:
+        digest.update(str(source).encode())  # a hub id
+    return digest.hexdigest()
+
+
+def reference_key(recipe, data_key: str, precision: str) -> str:
+    fields = {name: getattr(recipe, name) for name in MODEL_FIELDS}
+    blob = json.dumps({"data": data_key, "model": model_fingerprint(recipe), "precision": precision,
+                       "fields": fields}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def reference_path(recipe, data_key: str, precision: str) -> Path:
+    from finetune.data import prepared_root
+
+    return prepared_root(recipe) / "reference" / f"{reference_key(recipe, data_key, precision)}.pt"
+
+
+def load_table(path: Path, items: int):
+    import torch
+
+    if not path.is_file():
+        return None
+    table = torch.load(path, map_location="cpu", weights_only=True)
+    return table if table.shape[0] == items else None
+
+
+def save_table(path: Path, table) -> None:
+    """Temp file + rename: a crash never leaves a table that looks complete."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temp_file(path)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save(table, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def my_batches(store, batch_items: int, rank: int, world: int) -> list[list[int]]:
+    """This process's share of the items, in batches of similar length; every process gets as many batches
+    (ZeRO-3 needs every process in every forward pass), the short ones repeating their last item."""
+    order = sorted(range(len(store)), key=store.length)
+    mine = order[rank::world] or order[:1]
+    per_process = -(-len(order) // world)
+    count = -(-per_process // batch_items)
+    batches = [mine[i:i + batch_items] for i in range(0, len(mine), batch_items)]
+    while len(batches) < count:
+        batches.append(batches[-1][-1:])
+    return batches
+
+
+def compute_table(model, head, collator, store, batch_items: int, prepare, full_logits: bool, rank: int, world: int):
+    """(items, sequences per item) fp32 log-probs, on CPU, identical on every process."""
+    import torch
+
+    from finetune.model.sequence_logps import response_logps
+
+    per_item = 1 if store.unpaired else 2
+    table = torch.full((len(store), per_item), float("nan"))
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for items in my_batches(store, batch_items, rank, world):
+                batch = prepare(collator([{UNPACKED: [i]} for i in items]))
+                logps = response_logps(model, head, batch, full_logits).view(per_item, len(items)).T
+                table[torch.tensor(items)] = logps.float().cpu()
+    finally:
+        model.train(was_training)
+    if world > 1:
+        import torch.distributed as dist
+
+        shares = [None] * world
+        dist.all_gather_object(shares, table)
+        for share in shares:  # each process filled its own rows; the rest are NaN
+            table = torch.where(torch.isnan(table), share, table)
+    return table
