@@ -223,13 +223,13 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
     attn = settings.attn_implementation
+    if settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model)):
+        log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     if store is not None:  # preference methods: rows of pair ids into the token store
         from finetune.train.preference_setup import preference_collator, probe_preference
 
         collator = preference_collator(store, pad_id, collator.flatten)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
-    if settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model)):
-        log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
     at_train_begin, full_logits = [], False
