@@ -52,6 +52,11 @@ def family(shape: str) -> str:
     return "supervised" if shape in SFT_SHAPES else shape
 
 
+def a_shape(shape: str) -> str:
+    """'a chat', 'an instruction': a shape's name with its article, for messages."""
+    return f"an {shape}" if shape[0] in "aeiou" else f"a {shape}"
+
+
 def checked_record(record: object, shape: str) -> tuple[dict | None, str | None]:
     """(the record to use, None) or (None, why it is not a valid record of `shape`). Supervised records are
     used as they are; preference and unpaired records in their canonical form."""
@@ -181,8 +186,8 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
 
 
 def _mixed(path, lineno: int, shape: str, first_line: int, first_shape: str) -> str:
-    return (f"`{path}` line {lineno}: a {shape} record, but the file's first record (line {first_line}) is a "
-            f"{first_shape} record; a file holds supervised records (text, instruction, chat), preference pairs or "
+    return (f"`{path}` line {lineno}: {a_shape(shape)} record, but the file's first record (line {first_line}) is "
+            f"{a_shape(first_shape)} record; a file holds supervised records (text, instruction, chat), preference pairs or "
             "unpaired (KTO) records, not a mix: split it into one file per kind and list each under `datasets:`")
 
 
