@@ -73,7 +73,7 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
     examples, outcome = [], Counter()
-    shaped = (item for shape, path in files for item in read_records(path, shape))
+    shaped = (_sft_record(path, item) for shape, path in files for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -91,6 +91,16 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
             "and `sequence_len` / `train_on_inputs`"
         )
     return examples, dict(outcome)
+
+
+def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
+    if item[0] in ("preference", "unpaired"):
+        raise DataError(
+            f"`{path}` holds {item[0]} records ({{prompt, chosen, rejected}} / {{prompt, completion, label}}), but the "
+            "recipe trains `method: sft`; set `method: dpo` (or ipo, orpo, simpo, kto: docs/preference.md), or point "
+            "the dataset at SFT records"
+        )
+    return item
 
 
 def split(examples: list[Example], recipe) -> tuple[list[Example], list[Example]]:
