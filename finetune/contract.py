@@ -1,5 +1,5 @@
-"""The tokenized-example contract between the stages (DESIGN.md, "The seams"): constants that data/, model/
-and train/ must agree on, defined once here, below every stage, so each imports them down the pipeline.
+"""The contracts between the stages (DESIGN.md, "The seams"): constants that ingest/, data/, model/ and train/
+must agree on, defined once here, below every stage, so each imports them down the pipeline.
 
 Pure: no imports at all.
 """
@@ -19,3 +19,24 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+# The alpaca prompt of an instruction record. The data stage renders SFT instruction records with it, and
+# ingestion renders the prompt of an alpaca-style preference record ({instruction, input, chosen, rejected})
+# with it, so a preference prompt reads exactly as the same instruction does in SFT.
+ALPACA_WITH_INPUT = (
+    "Below is an instruction that describes a task, paired with an input that provides further context. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+)
+ALPACA_NO_INPUT = (
+    "Below is an instruction that describes a task. "
+    "Write a response that appropriately completes the request.\n\n"
+    "### Instruction:\n{instruction}\n\n### Response:\n"
+)
+
+
+def alpaca_prompt(record: dict) -> str:
+    """The prompt of an instruction record: with the input section only when `input` holds some text."""
+    if (record.get("input") or "").strip():
+        return ALPACA_WITH_INPUT.format(instruction=record["instruction"], input=record["input"])
+    return ALPACA_NO_INPUT.format(instruction=record["instruction"])

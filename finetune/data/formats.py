@@ -12,19 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from finetune.contract import IGNORE_INDEX
+from finetune.contract import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, IGNORE_INDEX, alpaca_prompt
 from finetune.errors import DataError
 
-ALPACA_WITH_INPUT = (
-    "Below is an instruction that describes a task, paired with an input that provides further context. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
-)
-ALPACA_NO_INPUT = (
-    "Below is an instruction that describes a task. "
-    "Write a response that appropriately completes the request.\n\n"
-    "### Instruction:\n{instruction}\n\n### Response:\n"
-)
+# The alpaca template lives in finetune/contract.py (ingestion renders preference prompts with it too);
+# re-exported here, where the data stage and its tests have always imported it.
+__all__ = ["ALPACA_NO_INPUT", "ALPACA_WITH_INPUT", "Example", "alpaca_prompt", "assistant_spans"]
 
 
 @dataclass
@@ -35,12 +28,6 @@ class Example:
     @property
     def supervised_tokens(self) -> int:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
-
-
-def alpaca_prompt(record: dict) -> str:
-    if (record.get("input") or "").strip():
-        return ALPACA_WITH_INPUT.format(instruction=record["instruction"], input=record["input"])
-    return ALPACA_NO_INPUT.format(instruction=record["instruction"])
 
 
 def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:

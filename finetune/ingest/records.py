@@ -1,9 +1,14 @@
 """Records: the contract between ingestion and training.
 
-JSONL, one object a line, in one of three shapes:
+JSONL, one object a line, in one of five shapes:
   completion   {"text": ...}
   instruction  {"instruction": ..., "input": ... (optional), "output": ...}
   chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
+  preference   {"prompt": ..., "chosen": ..., "rejected": ...}, in any form finetune/ingest/preference.py accepts
+  unpaired     {"prompt": ..., "completion": ..., "label": true | false} (KTO)
+
+Supervised records (the first three) are read as they are; preference and unpaired records come out in their
+canonical form (finetune/ingest/preference.py). A file holds one kind: supervised, preference or unpaired.
 
 No torch here: ingestion never imports the training stack.
 """
@@ -17,27 +22,58 @@ from pathlib import Path
 
 from finetune.atomic import temp_file
 from finetune.errors import DataError
+from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical
 
-SHAPES = ("completion", "instruction", "chat")
+SFT_SHAPES = ("completion", "instruction", "chat")
+SHAPES = SFT_SHAPES + PREFERENCE_SHAPES
 ROLES = ("system", "user", "assistant")
 
 
 def detect_shape(record: dict) -> str | None:
-    """The record's shape from its keys, or None when it has none of the three."""
+    """The record's shape from its keys, or None when it has none of the five.
+
+    "chosen"/"rejected" come first: preference data often carries SFT keys too (UltraFeedback's "messages",
+    alpaca-style pairs' "instruction"). One side alone is a pair with a side missing, said as such."""
+    if "chosen" in record or "rejected" in record:
+        return "preference"
     if "messages" in record:
         return "chat"
     if "instruction" in record or "output" in record:
         return "instruction"
     if "text" in record:
         return "completion"
+    if "completion" in record or "label" in record:
+        return "unpaired"
     return None
+
+
+def family(shape: str) -> str:
+    """The kind of record a file holds: supervised (the SFT shapes), preference or unpaired."""
+    return "supervised" if shape in SFT_SHAPES else shape
+
+
+def checked_record(record: object, shape: str) -> tuple[dict | None, str | None]:
+    """(the record to use, None) or (None, why it is not a valid record of `shape`). Supervised records are
+    used as they are; preference and unpaired records in their canonical form."""
+    if shape in PREFERENCE_SHAPES and isinstance(record, dict):
+        try:
+            return canonical(record, shape), None
+        except RecordProblem as problem:
+            return None, str(problem)
+    problem = record_problem(record, shape)
+    return (None, problem) if problem else (record, None)
 
 
 def record_problem(record: object, shape: str) -> str | None:
     """Why `record` is not a valid record of `shape`, or None when it is."""
     if not isinstance(record, dict):
         return f"expected a JSON object, got {type(record).__name__}"
-    if shape == "completion":
+    if shape in PREFERENCE_SHAPES:
+        try:
+            canonical(record, shape)
+        except RecordProblem as problem:
+            return str(problem)
+    elif shape == "completion":
         if not isinstance(record.get("text"), str):
             return 'a completion record needs "text" as a string'
         if not record["text"].strip():
@@ -118,8 +154,10 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
 
 
 def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str, dict]]:
-    """All records of a file as (shape, record), validated. Raises DataError at the first bad record."""
-    out = []
+    """All records of a file as (shape, record), validated: supervised records as they are, preference and
+    unpaired records in their canonical form. Raises DataError at the first bad record, and at the first
+    record of another kind than the file's first (supervised, preference and unpaired do not mix)."""
+    out, first = [], None  # first: (line, shape) of the file's first record
     for lineno, record in iter_json_objects(path):
         rec_shape = shape
         if shape == "auto":
@@ -127,15 +165,25 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
             if rec_shape is None:
                 raise DataError(
                     f"`{path}` line {lineno}: cannot tell the record's shape; expected a \"text\", "
-                    f'"instruction"/"output" or "messages" key'
+                    f'"instruction"/"output" or "messages" key, or a preference record\'s "chosen"/"rejected" '
+                    f'or "completion"/"label"'
                 )
-        problem = record_problem(record, rec_shape)
+            first = first or (lineno, rec_shape)
+            if family(rec_shape) != family(first[1]):
+                raise DataError(_mixed(path, lineno, rec_shape, *first))
+        checked, problem = checked_record(record, rec_shape)
         if problem:
             raise DataError(f"`{path}` line {lineno}: {problem}")
-        out.append((rec_shape, record))
+        out.append((rec_shape, checked))
     if not out:
         raise DataError(f"`{path}` holds no records; it is empty")
     return out
+
+
+def _mixed(path, lineno: int, shape: str, first_line: int, first_shape: str) -> str:
+    return (f"`{path}` line {lineno}: a {shape} record, but the file's first record (line {first_line}) is a "
+            f"{first_shape} record; a file holds supervised records (text, instruction, chat), preference pairs or "
+            "unpaired (KTO) records, not a mix: split it into one file per kind and list each under `datasets:`")
 
 
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[object]) -> int:
