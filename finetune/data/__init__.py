@@ -135,6 +135,28 @@ def _to_dataset(examples: list[Example]):
     )
 
 
+def cache_entry(recipe, tokenizer) -> tuple[list[tuple[str, str]], Prepared]:
+    """(the record files, the cache entry for them as a Prepared): filled from the cache when it holds one
+    (`reused`), else empty for store_entry to fill."""
+    files = record_files(recipe)
+    files_hash = data_hash(files)
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
+    root = prepared_root(recipe)
+    prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
+    cached = load_prepared(root, key)
+    if cached is not None:
+        dd, prepared.stats = cached
+        prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
+    return files, prepared
+
+
+def store_entry(prepared: Prepared, dataset_dict, stats: dict) -> Prepared:
+    """Save freshly tokenized splits under the entry's key; the entry now holds them."""
+    save_prepared(Path(prepared.cache_path).parent, prepared.key, dataset_dict, stats)
+    prepared.train, prepared.eval, prepared.stats = dataset_dict["train"], dataset_dict.get("eval"), stats
+    return prepared
+
+
 def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
@@ -143,15 +165,9 @@ def build_dataset(recipe, tokenizer) -> Prepared:
 
     if is_preference(recipe):
         return build_preference_dataset(recipe, tokenizer)
-    files = record_files(recipe)
-    files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
-    root = prepared_root(recipe)
-    cached = load_prepared(root, key)
-    if cached is not None:
-        dd, stats = cached
-        return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key),
-                                              reused=True))
+    files, prepared = cache_entry(recipe, tokenizer)
+    if prepared.reused:
+        return pack_prepared(recipe, prepared)
     examples, outcome = tokenize_all(recipe, tokenizer, files)
     train, held = split(examples, recipe)
     stats = {
@@ -165,9 +181,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     parts = {"train": _to_dataset(train)}
     if held:
         parts["eval"] = _to_dataset(held)
-    dd = DatasetDict(parts)
-    save_prepared(root, key, dd, stats)
-    return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+    return pack_prepared(recipe, store_entry(prepared, DatasetDict(parts), stats))
 
 
 def pack_prepared(recipe, prepared: Prepared) -> Prepared:
@@ -193,14 +207,8 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
 
     from finetune.data.preference import item_stats, to_dataset, tokenize_preferences
 
-    files = record_files(recipe)
-    files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
-    root = prepared_root(recipe)
-    cached = load_prepared(root, key)
-    if cached is not None:
-        dd, stats = cached
-        prepared = Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key), reused=True)
+    files, prepared = cache_entry(recipe, tokenizer)
+    if prepared.reused:
         return preference_prepared(recipe, prepared)
     items, outcome = tokenize_preferences(recipe, tokenizer, files)
     train, held = split(items, recipe)
@@ -214,8 +222,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "eval": item_stats(held),
     }
     dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
-    save_prepared(root, key, dd, stats)
-    return preference_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+    return preference_prepared(recipe, store_entry(prepared, dd, stats))
 
 
 def preference_prepared(recipe, prepared: Prepared) -> Prepared:
