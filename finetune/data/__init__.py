@@ -73,7 +73,7 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
     examples, outcome = [], Counter()
-    shaped = (item for shape, path in files for item in read_records(path, shape))
+    shaped = (_sft_record(path, item) for shape, path in files for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -91,6 +91,16 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
             "and `sequence_len` / `train_on_inputs`"
         )
     return examples, dict(outcome)
+
+
+def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
+    if item[0] in ("preference", "unpaired"):
+        raise DataError(
+            f"`{path}` holds {item[0]} records ({{prompt, chosen, rejected}} / {{prompt, completion, label}}), but the "
+            "recipe trains `method: sft`; set `method: dpo` (or ipo, orpo, simpo, kto: docs/preference.md), or point "
+            "the dataset at SFT records"
+        )
+    return item
 
 
 def split(examples: list[Example], recipe) -> tuple[list[Example], list[Example]]:
@@ -125,6 +135,28 @@ def _to_dataset(examples: list[Example]):
     )
 
 
+def cache_entry(recipe, tokenizer) -> tuple[list[tuple[str, str]], Prepared]:
+    """(the record files, the cache entry for them as a Prepared): filled from the cache when it holds one
+    (`reused`), else empty for store_entry to fill."""
+    files = record_files(recipe)
+    files_hash = data_hash(files)
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
+    root = prepared_root(recipe)
+    prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
+    cached = load_prepared(root, key)
+    if cached is not None:
+        dd, prepared.stats = cached
+        prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
+    return files, prepared
+
+
+def store_entry(prepared: Prepared, dataset_dict, stats: dict) -> Prepared:
+    """Save freshly tokenized splits under the entry's key; the entry now holds them."""
+    save_prepared(Path(prepared.cache_path).parent, prepared.key, dataset_dict, stats)
+    prepared.train, prepared.eval, prepared.stats = dataset_dict["train"], dataset_dict.get("eval"), stats
+    return prepared
+
+
 def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
@@ -133,15 +165,9 @@ def build_dataset(recipe, tokenizer) -> Prepared:
 
     if is_preference(recipe):
         return build_preference_dataset(recipe, tokenizer)
-    files = record_files(recipe)
-    files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
-    root = prepared_root(recipe)
-    cached = load_prepared(root, key)
-    if cached is not None:
-        dd, stats = cached
-        return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key),
-                                              reused=True))
+    files, prepared = cache_entry(recipe, tokenizer)
+    if prepared.reused:
+        return pack_prepared(recipe, prepared)
     examples, outcome = tokenize_all(recipe, tokenizer, files)
     train, held = split(examples, recipe)
     stats = {
@@ -155,9 +181,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     parts = {"train": _to_dataset(train)}
     if held:
         parts["eval"] = _to_dataset(held)
-    dd = DatasetDict(parts)
-    save_prepared(root, key, dd, stats)
-    return pack_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+    return pack_prepared(recipe, store_entry(prepared, DatasetDict(parts), stats))
 
 
 def pack_prepared(recipe, prepared: Prepared) -> Prepared:
@@ -183,14 +207,8 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
 
     from finetune.data.preference import item_stats, to_dataset, tokenize_preferences
 
-    files = record_files(recipe)
-    files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
-    root = prepared_root(recipe)
-    cached = load_prepared(root, key)
-    if cached is not None:
-        dd, stats = cached
-        prepared = Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key), reused=True)
+    files, prepared = cache_entry(recipe, tokenizer)
+    if prepared.reused:
         return preference_prepared(recipe, prepared)
     items, outcome = tokenize_preferences(recipe, tokenizer, files)
     train, held = split(items, recipe)
@@ -204,8 +222,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "eval": item_stats(held),
     }
     dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
-    save_prepared(root, key, dd, stats)
-    return preference_prepared(recipe, Prepared(dd["train"], dd.get("eval"), stats, key, files_hash, str(root / key)))
+    return preference_prepared(recipe, store_entry(prepared, dd, stats))
 
 
 def preference_prepared(recipe, prepared: Prepared) -> Prepared:

@@ -134,11 +134,18 @@ def _pair_texts(record: dict, method: str):
 def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list, dict]:
     """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts."""
     from finetune.ingest.records import read_records
+    from finetune.recipe_method import shapes_for
 
     renderer = Renderer(tokenizer)
     items, outcome, listed = [], Counter(), []
     for shape, path in files:
-        for number, (_, record) in enumerate(read_records(path, shape), start=1):
+        for number, (found, record) in enumerate(read_records(path, shape), start=1):
+            if found not in shapes_for(recipe.method):
+                raise DataError(
+                    f"`{path}` record {number} is a {found} record; `method: {recipe.method}` trains on "
+                    f"{' or '.join(shapes_for(recipe.method))} records ({{prompt, chosen, rejected}}: docs/preference.md). "
+                    "Point the dataset at preference data, or set `method: sft` for this file"
+                )
             outcome["records"] += 1
             for prompt, responses, label in _pair_texts(record, recipe.method):
                 prompt_ids, answers = renderer.encode(prompt, responses)

@@ -13,7 +13,7 @@ from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
 from finetune.model.checkpointing import checkpoint_mlps
-from finetune.model.loader import _not_found, load_tokenizer, resolve_model_path
+from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
 
@@ -146,8 +146,11 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         # (non-reentrant), not here (peft's default is the reentrant kind)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
+    adapter = adapter_folder(recipe.base_model)
     lora = get_lora_config(recipe, modules_to_save, tie_embeddings=ties_embeddings(model))
-    if lora is not None:
+    if adapter is not None:
+        model = continue_adapter(model, adapter, recipe)
+    elif lora is not None:
         from peft import get_peft_model
 
         check_targets(module_groups(model), recipe.lora_target_modules)
@@ -155,6 +158,22 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     trainable, total = count_parameters(model)
     log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer
+
+
+def continue_adapter(model, folder, recipe):
+    """base_model is an adapter folder (e.g. an SFT run's output): its adapter goes on the base. With `adapter:
+    lora` / `qlora` the same adapter keeps training (its own rank and targets; the recipe's lora_* settings do
+    not apply); with `adapter: none` it is merged into the weights, which are then trained in full."""
+    from peft import PeftModel
+
+    if recipe.adapter == "none":
+        log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
+        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+    model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+    config = model.peft_config["default"]
+    log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
+             "its own target modules; the recipe's lora_* settings do not apply)")
+    return model
 
 
 def apply_gradient_checkpointing(model, mode: str) -> None:

@@ -71,8 +71,35 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
     return target
 
 
+def adapter_folder(name: str) -> Path | None:
+    """`name` as a PEFT adapter folder (a finetune LoRA output: adapter_config.json, no config.json), or None.
+    A run whose base_model is one starts from its base with that adapter on, and keeps training the adapter."""
+    path = Path(name).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file() and not (path / "config.json").is_file():
+        return path
+    return None
+
+
+def adapter_base(folder: Path) -> str:
+    """The base model an adapter folder was trained on, from its adapter_config.json."""
+    import json
+
+    try:
+        base = json.loads((folder / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"`{folder}/adapter_config.json` cannot be read ({exc}); is `{folder}` a LoRA output?") from None
+    if not base:
+        raise ModelError(f"`{folder}/adapter_config.json` does not name its base model (base_model_name_or_path); "
+                         "set it to the folder or hub id the adapter was trained on")
+    return base
+
+
 def resolve_model_path(name: str, cache_dir: str) -> str:
-    """A local folder for `name`, or `name` itself when it can only be a hub id."""
+    """A local folder for `name`, or `name` itself when it can only be a hub id. An adapter folder resolves to
+    its base model (adapter_folder)."""
+    adapter = adapter_folder(name)
+    if adapter is not None:
+        return resolve_model_path(adapter_base(adapter), cache_dir)
     path = Path(name).expanduser()
     if not path.exists():
         path = package_resource(name) or path
@@ -127,7 +154,10 @@ def load_tokenizer(recipe):
     from transformers import AutoTokenizer
 
     name = recipe.tokenizer_config or recipe.base_model
-    source = resolve_model_path(name, recipe.cache_dir)
+    adapter = adapter_folder(name)
+    # an adapter run saved its tokenizer beside the adapter (its tokens and chat template): read that one
+    source = str(adapter) if adapter is not None and (adapter / "tokenizer_config.json").is_file() else \
+        resolve_model_path(name, recipe.cache_dir)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
     except (OSError, ValueError) as exc:

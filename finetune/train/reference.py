@@ -35,9 +35,14 @@ SMALL_FILE = 1 << 20  # files up to 1 MiB (configs, adapter configs) are hashed 
 def model_fingerprint(recipe) -> str:
     from finetune.model.loader import resolve_model_path
 
+    from finetune.model.loader import adapter_folder
+
     digest = hashlib.sha256()
-    source = Path(resolve_model_path(recipe.base_model, recipe.cache_dir))
-    if source.is_dir():
+    adapter = adapter_folder(recipe.base_model)  # an adapter on its base: both sets of files
+    for source in [Path(resolve_model_path(recipe.base_model, recipe.cache_dir)), *([adapter] if adapter else [])]:
+        if not source.is_dir():
+            digest.update(str(source).encode())  # a hub id
+            continue
         for path in sorted(p for p in source.rglob("*") if p.is_file()):
             stat = path.stat()
             digest.update(str(path.relative_to(source)).encode())
@@ -45,8 +50,6 @@ def model_fingerprint(recipe) -> str:
                 digest.update(path.read_bytes())
             else:
                 digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode())
-    else:
-        digest.update(str(source).encode())  # a hub id
     return digest.hexdigest()
 
 
