@@ -2,6 +2,11 @@
 
     finetune plan recipe.yml --gpu h100 --num-gpus 2
     finetune plan path/to/model_folder --adapter qlora --seq-len 4096 --micro-batch-size 2 --gpu rtx-4090
+    finetune plan path/to/model_folder --method dpo --micro-batch-size 4 --gpu h100   # 4 pairs = 8 sequences
+
+A preference method (`method: dpo`...) is planned with both sequences of every pair in the micro batch and no
+reference weights: the reference log-probs are computed once before training and cached, so the run holds one
+model. Its step count is exact, from the tokenized pairs (KTO: two examples per pair).
 """
 
 from __future__ import annotations
@@ -13,13 +18,14 @@ from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
 from finetune.plan.activations import ATTENTION
 from finetune.plan.memory import GIB
+from finetune.recipe_method import METHODS
 
 # flag -> recipe field. Planning from a bare model config, a knob without its flag takes the recipe schema's
 # default (finetune/recipe.py is the only place a default lives).
 KNOBS = {
     "adapter": "adapter", "lora_r": "lora_r", "precision": "precision", "optimizer": "optimizer",
     "seq_len": "sequence_len", "micro_batch_size": "micro_batch_size",
-    "gradient_checkpointing": "gradient_checkpointing", "attn": "attn_implementation",
+    "gradient_checkpointing": "gradient_checkpointing", "attn": "attn_implementation", "method": "method",
 }
 
 
@@ -38,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=None)
     parser.add_argument("--gradient-checkpointing", choices=("off", "mlp", "full"), default=None)
     parser.add_argument("--attn", choices=ATTENTION, default=None)
+    parser.add_argument("--method", choices=METHODS, default=None,
+                        help="training method: a preference pair (dpo, ipo, orpo, simpo) is two sequences")
     parser.add_argument("--no-data", action="store_true", help="with a recipe: skip tokenizing, so no step count")
 
 
@@ -88,7 +96,15 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
         out["attn"] = "sdpa"  # flash_attention_2 keeps the same activations
     if isinstance(out["gradient_checkpointing"], bool):
         out["gradient_checkpointing"] = "full" if out["gradient_checkpointing"] else "off"
+    out["packed"] = bool(recipe.sample_packing) if recipe is not None else False
     return out
+
+
+def _batch_shape(knobs: dict) -> dict:
+    """PlanInputs' sequences_per_item / packed: a preference pair is two sequences (chosen, rejected)."""
+    from finetune.recipe_method import PAIRED_METHODS
+
+    return {"sequences_per_item": 2 if knobs["method"] in PAIRED_METHODS else 1, "packed": knobs["packed"]}
 
 
 def _budget(args: argparse.Namespace) -> tuple[float | None, str]:
@@ -114,11 +130,25 @@ def _steps_line(recipe, world_size: int) -> str:
     per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                                 world_size, 1, None)
     packed = prepared.stats.get("packing", {}).get("train")
-    what = (f"{train['examples']:,} packed rows ({packed['examples']:,} examples)" if packed
-            else f"{train['examples']:,} examples")
+    items = _items(recipe, prepared.stats["train"])
+    what = f"{train['examples']:,} packed rows ({items.split(' (')[0]})" if packed else items
+    supervised = "response tokens" if recipe.method != "sft" else "supervised"
     return (f"steps: {total:,} optimizer steps ({per_epoch:,} per epoch); {what}, "
-            f"{train['tokens']:,} tokens, {train['supervised_tokens']:,} supervised "
+            f"{train['tokens']:,} tokens, {train['supervised_tokens']:,} {supervised} "
             f"(~{train['supervised_tokens'] / per_epoch:,.0f} per step)")
+
+
+def _items(recipe, split: dict) -> str:
+    """What the training split holds, in the method's unit: examples, pairs, or KTO examples (a pair is two)."""
+    from finetune.recipe_method import PAIRED_METHODS
+
+    n = split["examples"]
+    if recipe.method in PAIRED_METHODS:
+        return f"{n:,} pairs (2 sequences each)"
+    if recipe.method == "kto":
+        return (f"{n:,} KTO examples ({split.get('desirable', 0):,} desirable, {split.get('undesirable', 0):,} "
+                "undesirable; a pair counts as one of each)")
+    return f"{n:,} examples"
 
 
 def _load(args: argparse.Namespace):
@@ -136,15 +166,43 @@ def _load(args: argparse.Namespace):
     return recipe, load_config(resolve_model_path(recipe.base_model, recipe.cache_dir), recipe.trust_remote_code)
 
 
+def _micro_batch(knobs: dict) -> str:
+    """The setup line's micro batch, in the method's unit."""
+    from finetune.recipe_method import PAIRED_METHODS
+
+    mbs, seq = knobs["micro_batch_size"], knobs["seq_len"]
+    if knobs["method"] not in PAIRED_METHODS:
+        return f"{mbs} x {seq} tokens per micro batch"
+    if knobs["packed"]:
+        return f"{mbs} packed row(s) of 2 x {seq} tokens (whole pairs) per micro batch"
+    return f"{mbs} pair(s) x 2 sequences x {seq} tokens per micro batch ({2 * mbs} sequences)"
+
+
+def _reference_line(method: str) -> str | None:
+    from finetune.recipe_method import PREFERENCE_METHODS, REFERENCE_METHODS
+
+    if method in REFERENCE_METHODS:
+        return (f"reference: no reference weights in memory: `method: {method}`'s reference log-probs are computed "
+                "once before training (one no-grad pass with the starting model) and cached, so one model is held")
+    if method in PREFERENCE_METHODS:
+        return f"reference: none (`method: {method}` does not use a reference model)"
+    return None
+
+
 def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
+    method = knobs.get("method", "sft")
     lines = [f"model: {shape.total_params / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
              f"{shape.hidden_size}, vocab {shape.vocab_size}); training {trainable.trainable_params:,} "
              f"({100 * trainable.trainable_params / shape.total_params:.2f}%)",
              f"setup: adapter {knobs['adapter']}, {knobs['precision']}"
              f"{' (' + knobs['precision_from'] + ')' if knobs.get('precision_from') else ''}, {knobs['optimizer']}, "
-             f"{knobs['micro_batch_size']} x {knobs['seq_len']} tokens per micro batch, checkpointing "
-             f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}",
-             "per-GPU memory:"]
+             f"{_micro_batch({'method': method, 'packed': False, **knobs})}, checkpointing "
+             f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}"
+             + (f", method {method}" if method != "sft" else "")]
+    reference = _reference_line(method)
+    if reference:
+        lines.append(reference)
+    lines.append("per-GPU memory:")
     for name, value in estimate.components.items():
         if value:
             lines.append(f"  {name:<28} {value / GIB:8.2f} GiB")
@@ -171,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],
                         gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
-                        zero_stage=args.zero_stage, num_gpus=args.num_gpus)
+                        zero_stage=args.zero_stage, num_gpus=args.num_gpus, **_batch_shape(knobs))
     print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
     warning = _precision_warning(args, knobs["precision"])
     if warning:

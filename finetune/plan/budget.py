@@ -5,6 +5,11 @@ lets autocast run bf16 matmuls (DeepSpeed instead keeps 16-bit weights and an fp
 holds the frozen base in the compute dtype and the adapters in fp32; QLoRA stores the block Linear
 weights in 4-bit NF4 with double quantization and peft's prepare_model_for_kbit_training upcasts the
 remaining frozen weights (embeddings, norms, lm_head) to fp32.
+
+Preference methods read each pair as two sequences (chosen and rejected, one forward pass over both): a micro
+batch of B pairs is 2B sequences of up to seq_len tokens unpacked, or B packed rows of 2 x seq_len tokens
+(finetune/data/preference_rows.py); a KTO example is one sequence, as in SFT. No reference model is held: the
+reference log-probs are computed once before training and cached (finetune/train/reference.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,15 @@ class PlanInputs:
     zero_stage: int = 0
     num_gpus: int = 1
     lora_dropout: bool = True
+    sequences_per_item: int = 1  # sequences a micro-batch item is read as: 2 for a preference pair, else 1
+    packed: bool = False  # sample_packing: an item's sequences share one row (what eager attention sees)
+
+    def micro_batch_rows(self) -> tuple[int, int]:
+        """(rows, tokens per row) of one micro batch at its longest. A pair (2 sequences) is 2 rows of seq_len
+        unpacked, and a packed row holds 2 x seq_len tokens; either way 2 x seq_len tokens per pair."""
+        if self.packed:
+            return self.micro_batch_size, self.seq_len * self.sequences_per_item
+        return self.micro_batch_size * self.sequences_per_item, self.seq_len
 
     @property
     def trainable(self) -> Trainable:
@@ -71,7 +85,8 @@ def compute_mode(inputs: PlanInputs) -> str:
 def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
     setup = training_setup(inputs)
     mode = compute_mode(inputs)
-    acts = activation_memory(inputs.shape, inputs.seq_len, inputs.micro_batch_size, compute=mode,
+    rows, row_tokens = inputs.micro_batch_rows()
+    acts = activation_memory(inputs.shape, row_tokens, rows, compute=mode,
                              attn=inputs.attn, gradient_checkpointing=inputs.gradient_checkpointing)
     extra = 0
     trainable = inputs.trainable
@@ -79,7 +94,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
         # each adapted Linear saves its (dropped-out) input, and the bool mask when dropout > 0
         e = 4 if mode == "fp32" else 2
         per_token = trainable.adapter_input_features * (e + (1 if inputs.lora_dropout else 0))
-        extra = per_token * inputs.seq_len * inputs.micro_batch_size
+        extra = per_token * row_tokens * rows
         if checkpointing_mode(inputs.gradient_checkpointing) == "full":
             extra //= inputs.shape.num_layers  # only the recomputed layer holds them
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.

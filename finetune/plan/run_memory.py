@@ -2,7 +2,8 @@
 
 Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
 prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
-lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them).
+lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them). A preference run is planned with two
+sequences per pair (recipe_shape below), as `finetune plan` plans it.
 """
 
 from __future__ import annotations
@@ -24,9 +25,17 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
                         seq_len=recipe.sequence_len, micro_batch_size=recipe.micro_batch_size,
                         gradient_checkpointing=recipe.gradient_checkpointing,
                         attn=attn if attn in ("eager", "sdpa", "flash_attention_2") else "sdpa",
-                        num_gpus=num_gpus, lora_dropout=recipe.lora_dropout > 0)
+                        num_gpus=num_gpus, lora_dropout=recipe.lora_dropout > 0, **recipe_shape(recipe))
     try:
         estimate = plan_memory(inputs)
     except (FinetuneError, ValueError):  # an optimizer or adapter the planner has no table for
         return None
     return {"peak_allocated_gib": estimate.peak_allocated / GIB, "total_gib": estimate.total / GIB}
+
+
+def recipe_shape(recipe) -> dict:
+    """PlanInputs' `sequences_per_item` and `packed` for a recipe: a preference pair is read as two sequences
+    (chosen and rejected), a KTO example or an SFT example as one."""
+    from finetune.recipe_method import PAIRED_METHODS
+
+    return {"sequences_per_item": 2 if recipe.method in PAIRED_METHODS else 1, "packed": bool(recipe.sample_packing)}
