@@ -293,7 +293,9 @@ class Recipe(Strict):
         2e-4,
         description=(
             "Peak learning rate, or `auto`: lr_base x sqrt(supervised tokens per step / lr_pretrained_batch_tokens), "
-            "computed from the tokenized data (`finetune lr recipe.yml` shows the working) and recorded in run.json."
+            "computed from the tokenized data (`finetune lr recipe.yml` shows the working) and recorded in run.json; "
+            "with a preference method, the method's published default for a full fine-tune or for adapters "
+            "(e.g. DPO 5e-7 / 5e-6; docs/planning.md has the table and sources)."
         ),
         json_schema_extra=affects(TRAIN),
     )

@@ -214,6 +214,12 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
             )
     if recipe.group_by_length and recipe.sample_packing:
         problems.append("`group_by_length` has nothing to group once `sample_packing` fills every row; drop one")
+    if recipe.method != "sft":
+        for key in ("lr_base", "lr_pretrained_batch_tokens"):
+            if getattr(recipe, key) is not None:
+                problems.append(f"`{key}` feeds the SFT learning-rate formula, which `method: {recipe.method}` does not "
+                                "use (its `learning_rate: auto` is the method's published default: `finetune lr "
+                                "recipe.yml` shows it); remove it")
     problems += method_problems(recipe)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
     return problems

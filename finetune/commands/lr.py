@@ -3,6 +3,10 @@
     finetune lr recipe.yml                       # tokenizes (cached), counts exactly, the formula beside the recipe's LR
     finetune lr recipe.yml --family llama-2-7b   # take the base LR and batch from a family table row
     finetune lr --supervised-tokens 2000000 --steps 350 --epochs 1 --base-lr 5e-5 --pretrained-batch-tokens 4000000
+    finetune lr --method dpo                     # preference methods: the published defaults with their sources
+
+A preference recipe (`method: dpo`...) gets the method's published default instead of the formula
+(finetune/plan/lr_preference.py); `finetune lr recipe.yml` shows it with its sources beside the recipe's LR.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
 from finetune.plan.lr import FAMILIES, family_by_name, format_lr, plan_learning_rate
+from finetune.plan.lr_preference import METHOD_LRS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the pretraining global batch, in tokens (overrides the recipe)")
     parser.add_argument("--family", help="take base LR and batch from the family table (see --list-families)")
     parser.add_argument("--list-families", action="store_true", help="print the family table with sources")
+    parser.add_argument("--method", choices=sorted(METHOD_LRS),
+                        help="without a recipe: print a preference method's default LRs (full, LoRA) with sources")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the working, not just the LR")
 
 
@@ -71,10 +78,25 @@ def _from_recipe(args: argparse.Namespace):
     return lr_plan_for_recipe(recipe, train["examples"], train["supervised_tokens"], world_size)
 
 
+def _method_defaults(method: str) -> None:
+    row = METHOD_LRS[method]
+    print(f"{method} full fine-tune   {format_lr(row.full)}   ({row.full_source})")
+    print(f"{method} LoRA / QLoRA     {format_lr(row.lora)}   ({row.lora_source})")
+    print(f"usual range        {row.usual}")
+
+
 def _report(args: argparse.Namespace) -> int:
-    from finetune.plan.lr_recipe import base_inputs, base_lr_for, recipe_lr_report
+    from finetune.plan.lr_recipe import base_inputs, base_lr_for, preference_lr_report, recipe_lr_report
 
     recipe, train, world_size = _recipe_counts(args)
+    if recipe.method != "sft":
+        if args.family or args.base_lr is not None or args.pretrained_batch_tokens is not None:
+            print(f"note: --family / --base-lr / --pretrained-batch-tokens feed the SFT formula, which `method: "
+                  f"{recipe.method}` does not use; they are ignored")
+        print(f"recipe                     {args.recipe}   (method: {recipe.method}, adapter: {recipe.adapter}, "
+              f"base_model: {recipe.base_model})")
+        print("\n".join(preference_lr_report(recipe, train["examples"], world_size)))
+        return 0
     inputs = base_inputs(recipe, args.base_lr, args.pretrained_batch_tokens, args.family)
     print(f"recipe                     {args.recipe}   (adapter: {recipe.adapter}, base_model: {recipe.base_model})")
     print("\n".join(recipe_lr_report(recipe, train["examples"], train["supervised_tokens"], world_size, inputs)))
@@ -86,6 +108,9 @@ def _report(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.list_families:
         _list_families()
+        return 0
+    if args.method and not args.recipe:
+        _method_defaults(args.method)
         return 0
     if args.recipe:
         return _report(args)

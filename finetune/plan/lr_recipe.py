@@ -1,7 +1,9 @@
 """The LR formula applied to a recipe and its tokenized data (no torch: counts in, LrPlan out).
 
 train.py calls resolve_learning_rate() once the data is prepared; `finetune lr recipe.yml` prints
-recipe_lr_report(): the formula's LR beside the recipe's, each input with where it came from.
+recipe_lr_report(): the formula's LR beside the recipe's, each input with where it came from. Preference
+methods (`method: dpo`...) do not use the formula: `learning_rate: auto` is the method's published default
+(finetune/plan/lr_preference.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass
 
 from finetune.errors import RecipeError
 from finetune.plan.lr import LrPlan, family_by_name, find_family, format_lr, plan_learning_rate
+from finetune.plan.lr_preference import METHOD_LRS, preference_lr_plan, uses_adapter
 from finetune.plan.steps import optimizer_steps
 
 # The formula scales a *full fine-tune's* LR. LoRA's optimal LR is about 10x FullFT's across ranks, models and
@@ -89,9 +92,13 @@ def lr_plan_for_recipe(recipe, train_examples: int, supervised_tokens: int, worl
 
 def resolve_learning_rate(recipe, train_stats: dict, world_size: int = 1) -> tuple[float, LrPlan | None]:
     """(learning rate to train with, the plan when it was derived). `train_stats` is
-    Prepared.stats["train"]: {"examples", "tokens", "supervised_tokens"}."""
+    Prepared.stats["train"]: {"examples", "tokens", "supervised_tokens"}. A preference method's `auto` is its
+    published default (an SFT formula over response tokens would mean nothing for a preference loss)."""
     if recipe.learning_rate != "auto":
         return float(recipe.learning_rate), None
+    if recipe.method != "sft":
+        plan = preference_lr_plan(recipe)
+        return plan.learning_rate, plan
     plan = lr_plan_for_recipe(recipe, train_stats["examples"], train_stats["supervised_tokens"], world_size)
     return plan.learning_rate, plan
 
@@ -155,3 +162,31 @@ def _recipe_line(recipe, formula: float | None, adapter: bool) -> str:
         if adapter:
             line += f", {_ratio(lr, formula * LORA_LR_FACTOR)} the LoRA figure"
     return line + "; training uses this)"
+
+
+def preference_lr_report(recipe, train_examples: int, world_size: int) -> list[str]:
+    """`finetune lr recipe.yml` for a preference method: its published defaults with their sources, beside the
+    recipe's learning_rate. `train_examples` is what the Trainer iterates (pairs, KTO examples or packed rows)."""
+    row = METHOD_LRS[recipe.method]
+    steps, epochs = _steps_and_epochs(recipe, train_examples, world_size)
+    unit = "KTO examples" if recipe.method == "kto" else "pairs"
+    unit = "packed rows" if recipe.sample_packing else unit
+    plan = preference_lr_plan(recipe)
+    lines = [
+        f"{'training ' + unit:<27}{train_examples:,}   (training split, tokenized)",
+        f"optimizer steps            {steps:,} over {epochs:g} epoch(s)   (micro_batch_size {recipe.micro_batch_size} x "
+        f"accumulation {recipe.gradient_accumulation_steps} x {world_size} process(es))",
+        _row(f"{recipe.method} default, full FT", format_lr(row.full), row.full_source),
+        _row(f"{recipe.method} default, LoRA", format_lr(row.lora), row.lora_source),
+        f"usual range                {row.usual}",
+    ]
+    if recipe.learning_rate == "auto":
+        lines.append(f"recipe learning_rate       auto   (training uses {format_lr(plan.learning_rate)}, the "
+                     f"{'LoRA' if uses_adapter(recipe) else 'full fine-tune'} default)")
+    else:
+        lr = float(recipe.learning_rate)
+        lines.append(f"recipe learning_rate       {format_lr(lr)}   (recipe `learning_rate`; {_ratio(lr, plan.learning_rate)} "
+                     f"the {'LoRA' if uses_adapter(recipe) else 'full fine-tune'} default; training uses this)")
+    lines.append("not used                   the SFT formula (lr_base x sqrt(supervised tokens per step / pretraining "
+                 "batch)): it sizes next-token updates, not a preference loss's")
+    return lines
