@@ -217,8 +217,8 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
     if recipe.method != "sft":
         for key in ("lr_base", "lr_pretrained_batch_tokens"):
             if getattr(recipe, key) is not None:
-                problems.append(f"`{key}` feeds the SFT learning-rate formula, which `method: {recipe.method}` does not "
-                                "use (its `learning_rate: auto` is the method's published default: `finetune lr "
+                problems.append(f"`{key}` feeds the SFT learning-rate formula, which `method: {recipe.method}` "
+                                "does not use (its `learning_rate: auto` is the method's published default: `finetune lr "
                                 "recipe.yml` shows it); remove it")
     problems += method_problems(recipe)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above

@@ -25,6 +25,29 @@ def _history(train_fn, eval_fn, steps: int = 60, eval_every: int = 10, seed: int
     return history
 
 
+def _preference_history(loss_fn, accuracy_fn, margin_fn, chosen_fn, rejected_fn, steps: int = 60,
+                        log_every: int = 3, eval_every: int = 10, seed: int = 0) -> list[dict]:
+    """A DPO run's log: the loss every step, the preference metrics every `log_every` steps (train) and at
+    every evaluation (eval_), as finetune/train/preference.py logs them."""
+    rng = random.Random(seed)
+    history = []
+    for step in range(1, steps + 1):
+        entry = {"step": step, "loss": round(loss_fn(step) + rng.gauss(0, 0.01), 4)}
+        metrics = {"rewards/accuracies": accuracy_fn(step, rng), "rewards/margins": margin_fn(step),
+                   "logps/chosen": chosen_fn(step), "logps/rejected": rejected_fn(step)}
+        if step % log_every == 0:
+            entry.update({k: round(v, 4) for k, v in metrics.items()})
+        history.append(entry)
+        if step % eval_every == 0:
+            history.append({"step": step, "eval_loss": round(loss_fn(step) + 0.01, 4),
+                            **{f"eval_{k}": round(v, 4) for k, v in metrics.items()}})
+    return history
+
+
+def _grow(step: int) -> float:
+    return 1 - math.exp(-step / 8)
+
+
 def histories() -> dict[str, tuple[str, list[dict]]]:
     """name -> (the verdict finetune gives it, log_history)."""
     return {
@@ -36,6 +59,14 @@ def histories() -> dict[str, tuple[str, list[dict]]]:
                                           lambda s: 1.1 + 1.4 * math.exp(-s / 8))),
         "diverged": ("diverged", _history(lambda s: 0.95 + 0.012 * s + (0.4 if s > 40 else 0.0),
                                           lambda s: 1.0 + 0.012 * s)),
+        # DPO: accuracy stays at chance (batches of 8 pairs) and the loss at log 2
+        "nothing-learned": ("nothing learned", _preference_history(
+            lambda s: math.log(2), lambda s, rng: rng.choice((0.375, 0.5, 0.5, 0.625)), lambda s: 0.0,
+            lambda s: -210.0, lambda s: -214.0)),
+        # DPO: the margin grows and the loss falls, but by pushing the chosen answers down too
+        "likelihood-displacement": ("likelihood displacement", _preference_history(
+            lambda s: 0.35 + (math.log(2) - 0.35) * math.exp(-s / 8), lambda s, rng: 0.5 + 0.4 * _grow(s),
+            lambda s: 3.0 * _grow(s), lambda s: -210.0 - 45 * _grow(s), lambda s: -214.0 - 75 * _grow(s))),
     }
 
 

@@ -174,19 +174,20 @@ def preference_lr_report(recipe, train_examples: int, world_size: int) -> list[s
     plan = preference_lr_plan(recipe)
     lines = [
         f"{'training ' + unit:<27}{train_examples:,}   (training split, tokenized)",
-        f"optimizer steps            {steps:,} over {epochs:g} epoch(s)   (micro_batch_size {recipe.micro_batch_size} x "
-        f"accumulation {recipe.gradient_accumulation_steps} x {world_size} process(es))",
+        f"optimizer steps            {steps:,} over {epochs:g} epoch(s)   (micro_batch_size "
+        f"{recipe.micro_batch_size} x accumulation {recipe.gradient_accumulation_steps} x {world_size} process(es))",
         _row(f"{recipe.method} default, full FT", format_lr(row.full), row.full_source),
         _row(f"{recipe.method} default, LoRA", format_lr(row.lora), row.lora_source),
         f"usual range                {row.usual}",
     ]
+    setup = "LoRA" if uses_adapter(recipe) else "full fine-tune"
     if recipe.learning_rate == "auto":
-        lines.append(f"recipe learning_rate       auto   (training uses {format_lr(plan.learning_rate)}, the "
-                     f"{'LoRA' if uses_adapter(recipe) else 'full fine-tune'} default)")
+        lines.append(f"recipe learning_rate       auto   (training uses {format_lr(plan.learning_rate)}, the {setup} "
+                     "default)")
     else:
         lr = float(recipe.learning_rate)
-        lines.append(f"recipe learning_rate       {format_lr(lr)}   (recipe `learning_rate`; {_ratio(lr, plan.learning_rate)} "
-                     f"the {'LoRA' if uses_adapter(recipe) else 'full fine-tune'} default; training uses this)")
+        lines.append(f"recipe learning_rate       {format_lr(lr)}   (recipe `learning_rate`; "
+                     f"{_ratio(lr, plan.learning_rate)} the {setup} default; training uses this)")
     lines.append("not used                   the SFT formula (lr_base x sqrt(supervised tokens per step / pretraining "
                  "batch)): it sizes next-token updates, not a preference loss's")
     return lines

@@ -13,6 +13,13 @@ Levels are means over a fifth of the points (at least 3) at each end, so a few n
                below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit"
     well-fit   the training loss fell and flattened; the gap (final eval - final train loss) is reported
 
+A preference run (it logs rewards/accuracies) has two more, checked with the rules above
+(finetune/train/curves_preference.py has their thresholds):
+    nothing learned          accuracy ended at chance (or at a tie) and the loss stayed at its start (DPO: log 2),
+                             checked before diverged / overfit / underfit
+    likelihood displacement  the chosen log-prob fell while the reward margin grew, checked after diverged and
+                             overfit; its plot adds accuracy, margin and log-prob panels beside the loss
+
 Thresholds are deliberately simple and stated; the plot is the evidence. Plotting uses matplotlib's
 Agg canvas directly, so it runs headless and never touches the global backend.
 """
@@ -23,6 +30,10 @@ import json
 import math
 import re
 from pathlib import Path
+
+from finetune.train.curves_preference import (LOG2, is_preference, likelihood_displacement, nothing_learned,
+                                              plot_panels)
+from finetune.train.curves_preference import summary as preference_summary
 
 MIN_POINTS = 8  # fewer training losses than this: too short to judge
 FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat
@@ -107,6 +118,13 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
         result["reason"] = "no training loss was logged (set logging_steps lower than the step count)"
         return result
     verdict, why = _train_shape(train)
+    preference = is_preference(log_history)
+    if preference:
+        result["preference"] = preference_summary(log_history)
+        stuck = nothing_learned(log_history, train) if verdict != "unknown" else None
+        if stuck:
+            result.update(verdict="nothing learned", reason=stuck)
+            return result
     if evals:
         best_step, best = min(evals, key=lambda pair: pair[1])
         result.update(best_eval_step=best_step, best_eval_loss=best, gap=evals[-1][1] - train[-1][1])
@@ -118,6 +136,10 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
                 f"eval loss bottomed at {best:.3f} at step {best_step} and rose to {final:.3f} by step "
                 f"{evals[-1][0]}{where}. Train fewer steps/epochs, add data, or raise lora_dropout/weight_decay"))
             return result
+    displaced = likelihood_displacement(log_history) if preference and verdict not in ("unknown", "diverged") else None
+    if displaced:
+        result.update(verdict="likelihood displacement", reason=displaced)
+        return result
     if verdict:
         result.update(verdict=verdict, reason=why)
         return result
@@ -128,14 +150,40 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
 
 
 def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | None = None) -> Path:
-    """Train and eval loss against step, written as a PNG (headless)."""
+    """Train and eval loss against step, written as a PNG (headless); a preference run adds accuracy, margin and
+    log-prob panels (train and eval_) beside the loss."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    train, evals = loss_series(log_history)
-    fig = Figure(figsize=(7, 4.2), dpi=110)
+    preference = is_preference(log_history)
+    fig = Figure(figsize=(11, 7.5) if preference else (7, 4.2), dpi=110)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    if preference:
+        axes = fig.subplots(2, 2).flatten()
+        _plot_loss(axes[0], log_history, diagnosis)
+        axes[0].axhline(LOG2, color="gray", linestyle=":", linewidth=1, label="log 2 (DPO at the start)")
+        axes[0].legend()
+        plot_panels(axes[1:], log_history)
+        if diagnosis:
+            axes[0].set_title("loss")
+            fig.suptitle(_title(diagnosis))
+    else:
+        _plot_loss(fig.add_subplot(), log_history, diagnosis)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    return path
+
+
+def _title(diagnosis: dict | None) -> str:
+    title = f"{diagnosis['verdict']}" if diagnosis else "loss"
+    if diagnosis and diagnosis.get("gap") is not None:
+        title += f" (gap {diagnosis['gap']:+.3f})"
+    return title
+
+
+def _plot_loss(ax, log_history: list[dict], diagnosis: dict | None) -> None:
+    train, evals = loss_series(log_history)
     if train:
         ax.plot(*zip(*train), label="train loss (each step)", color="tab:blue", alpha=0.35, linewidth=0.8)
         window = max(1, len(train) // 20)  # a trailing mean over a twentieth of the run shows the trend
@@ -148,16 +196,9 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     if diagnosis and diagnosis.get("verdict") == "overfit":
         ax.axvline(diagnosis["best_eval_step"], color="tab:red", linestyle="--",
                    label=f"best eval (step {diagnosis['best_eval_step']})")
-    title = f"{diagnosis['verdict']}" if diagnosis else "loss"
-    if diagnosis and diagnosis.get("gap") is not None:
-        title += f" (gap {diagnosis['gap']:+.3f})"
-    ax.set(xlabel="optimizer step", ylabel="loss", title=title)
+    ax.set(xlabel="optimizer step", ylabel="loss", title=_title(diagnosis))
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    return path
 
 
 def write_curves(output_dir, log_history: list[dict]) -> dict:

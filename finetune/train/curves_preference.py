@@ -1,0 +1,138 @@
+"""The verdicts and panels only a preference run has (finetune/train/preference.py logs the metrics).
+
+    nothing learned           preference accuracy ended at chance (0.5 +- CHANCE_BAND) or at a tie (<= TIE_ACCURACY:
+                              accuracy counts chosen > rejected, so rewards that are still exactly equal score 0),
+                              and the loss stayed where it started: at log 2 = 0.693 (+- LOG2_BAND), DPO's loss
+                              while the policy equals the reference, or within LOSS_STILL of its first level
+                              (methods that start elsewhere)
+    likelihood displacement   the chosen answers' log-prob fell (by more than LOGP_FALL of its start and at least
+                              LOGP_FALL_NATS) while the reward margin grew (by more than MARGIN_GROWTH, to above 0):
+                              the model widens the gap by pushing both answers down (Razin et al. 2024)
+
+Levels are means over the ends of a series, as for the loss: a fifth of the points, at least
+min(3, half of them). Training metrics are read first, the eval_ ones when a run logged no training ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+LOG2 = math.log(2)  # DPO's loss while the policy equals the reference: -log sigmoid(0)
+CHANCE_BAND = 0.10  # accuracy within this of 0.5 is chance
+TIE_ACCURACY = 0.05  # accuracy at or below this: the rewards still tie (policy == reference)
+LOG2_BAND = 0.03  # a loss within this of log 2 has not left its start (a mean margin of ~0.06)
+LOSS_STILL = 0.10  # ... nor has one that moved less than this fraction (curves.FLAT_DROP's 10%)
+MIN_METRIC_POINTS = 3  # logged points a metric needs before it is judged
+LOGP_FALL, LOGP_FALL_NATS = 0.05, 1.0  # the chosen log-prob fell by 5% of its start and at least 1 nat
+MARGIN_GROWTH = 0.10  # ... while the margin (beta-scaled reward units) grew by this much
+
+METRICS = ("rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+
+
+def is_preference(log_history: list[dict]) -> bool:
+    return any(key in entry for entry in log_history for key in ("rewards/accuracies", "eval_rewards/accuracies"))
+
+
+def metric_series(log_history: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) of every logged `key`, non-finite values left out."""
+    points = [(int(e["step"]), float(e[key])) for e in log_history if key in e and "step" in e]
+    return [p for p in points if math.isfinite(p[1])]
+
+
+def _series(log_history: list[dict], name: str) -> tuple[list[tuple[int, float]], str]:
+    """The training series of `name`, else the eval one; with the key it came from."""
+    train = metric_series(log_history, name)
+    return (train, name) if train else (metric_series(log_history, f"eval_{name}"), f"eval_{name}")
+
+
+def _ends(points: list[tuple[int, float]]) -> tuple[float, float]:
+    n = len(points)
+    k = max(min(3, n // 2), n // 5, 1)
+    return sum(v for _, v in points[:k]) / k, sum(v for _, v in points[-k:]) / k
+
+
+def summary(log_history: list[dict]) -> dict:
+    """{metric: {"first", "last"}} levels of every preference metric logged (train and eval_): diagnosis.json."""
+    out = {}
+    for name in METRICS:
+        for key in (name, f"eval_{name}"):
+            points = metric_series(log_history, key)
+            if points:
+                first, last = _ends(points)
+                out[key] = {"first": round(first, 4), "last": round(last, 4)}
+    return out
+
+
+def nothing_learned(log_history: list[dict], train_losses: list[tuple[int, float]]) -> str | None:
+    """The reason, when accuracy ended at chance or a tie and the loss stayed where it started; else None."""
+    accuracy, key = _series(log_history, "rewards/accuracies")
+    if len(accuracy) < MIN_METRIC_POINTS or len(train_losses) < MIN_METRIC_POINTS:
+        return None
+    _, acc = _ends(accuracy)
+    first, last = _ends(train_losses)
+    at_log2 = abs(last - LOG2) <= LOG2_BAND
+    still = first > 0 and abs(last - first) < LOSS_STILL * first
+    if not (at_log2 or still):
+        return None
+    where = "log 2 = 0.693, DPO's loss while the policy equals the reference" if at_log2 else \
+        f"where it started ({first:.3f})"
+    raise_lr = "raise `learning_rate` (`finetune lr recipe.yml` shows the method's published defaults)"
+    if acc <= TIE_ACCURACY:
+        return (f"{key} ended at {acc:.2f} and the loss at {last:.3f} ({where}): chosen and rejected rewards still "
+                "tie, so the policy has not moved from the reference at all (accuracy counts only chosen > rejected). "
+                f"The updates are too small to change the log-probs: {raise_lr} or train longer, and check that "
+                "the weights train (adapter, frozen layers)")
+    if abs(acc - 0.5) <= CHANCE_BAND:
+        return (f"{key} ended at {acc:.2f} (chance is 0.5) and the loss at {last:.3f} ({where}): the policy still "
+                f"ranks chosen and rejected answers as the reference does. {raise_lr[0].upper()}{raise_lr[1:]} or "
+                "train longer, or check the pairs: do chosen and rejected differ, and is chosen the better one?")
+    return None
+
+
+def likelihood_displacement(log_history: list[dict]) -> str | None:
+    """The reason, when the chosen log-prob fell while the reward margin grew; else None."""
+    chosen, _ = _series(log_history, "logps/chosen")
+    margins, _ = _series(log_history, "rewards/margins")
+    if len(chosen) < MIN_METRIC_POINTS or len(margins) < MIN_METRIC_POINTS:
+        return None
+    c0, c1 = _ends(chosen)
+    m0, m1 = _ends(margins)
+    fell = c1 < c0 - max(LOGP_FALL_NATS, LOGP_FALL * abs(c0))
+    grew = m1 > m0 + MARGIN_GROWTH and m1 > 0
+    if not (fell and grew):
+        return None
+    rejected, _ = _series(log_history, "logps/rejected")
+    also = ""
+    if len(rejected) >= MIN_METRIC_POINTS:
+        r0, r1 = _ends(rejected)
+        also = f" (the rejected answers' from {r0:.1f} to {r1:.1f})"
+    return (f"the chosen answers' log-prob fell from {c0:.1f} to {c1:.1f}{also} while the reward margin grew from "
+            f"{m0:.2f} to {m1:.2f}: the model widens the gap by pushing both answers down, so probability moves to "
+            "answers that are in neither (likelihood displacement). Add an SFT term on the chosen answers "
+            "(`rpo_alpha: 1.0` for dpo, ipo, simpo), lower `learning_rate` or raise `rl_beta`, or stop earlier")
+
+
+def plot_panels(axes, log_history: list[dict]) -> None:
+    """Accuracy, margin and log-prob panels (train and eval_) on three matplotlib axes."""
+    panels = (
+        (("rewards/accuracies",), "preference accuracy", 0.5, "chance"),
+        (("rewards/margins",), "reward margin (chosen - rejected)", 0.0, None),
+        (("logps/chosen", "logps/rejected"), "response log-prob (summed)", None, None),
+    )
+    colors = {"rewards/accuracies": "tab:green", "rewards/margins": "tab:purple", "logps/chosen": "tab:green",
+              "logps/rejected": "tab:red"}
+    for ax, (names, ylabel, line, line_label) in zip(axes, panels):
+        for name in names:
+            for key, style in ((name, "-"), (f"eval_{name}", "--")):
+                points = metric_series(log_history, key)
+                if points:
+                    ax.plot(*zip(*points), style, label=key, color=colors[name], marker="o" if style == "--" else None,
+                            markersize=3)
+        if line is not None:
+            ax.axhline(line, color="gray", linestyle=":", linewidth=1, label=line_label)
+        ax.set(xlabel="optimizer step", ylabel=ylabel)
+        if names == ("rewards/accuracies",):
+            ax.set_ylim(-0.03, 1.03)  # the whole 0..1 scale: chance and a tie read at a glance
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)

@@ -1,0 +1,121 @@
+"""Learning-curve verdicts of preference runs on synthetic log histories (the metrics PreferenceTrainer logs),
+and a real DPO run that cannot learn."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+
+import pytest
+
+from finetune.cli import main
+from finetune.train.curves import diagnose, write_curves
+
+LOG2 = math.log(2)
+
+
+def _history(loss, accuracy, margin, chosen, rejected, steps=60, log_every=3, eval_every=None, seed=0):
+    """A log history as PreferenceTrainer writes it: a loss every step, the preference metrics every
+    `log_every` steps in the same entry, eval_-prefixed ones every `eval_every` steps."""
+    rng = random.Random(seed)
+    history = []
+    for s in range(1, steps + 1):
+        entry = {"step": s, "loss": loss(s) + rng.gauss(0, 0.01)}
+        if s % log_every == 0:
+            entry.update({"rewards/accuracies": accuracy(s), "rewards/margins": margin(s),
+                          "rewards/chosen": margin(s) / 2, "rewards/rejected": -margin(s) / 2,
+                          "logps/chosen": chosen(s), "logps/rejected": rejected(s)})
+        history.append(entry)
+        if eval_every and s % eval_every == 0:
+            history.append({"step": s, "eval_loss": loss(s) + 0.02, "eval_rewards/accuracies": accuracy(s),
+                            "eval_rewards/margins": margin(s), "eval_logps/chosen": chosen(s),
+                            "eval_logps/rejected": rejected(s)})
+    return history
+
+
+def _noise(sd, seed=1):
+    rng = random.Random(seed)
+    return lambda: rng.gauss(0, sd)
+
+
+def test_accuracy_at_chance_and_loss_at_log2_is_nothing_learned():
+    n = _noise(0.08)
+    d = diagnose(_history(lambda s: LOG2, lambda s: min(1.0, max(0.0, 0.5 + n())), lambda s: 0.002 * n(),
+                          lambda s: -150.0, lambda s: -152.0, eval_every=15))
+    assert d["verdict"] == "nothing learned", d  # without the rule: "underfit" (the loss barely moved)
+    assert "chance is 0.5" in d["reason"] and "log 2" in d["reason"] and "learning_rate" in d["reason"]
+    assert d["preference"]["rewards/accuracies"]["last"] == pytest.approx(0.5, abs=0.1)
+
+
+def test_rewards_that_still_tie_are_nothing_learned():
+    """Policy == reference (e.g. LoRA whose updates do not change the log-probs): every reward is 0, accuracy
+    (chosen > rejected) is 0, the loss is exactly log 2."""
+    d = diagnose(_history(lambda s: LOG2, lambda s: 0.0, lambda s: 0.0, lambda s: -150.0, lambda s: -152.0))
+    assert d["verdict"] == "nothing learned" and "still tie" in d["reason"], d
+
+
+def test_eval_metrics_alone_are_read_when_no_training_ones_were_logged():
+    history = [e for e in _history(lambda s: LOG2, lambda s: 0.5, lambda s: 0.0, lambda s: -150.0,
+                                   lambda s: -152.0, eval_every=10)]
+    for entry in history:  # only the loss and the eval split's metrics
+        for key in [k for k in entry if k.startswith(("rewards/", "logps/"))]:
+            del entry[key]
+    d = diagnose(history)
+    assert d["verdict"] == "nothing learned" and d["reason"].startswith("eval_rewards/accuracies ended at 0.50")
+
+
+def test_a_preference_run_that_learns_keeps_the_sft_verdicts():
+    """Accuracy rising to 0.85 with the loss falling from log 2 and flattening: well-fit, as an SFT curve would be;
+    the chosen answers' log-prob held while the rejected ones' fell: no displacement."""
+    def grow(s):
+        return 1 - math.exp(-s / 8)
+
+    d = diagnose(_history(lambda s: 0.35 + (LOG2 - 0.35) * math.exp(-s / 8), lambda s: 0.5 + 0.35 * grow(s),
+                          lambda s: 2.0 * grow(s), lambda s: -150.0 + 0.5 * grow(s), lambda s: -152.0 - 20 * grow(s),
+                          eval_every=10))
+    assert d["verdict"] == "well-fit", d
+    assert d["preference"]["logps/chosen"]["last"] > d["preference"]["logps/chosen"]["first"]
+
+
+def test_chosen_logp_falling_while_the_margin_grows_is_likelihood_displacement(tmp_path):
+    def grow(s):
+        return 1 - math.exp(-s / 8)
+
+    history = _history(lambda s: 0.35 + (LOG2 - 0.35) * math.exp(-s / 8), lambda s: 0.5 + 0.4 * grow(s),
+                       lambda s: 3.0 * grow(s), lambda s: -150.0 - 40 * grow(s), lambda s: -152.0 - 70 * grow(s))
+    d = diagnose(history)
+    assert d["verdict"] == "likelihood displacement", d  # without the rule: well-fit (the loss fell and flattened)
+    assert re.search(r"fell from -1\d\d\.\d to -1\d\d\.\d", d["reason"])
+    assert "rpo_alpha: 1.0" in d["reason"] and "rejected answers' from" in d["reason"]
+    # a rising loss is still "diverged" first: that is the more urgent fix
+    rising = _history(lambda s: LOG2 + 0.01 * s, lambda s: 0.5 + 0.4 * grow(s), lambda s: 3.0 * grow(s),
+                      lambda s: -150.0 - 40 * grow(s), lambda s: -152.0 - 70 * grow(s))
+    assert diagnose(rising)["verdict"] == "diverged"
+    # the plot: loss beside accuracy, margin and log-prob panels (a wider figure); the CLI re-renders it
+    d = write_curves(tmp_path, history)
+    png = (tmp_path / "loss_curve.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 11 * 110
+    (tmp_path / "run.json").write_text(json.dumps({"log_history": history}))
+    assert main(["curves", str(tmp_path)]) == 0
+
+
+def test_sft_histories_get_no_preference_section():
+    d = diagnose([{"step": s, "loss": 2.0 * math.exp(-s / 10) + 1.0} for s in range(1, 61)])
+    assert d["verdict"] == "well-fit" and "preference" not in d
+
+
+def test_a_real_dpo_run_that_cannot_move_is_nothing_learned(tmp_path, tiny_model_dir):
+    """A learning rate far too small for the log-probs to change: the curves say so, and why."""
+    from test_plan_preference import _dpo_recipe
+
+    from finetune.recipe_load import load_recipe
+    from finetune.train.run import run_training
+
+    recipe = load_recipe(_dpo_recipe(tmp_path, tiny_model_dir, n=40, micro_batch_size=4,
+                                     gradient_accumulation_steps=1, num_epochs=1, learning_rate=1e-12))
+    summary = run_training(recipe)
+    assert summary["steps"] == 10
+    diagnosis = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
+    assert diagnosis["verdict"] == "nothing learned", diagnosis
