@@ -141,7 +141,8 @@ def test_preference_keys_win_over_the_sft_keys_they_carry():
     assert detect_shape({"instruction": "x", "chosen": "a", "rejected": "b"}) == "preference"
     assert detect_shape({"chosen": "a"}) == "preference"  # a side missing is said as such, not "unknown shape"
     assert detect_shape({"text": "x", "label": 1}) == "completion"  # an SFT record with a stray label stays SFT
-    assert detect_shape({"prompt": "x", "completion": "y"}) == "unpaired"
+    assert detect_shape({"prompt": "x", "completion": "y", "label": 0}) == "unpaired"  # said: label not a bool
+    assert detect_shape({"prompt": "x", "completion": "y"}) is None  # TRL's unlabelled prompt-completion SFT form
 
 
 PROBLEMS = [
@@ -177,7 +178,6 @@ PROBLEMS = [
     ({"prompt": "Sky?", "chosen": 3, "rejected": "b"}, '"chosen" must be a string or a list of messages, got int'),
     ({"prompt": "Sky?", "completion": "Blue.", "label": 1}, '"label" must be true or false (a JSON boolean), got 1'),
     ({"prompt": "Sky?", "completion": "Blue.", "label": "true"}, 'got "true"; write true for a desirable completion'),
-    ({"prompt": "Sky?", "completion": "Blue."}, 'an unpaired record needs "label": true for a desirable completion'),
     ({"prompt": "Sky?", "completion": "", "label": True}, '"completion" is empty'),
     ({"prompt": [user("Sky?")], "completion": "Blue.", "label": True},
      'plain and conversational mixed: "completion" is a string but "prompt" is a list of messages'),
@@ -201,6 +201,9 @@ def test_the_declared_type_is_the_shape_every_record_is_read_as(tmp_path):
     with pytest.raises(DataError, match=f"`{path}` line 2: \"chosen\" is missing"):
         read_records(path, "preference")
     with pytest.raises(DataError, match="line 1: an unpaired record needs \"label\""):
+        read_records(path, "unpaired")
+    path = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "Sky?", "completion": "Blue."}])
+    with pytest.raises(DataError, match="line 1: an unpaired record needs \"label\": true for a desirable"):
         read_records(path, "unpaired")
 
 

@@ -42,7 +42,7 @@ def detect_shape(record: dict) -> str | None:
         return "instruction"
     if "text" in record:
         return "completion"
-    if "completion" in record or "label" in record:
+    if "completion" in record and "label" in record:  # TRL's unlabelled {prompt, completion} is no shape here
         return "unpaired"
     return None
 
