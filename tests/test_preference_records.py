@@ -101,8 +101,8 @@ UNPAIRED = {
               {"prompt": "Sky?", "completion": "Blue.", "label": True}),
     "conversational": ({"prompt": [user("Sky?")], "completion": [bot("Green.")], "label": False, "id": 3},
                        {"prompt": [user("Sky?")], "completion": [bot("Green.")], "label": False}),
-    "sharegpt messages": ({"prompt": [{"from": "human", "value": "Sky?"}], "completion": [{"from": "gpt", "value": "Blue."}],
-                           "label": True},
+    "sharegpt messages": ({"prompt": [{"from": "human", "value": "Sky?"}],
+                           "completion": [{"from": "gpt", "value": "Blue."}], "label": True},
                           {"prompt": [user("Sky?")], "completion": [bot("Blue.")], "label": True}),
 }
 
@@ -141,7 +141,8 @@ def test_preference_keys_win_over_the_sft_keys_they_carry():
     assert detect_shape({"instruction": "x", "chosen": "a", "rejected": "b"}) == "preference"
     assert detect_shape({"chosen": "a"}) == "preference"  # a side missing is said as such, not "unknown shape"
     assert detect_shape({"text": "x", "label": 1}) == "completion"  # an SFT record with a stray label stays SFT
-    assert detect_shape({"prompt": "x", "completion": "y"}) == "unpaired"
+    assert detect_shape({"prompt": "x", "completion": "y", "label": 0}) == "unpaired"  # said: label not a bool
+    assert detect_shape({"prompt": "x", "completion": "y"}) is None  # TRL's unlabelled prompt-completion SFT form
 
 
 PROBLEMS = [
@@ -151,7 +152,7 @@ PROBLEMS = [
     ({"prompt": "  ", "chosen": "Blue.", "rejected": "Green."}, '"prompt" is empty'),
     ({"prompt": [user("Sky?")], "chosen": [bot(" ")], "rejected": [bot("Green.")]}, "chosen[0] is empty"),
     ({"prompt": [user("Sky?")], "chosen": [], "rejected": [bot("Green.")]}, '"chosen" is empty: it holds no message'),
-    ({"prompt": [user(""), ], "chosen": [bot("a")], "rejected": [bot("b")]}, "prompt message 0 (user) is empty"),
+    ({"prompt": [user("")], "chosen": [bot("a")], "rejected": [bot("b")]}, "prompt message 0 (user) is empty"),
     ({"prompt": "Sky?", "chosen": "Blue.", "rejected": "Blue."}, '"chosen" and "rejected" are the same answer'),
     ({"prompt": "Sky?", "chosen": "Blue  sky.", "rejected": " Blue sky.\n"}, '"chosen" and "rejected" are the same'),
     ({"prompt": [user("Sky?")], "chosen": [bot("Blue.")], "rejected": [bot("Blue.")]}, "are the same answer"),
@@ -171,13 +172,13 @@ PROBLEMS = [
      "conversations[0].from is 'robot'"),
     ({"chosen": [user("Tell me a joke"), bot("a")], "rejected": [user("Tell me a story"), bot("b")]},
      'no "prompt", and "chosen" and "rejected" do not begin with the same messages up to a user turn'),
-    ({"chosen": [user("Hi"), bot("Yo"), user("A?"), bot("a")], "rejected": [user("Hi"), bot("Yo"), user("B?"), bot("b")]},
+    ({"chosen": [user("Hi"), bot("Yo"), user("A?"), bot("a")],
+      "rejected": [user("Hi"), bot("Yo"), user("B?"), bot("b")]},
      '"chosen" and "rejected" differ before their last user turn (chosen[2] is a user message'),
     ({"chosen": "The sky is blue.", "rejected": "The sky is green."}, 'plain-text "chosen"/"rejected" need a "prompt"'),
     ({"prompt": "Sky?", "chosen": 3, "rejected": "b"}, '"chosen" must be a string or a list of messages, got int'),
     ({"prompt": "Sky?", "completion": "Blue.", "label": 1}, '"label" must be true or false (a JSON boolean), got 1'),
     ({"prompt": "Sky?", "completion": "Blue.", "label": "true"}, 'got "true"; write true for a desirable completion'),
-    ({"prompt": "Sky?", "completion": "Blue."}, 'an unpaired record needs "label": true for a desirable completion'),
     ({"prompt": "Sky?", "completion": "", "label": True}, '"completion" is empty'),
     ({"prompt": [user("Sky?")], "completion": "Blue.", "label": True},
      'plain and conversational mixed: "completion" is a string but "prompt" is a list of messages'),
@@ -201,6 +202,9 @@ def test_the_declared_type_is_the_shape_every_record_is_read_as(tmp_path):
     with pytest.raises(DataError, match=f"`{path}` line 2: \"chosen\" is missing"):
         read_records(path, "preference")
     with pytest.raises(DataError, match="line 1: an unpaired record needs \"label\""):
+        read_records(path, "unpaired")
+    path = write_jsonl(tmp_path / "data.jsonl", [{"prompt": "Sky?", "completion": "Blue."}])
+    with pytest.raises(DataError, match="line 1: an unpaired record needs \"label\": true for a desirable"):
         read_records(path, "unpaired")
 
 

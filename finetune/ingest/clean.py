@@ -161,9 +161,9 @@ class Cleaner:
         elif family(prep.shape) != family(self.first_kind[1]):
             where, shape = self.first_kind
             raise DataError(f"{prep.where or 'a record'}: {a_shape(prep.shape)} record, but "
-                            f"{where or 'an earlier record'} is {a_shape(shape)} record; one ingest output holds supervised records (text, instruction, "
-                            "chat), preference pairs or unpaired (KTO) records, not a mix: ingest each kind into "
-                            "its own file")
+                            f"{where or 'an earlier record'} is {a_shape(shape)} record; one ingest output holds "
+                            "supervised records (text, instruction, chat), preference pairs or unpaired (KTO) "
+                            "records, not a mix: ingest each kind into its own file")
 
     def _length(self, record: dict, shape: str) -> tuple[str, str] | None:
         size = sum(len(t) for t in text_fields(record, shape))
