@@ -3,6 +3,10 @@
 `Cleaner.apply(record)` returns the cleaned record, or a (reason, detail) for the rejects file. The slop
 filter looks only at supervised text (completion `text`, instruction `output`, chat assistant turns):
 a user asking "as an AI language model, what do you think..." is fine data; an answer saying it is not.
+Preference and unpaired records are cleaned in their canonical form (finetune/ingest/preference.py); the slop
+filter looks only at what they teach: a pair's chosen answer (a rejected answer full of slop is what
+preference data should hold), an unpaired completion only when its label is true. A pair with an empty side
+or two identical answers is rejected as `empty_side` / `identical_pair`.
 Memory: the exact-dedup index keeps a 16-byte digest per kept record (about 100 bytes with set overhead);
 near-dedup adds a 128-byte MinHash signature and 16 band keys per kept record (about 1.5 KB).
 """
@@ -14,9 +18,11 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 
+from finetune.errors import DataError
 from finetune.ingest.near_dup import NearDuplicateIndex
 from finetune.ingest.options import IngestOptions
-from finetune.ingest.records import detect_shape, record_problem
+from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical, map_texts, sides_key, texts
+from finetune.ingest.records import a_shape, detect_shape, family, record_problem
 from finetune.ingest.slop import SlopMatcher
 
 # C0/C1 control characters except tab and newline, zero-width characters and the BOM.
@@ -58,6 +64,8 @@ def _needs_inline_tidy(text: str) -> bool:
 
 def text_fields(record: dict, shape: str) -> list[str]:
     """Every string a record holds, in a fixed order."""
+    if shape in PREFERENCE_SHAPES:
+        return texts(record, shape)
     if shape == "completion":
         return [record["text"]]
     if shape == "instruction":
@@ -66,7 +74,9 @@ def text_fields(record: dict, shape: str) -> list[str]:
 
 
 def _map_supervised(record: dict, shape: str, fn) -> dict:
-    """A copy of `record` with fn applied to its supervised strings."""
+    """A copy of `record` with fn applied to its supervised strings (a preference record's taught ones)."""
+    if shape in PREFERENCE_SHAPES:
+        return map_texts(record, shape, fn, taught_only=True)
     if shape == "completion":
         return {**record, "text": fn(record["text"])}
     if shape == "instruction":
@@ -76,6 +86,8 @@ def _map_supervised(record: dict, shape: str, fn) -> dict:
 
 
 def _map_all(record: dict, shape: str, fn) -> dict:
+    if shape in PREFERENCE_SHAPES:
+        return map_texts(record, shape, fn)
     if shape == "completion":
         return {**record, "text": fn(record["text"])}
     if shape == "instruction":
@@ -112,10 +124,12 @@ class Cleaner:
         self.near = NearDuplicateIndex(opts.near_dedup) if opts.near_dedup else None
         self.phrases_found: list[str] = []  # of the last apply()
         self.sentences_stripped = 0
+        self.first_kind: tuple[str, str] | None = None  # (where, shape) of the first record of a known kind
 
     def apply(self, record: object) -> tuple[dict | None, tuple[str, str] | None]:
         """prepare() then admit(): the cleaned record or None, and the (reason, detail) of a rejection."""
         prep = self.prepare("", record)
+        self.check_kind(prep)
         self.phrases_found, self.sentences_stripped = prep.phrases, prep.stripped
         verdict = prep.verdict or self.admit(prep)
         return (None, verdict) if verdict else (prep.record, None)
@@ -123,19 +137,33 @@ class Cleaner:
     def prepare(self, where: str, record: object) -> Prepared:
         """Every step that looks at this record alone; safe to run in any process."""
         shape = detect_shape(record) if isinstance(record, dict) else None
-        problem = record_problem(record, shape) if shape else "not a record: no text, instruction/output or messages"
-        if problem:
-            return Prepared(where, record, None, shape, ("invalid_record", problem))
-        cleaned = record
+        try:
+            cleaned = _validated(record, shape)
+        except RecordProblem as problem:
+            return Prepared(where, record, None, shape, (problem.reason, str(problem)))
         if self.opts.normalize:
-            cleaned = _map_all(record, shape, normalize_text)
-            problem = record_problem(cleaned, shape)
-            if problem:
-                return Prepared(where, record, None, shape, ("invalid_record", f"after normalization: {problem}"))
+            try:
+                cleaned = _validated(_map_all(cleaned, shape, normalize_text), shape)
+            except RecordProblem as problem:
+                return Prepared(where, record, None, shape, (problem.reason, f"after normalization: {problem}"))
         cleaned, verdict, phrases, stripped = self._slop(cleaned, shape)
         if verdict is None:
             verdict = self._length(cleaned, shape)
         return Prepared(where, record, None if verdict else cleaned, shape, verdict, phrases, stripped)
+
+    def check_kind(self, prep: Prepared) -> None:
+        """One output holds one kind of record (supervised, preference or unpaired), as a record file must:
+        DataError at the first record of another kind. A record too broken to have a kind does not count."""
+        if prep.shape is None or (prep.verdict and prep.verdict[0] == "invalid_record"):
+            return
+        if self.first_kind is None:
+            self.first_kind = (prep.where, prep.shape)
+        elif family(prep.shape) != family(self.first_kind[1]):
+            where, shape = self.first_kind
+            raise DataError(f"{prep.where or 'a record'}: {a_shape(prep.shape)} record, but "
+                            f"{where or 'an earlier record'} is {a_shape(shape)} record; one ingest output holds "
+                            "supervised records (text, instruction, chat), preference pairs or unpaired (KTO) "
+                            "records, not a mix: ingest each kind into its own file")
 
     def _length(self, record: dict, shape: str) -> tuple[str, str] | None:
         size = sum(len(t) for t in text_fields(record, shape))
@@ -174,7 +202,8 @@ class Cleaner:
         """Dedup against the records kept so far (and remember this one): None, or why it is dropped."""
         if not (self.opts.dedup or self.near):
             return None
-        fields = text_fields(prep.record, prep.shape)
+        fields = sides_key(prep.record, prep.shape) if prep.shape in PREFERENCE_SHAPES else \
+            text_fields(prep.record, prep.shape)
         joined = "\x1f".join(" ".join(t.split()).lower() for t in fields)  # str.split(): what \s matches, in C
         if self.opts.dedup:
             digest = hashlib.blake2b(joined.encode(), digest_size=16).digest()
@@ -188,7 +217,22 @@ class Cleaner:
         return None
 
 
+def _validated(record: object, shape: str | None) -> dict:
+    """The record to clean: a supervised record as it is, a preference record canonical. Raises RecordProblem."""
+    if shape is None:
+        raise RecordProblem("not a record: no text, instruction/output or messages, nor a preference record's "
+                            "chosen/rejected or completion/label")
+    if shape in PREFERENCE_SHAPES:
+        return canonical(record, shape)
+    problem = record_problem(record, shape)
+    if problem:
+        raise RecordProblem(problem)
+    return record
+
+
 def _supervised(record: dict, shape: str) -> list[str]:
+    if shape in PREFERENCE_SHAPES:
+        return texts(record, shape, taught_only=True)
     if shape == "completion":
         return [record["text"]]
     if shape == "instruction":

@@ -144,6 +144,7 @@ def _account(item, source: str, cleaner: Cleaner, acct: Accounting, out_file: At
         rejects_file.write_json(item.as_json())
         return
     prep = item if isinstance(item, Prepared) else cleaner.prepare(*item)
+    cleaner.check_kind(prep)
     acct.slop_phrases.update(prep.phrases)
     verdict = prep.verdict or cleaner.admit(prep)
     if verdict is None:

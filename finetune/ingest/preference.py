@@ -105,9 +105,9 @@ def map_texts(record: dict, shape: str, fn, taught_only: bool = False) -> dict:
 
 
 def sides_key(record: dict, shape: str) -> list[str]:
-    """Every side's text joined on its own, label included: what exact dedup compares (swapping chosen and
-    rejected, or flipping a label, makes a different record)."""
-    parts = ["\x1f".join(_side_texts(record[key])) for key in SIDES[shape]]
+    """One string per side (each message with its role), then the label: what dedup compares, so swapping
+    chosen and rejected, or flipping a label, makes a different record."""
+    parts = [_side_key(record[key]) for key in SIDES[shape]]
     return parts + ([str(record["label"])] if shape == "unpaired" else [])
 
 
@@ -265,6 +265,10 @@ def _comparable(side: str | list[dict]) -> tuple:
     if isinstance(side, str):
         return (" ".join(side.split()),)
     return tuple((m["role"], " ".join(m["content"].split())) for m in side)
+
+
+def _side_key(side: str | list[dict]) -> str:
+    return side if isinstance(side, str) else "\n".join(f"{m['role']}: {m['content']}" for m in side)
 
 
 def _side_texts(side: str | list[dict]) -> list[str]:

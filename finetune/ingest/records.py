@@ -42,7 +42,7 @@ def detect_shape(record: dict) -> str | None:
         return "instruction"
     if "text" in record:
         return "completion"
-    if "completion" in record and "label" in record:  # {prompt, completion} alone is TRL's SFT prompt-completion
+    if "completion" in record and "label" in record:  # TRL's unlabelled {prompt, completion} is no shape here
         return "unpaired"
     return None
 
@@ -50,6 +50,11 @@ def detect_shape(record: dict) -> str | None:
 def family(shape: str) -> str:
     """The kind of record a file holds: supervised (the SFT shapes), preference or unpaired."""
     return "supervised" if shape in SFT_SHAPES else shape
+
+
+def a_shape(shape: str) -> str:
+    """'a chat', 'an instruction': a shape's name with its article, for messages."""
+    return f"an {shape}" if shape[0] in "aeiou" else f"a {shape}"
 
 
 def checked_record(record: object, shape: str) -> tuple[dict | None, str | None]:
@@ -181,9 +186,10 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
 
 
 def _mixed(path, lineno: int, shape: str, first_line: int, first_shape: str) -> str:
-    return (f"`{path}` line {lineno}: a {shape} record, but the file's first record (line {first_line}) is a "
-            f"{first_shape} record; a file holds supervised records (text, instruction, chat), preference pairs or "
-            "unpaired (KTO) records, not a mix: split it into one file per kind and list each under `datasets:`")
+    return (f"`{path}` line {lineno}: {a_shape(shape)} record, but the file's first record (line {first_line}) "
+            f"is {a_shape(first_shape)} record; a file holds supervised records (text, instruction, chat), preference "
+            "pairs or unpaired (KTO) records, not a mix: split it into one file per kind and list each under "
+            "`datasets:`")
 
 
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[object]) -> int:

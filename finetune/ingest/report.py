@@ -23,6 +23,8 @@ INPUT_PROBLEMS = frozenset(
         "invalid_record",
         "empty_field",
         "pair_mismatch",
+        "empty_side",  # a preference record with a side missing or empty
+        "identical_pair",  # a preference record whose chosen and rejected answers are the same
     }
 )
 

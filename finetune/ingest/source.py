@@ -19,7 +19,7 @@ from pathlib import Path
 from finetune.ingest.locate import expand_sources, is_url
 from finetune.ingest.options import IngestOptions
 
-INGEST_FORMAT = 3  # bump when a reader or the cleaner changes what it writes for the same input
+INGEST_FORMAT = 4  # bump when a reader or the cleaner changes what it writes for the same input
 
 
 def options_from_spec(spec) -> IngestOptions:
