@@ -341,8 +341,8 @@ def test_swapping_chosen_and_rejected_flips_the_margin_and_smoothing_mixes_the_t
     assert not torch.allclose(loss, loss_swapped)
     assert torch.allclose(L.dpo_loss(pc, pr, rc, rr, beta, label_smoothing=e), (1 - e) * loss + e * loss_swapped)
     delta = (pc - rc) - (pr - rr)  # the formula, written out once
-    assert torch.allclose(L.dpo_loss(pc, pr, rc, rr, beta, e),
-                          -(1 - e) * torch.log(torch.sigmoid(beta * delta)) - e * torch.log(torch.sigmoid(-beta * delta)))
+    formula = -(1 - e) * torch.log(torch.sigmoid(beta * delta)) - e * torch.log(torch.sigmoid(-beta * delta))
+    assert torch.allclose(L.dpo_loss(pc, pr, rc, rr, beta, e), formula)
 
 
 def test_ipo_is_zero_at_its_target_margin_and_normalizes_by_length():
@@ -395,5 +395,6 @@ def test_kto_weights_and_labels_pick_the_branch():
 def test_losses_are_per_pair_so_concatenating_micro_batches_changes_nothing():
     pc, pr, rc, rr = _pairs(8)
     whole = L.dpo_loss(pc, pr, rc, rr, 0.1)
-    parts = torch.cat([L.dpo_loss(pc[:3], pr[:3], rc[:3], rr[:3], 0.1), L.dpo_loss(pc[3:], pr[3:], rc[3:], rr[3:], 0.1)])
+    parts = torch.cat([L.dpo_loss(pc[:3], pr[:3], rc[:3], rr[:3], 0.1),
+                       L.dpo_loss(pc[3:], pr[3:], rc[3:], rr[3:], 0.1)])
     assert torch.equal(whole, parts)

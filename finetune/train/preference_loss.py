@@ -15,23 +15,27 @@ which is the same number when a step is one micro batch.
     IPO    (d_c/n_c - d_r/n_r - 1/(2b))^2, d_x = px - rx, n_x = tokens    Azar et al. 2023 (2310.12036) Eq. 17
            TRL: DPOTrainer loss_type "ipo", which normalizes each log-ratio by its completion token count
     SimPO  -log sig(b (pc/n_c - pr/n_r) - g)                              Meng et al. 2024 (2405.14734) Eq. 6
-           TRL: experimental CPOTrainer loss_type "simpo", cpo_alpha 0 (logits - gamma/beta, times beta)
+           TRL: experimental CPOTrainer loss_type "simpo" with cpo_alpha 0 (its default 1 adds an NLL term)
     ORPO   -l log sig(log odds),  log odds = (a_c - a_r) - (log(1-e^a_c) - log(1-e^a_r)),  a_x = px/n_x
-           Hong et al. 2024 (2403.07691) Eq. 6-7; TRL: experimental ORPOTrainer.odds_ratio_loss (beta = l)
+           Hong et al. 2024 (2403.07691) Eq. 4-7; TRL: experimental ORPOTrainer.odds_ratio_loss (its beta = l)
     KTO    desirable: w_d (1 - sig(b (d - z))),  undesirable: w_u (1 - sig(b (z - d))),  d = p - r
-           z = max(0, mean over the batch of (policy - ref) log-probs of MISMATCHED prompt/completion pairs),
-           no gradient.  Ethayarajh et al. 2024 (2402.01306) Eq. 7-8; TRL: KTOTrainer._compute_loss, loss "kto"
+           z = max(0, mean over the micro batch of (policy - ref) log-probs of MISMATCHED prompt/completion
+           pairs, averaged over processes), no gradient.  Ethayarajh et al. 2024 (2402.01306) Eq. 7;
+           TRL: KTOTrainer._compute_loss, loss_type "kto"
 
-What the caller supplies beyond the log-probs, and the NLL / SFT terms (computed by the caller, TRL's
-normalization given so a run can match it):
-    dpo, ipo  a reference; ipo the response token counts. RPO (rpo_alpha): TRL 1.16 has no rpo_alpha; it is
-              loss_type ["sigmoid", "sft"] with loss_weights [1, alpha], the SFT term the mean over every
-              chosen-response token of the micro batch of -log p (a token mean, response tokens only).
-    simpo     token counts. TRL's SFT term (cpo_alpha) is the same: a token mean of -log p over the chosen
-              responses' tokens of the micro batch.
-    orpo      token counts. TRL's NLL term (weight 1, always on) is a token mean of -log p over the WHOLE chosen
-              sequence, prompt tokens included (every attended position after the first), over the micro batch.
-    kto       labels (desirable), the KL estimate from `kto_kl`. TRL's loss is the mean over the micro batch's
+What the caller supplies beyond the log-probs, the recipe key -> TRL 1.16 argument, and the NLL / SFT terms
+(computed by the caller; TRL's normalization given so a run can match it):
+    dpo, ipo  a reference; ipo the response token counts. rl_beta -> beta; dpo_label_smoothing -> nothing
+              (see above). rpo_alpha: TRL 1.16 has no rpo_alpha (DPOConfig refuses it); it is loss_type
+              ["sigmoid", "sft"] (or ["ipo", "sft"]) with loss_weights [1, alpha], the SFT term the mean of
+              -log p over every chosen-response token of the micro batch (a token mean, response tokens only).
+    simpo     token counts. rl_beta -> beta, simpo_gamma -> simpo_gamma (the margin, not gamma/beta),
+              rpo_alpha -> cpo_alpha: the same token mean of -log p over the chosen responses' tokens.
+    orpo      token counts. orpo_alpha -> beta. TRL's NLL term (weight 1, always on) is a token mean of -log p
+              over the WHOLE chosen sequence, prompt tokens included (every attended position after the first),
+              over the micro batch.
+    kto       labels (desirable), the KL estimate from `kto_kl` (built from mismatched pairs: the collator's
+              job). rl_beta -> beta, kto_*_weight -> *_weight. TRL's loss is the mean over the micro batch's
               examples of the WEIGHTED per-example losses (divided by the count of examples, not the weights).
 
 Pure functions; torch is imported inside them (no work at import time).
