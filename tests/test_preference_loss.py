@@ -258,7 +258,7 @@ UNPAIRED = [{"prompt": p["prompt"], "completion": p[side], "label": side == "cho
             for p, side in zip(PAIRS + PAIRS, ["chosen", "rejected", "rejected", "chosen"] * 2)]
 
 
-def _kto_logps(trainer, batch, grad=True):
+def _kto_logps(trainer, batch):
     def run(model, prefix):
         return _token_logps(model, batch[f"{prefix}input_ids"], batch[f"{prefix}attention_mask"],
                             batch[f"{prefix}completion_mask"])[0]
