@@ -42,7 +42,7 @@ def detect_shape(record: dict) -> str | None:
         return "instruction"
     if "text" in record:
         return "completion"
-    if "completion" in record and "label" in record:  # {prompt, completion} alone is TRL's SFT prompt-completion
+    if "completion" in record and "label" in record:  # TRL's unlabelled {prompt, completion} is no shape here
         return "unpaired"
     return None
 
@@ -186,9 +186,10 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
 
 
 def _mixed(path, lineno: int, shape: str, first_line: int, first_shape: str) -> str:
-    return (f"`{path}` line {lineno}: {a_shape(shape)} record, but the file's first record (line {first_line}) is "
-            f"{a_shape(first_shape)} record; a file holds supervised records (text, instruction, chat), preference pairs or "
-            "unpaired (KTO) records, not a mix: split it into one file per kind and list each under `datasets:`")
+    return (f"`{path}` line {lineno}: {a_shape(shape)} record, but the file's first record (line {first_line}) "
+            f"is {a_shape(first_shape)} record; a file holds supervised records (text, instruction, chat), preference "
+            "pairs or unpaired (KTO) records, not a mix: split it into one file per kind and list each under "
+            "`datasets:`")
 
 
 def write_jsonl_atomic(path: str | os.PathLike, records: Iterable[object]) -> int:

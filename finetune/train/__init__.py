@@ -8,6 +8,8 @@
                         against the recipe happen at load time, in finetune/recipe_checks.py
     launch.py           starting N processes (accelerate / torchrun)
     curves.py           loss_curve.png and the underfit / overfit verdict
+    preference_loss.py  DPO, IPO, SimPO, ORPO, KTO losses and metrics: per-pair pure functions of per-sequence
+                        log-probs, held equal to TRL 1.16's (tests/test_preference_loss.py)
     __main__.py         `python -m finetune.train` (the same as `finetune train`)
 
 Nothing heavy is imported here: `run_training` is reached through a lazy attribute.
