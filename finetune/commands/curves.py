@@ -1,4 +1,5 @@
-"""Re-render loss_curve.png and re-diagnose a finished run (underfit / overfit / well-fit) from its logs.
+"""Re-render loss_curve.png and re-diagnose a finished run (underfit / overfit / well-fit / diverged; preference
+runs also nothing learned / likelihood displacement) from its logs.
 
     finetune curves OUTPUT_DIR
 """
