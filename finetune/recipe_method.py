@@ -16,9 +16,6 @@ METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto")
 PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
 PAIRED_METHODS = ("dpo", "ipo", "orpo", "simpo")  # need {prompt, chosen, rejected}
 REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference (the model before step 1)
-# Methods whose objective is wired into the trainer (finetune/train/preference_objective.py). The recipe accepts
-# the others' keys so a recipe can be written and checked, and refuses to train them until they are.
-TRAINABLE_METHODS = ("sft", "dpo")
 
 # key -> {method: default}. Sources: DPO (Rafailov et al. 2023) and TRL's DPOConfig beta 0.1; IPO (Azar et
 # al. 2023) tau 0.1; SimPO (Meng et al. 2024) beta 2.0 with gamma/beta 0.5, no SFT term; ORPO (Hong et al.
@@ -77,9 +74,6 @@ def _users(key: str) -> str:
 def method_problems(recipe) -> list[str]:
     """Keys the method does not read, records it cannot train on, and settings that mean nothing to it."""
     problems = []
-    if recipe.method not in TRAINABLE_METHODS:
-        problems.append(f"`method: {recipe.method}` is not available yet in this version of finetune (its loss is not "
-                        f"wired into the trainer); use {' or '.join(TRAINABLE_METHODS)}")
     for key in METHOD_SETTINGS:
         if getattr(recipe, key) is not None and recipe.method not in METHOD_SETTINGS[key]:
             problems.append(f"`{key}` is a setting of method {_users(key)}, not of `method: {recipe.method}`; "

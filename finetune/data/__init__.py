@@ -230,7 +230,7 @@ def preference_prepared(recipe, prepared: Prepared) -> Prepared:
     from finetune.data.packing import packed_splits
     from finetune.data.preference_rows import PairStore, preference_rows, row_capacity
 
-    store = PairStore(prepared.train, prepared.eval)
+    store = PairStore(prepared.train, prepared.eval, recipe.seed)
     train_packing, eval_packing = packed_splits(recipe)
     capacity = row_capacity(recipe, store)
     packing = {}

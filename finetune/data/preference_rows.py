@@ -19,7 +19,7 @@ UNPACKED, PACKED = "pairs", "packed_pairs"
 class PairStore:
     """Token ids of every item of both splits, by global id (train first, then eval)."""
 
-    def __init__(self, train, eval=None):
+    def __init__(self, train, eval=None, seed: int = 0):
         parts = [train] + ([eval] if eval is not None else [])
         self.n_train = len(train)
         self.unpaired = "completion_ids" in train.column_names
@@ -27,9 +27,10 @@ class PairStore:
         if self.unpaired:
             self.responses = [[ids] for part in parts for ids in part["completion_ids"]]
             self.labels = [bool(label) for part in parts for label in part["label"]]
+            self.kl_partner = _kl_partners([len(part) for part in parts], seed)
         else:
             self.responses = [[c, r] for part in parts for c, r in zip(part["chosen_ids"], part["rejected_ids"])]
-            self.labels = None
+            self.labels = self.kl_partner = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -41,8 +42,26 @@ class PairStore:
         """(prompt ids, response ids) of each sequence the item is read as: chosen then rejected for a pair."""
         return [(self.prompts[item], response) for response in self.responses[item]]
 
+    def kl_sequences(self, item: int) -> list[tuple[list[int], list[int]]]:
+        """KTO: the item's prompt with its KL partner's completion."""
+        return [(self.prompts[item], self.responses[self.kl_partner[item]][0])]
+
     def length(self, item: int) -> int:
         return sum(len(self.prompts[item]) + len(response) for response in self.responses[item])
+
+
+def _kl_partners(split_sizes: list[int], seed: int) -> list[int]:
+    """Global id -> the global id whose completion it is scored with for KTO's KL estimate: within each split,
+    in a seeded random order, every example takes the completion of the one before it (the first the last's)."""
+    partners, start = [], 0
+    rng = np.random.default_rng(seed)
+    for size in split_sizes:
+        order = start + rng.permutation(size)
+        partner = np.empty(size, dtype=np.int64)
+        partner[order - start] = np.roll(order, 1)
+        partners += partner.tolist()
+        start += size
+    return partners
 
 
 def row_capacity(recipe, store: PairStore) -> int:

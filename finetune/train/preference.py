@@ -4,6 +4,7 @@
                         per-pair losses (finetune/train/preference_objective.py), normalized over the STEP
     get_batch_samples   counts what a step normalizes by: pairs (KTO: examples) and chosen-response tokens,
                         over every micro batch of the optimizer step and every process
+    (KTO)               a no-grad pass over each micro batch's mismatched sequences gives the KL estimate z
     prediction_step     evaluation: the same loss, no logits
     log                 the metrics people know (rewards/chosen, rewards/margins, rewards/accuracies, logps/...),
                         averaged over the pairs since the last log, eval_-prefixed on the eval split
@@ -60,11 +61,15 @@ class PreferenceTrainer(Trainer):
             self.reference = self._reference_table(model)
         from finetune.model.sequence_logps import response_logps
 
-        logps = response_logps(model, self.head, inputs, self.full_logits)
-        ref = None
+        ref = kl = None
         if self.objective.needs_reference:
-            ref = self.reference.to(logps.device)[inputs["pair_ids"]]
-        terms = self.objective.terms(logps, ref, inputs)
+            ref = self.reference.to(inputs["input_ids"].device)[inputs["pair_ids"]]
+        if self.objective.needs_kl:  # KTO's reference point: the mismatched sequences, scored without gradient
+            with torch.no_grad():
+                policy_kl = response_logps(model, self.head, inputs["kl"], self.full_logits)
+            kl = self.objective.kl_estimate(policy_kl, ref[:, 1], self._mean_over_processes)
+        logps = response_logps(model, self.head, inputs, self.full_logits)
+        terms = self.objective.terms(logps, ref, inputs, kl)
         if num_items_in_batch is None:  # evaluation, or a caller without the step's counts: this batch alone
             counts, scale = torch.tensor(self.objective.counts(inputs), dtype=torch.float64), 1
         else:
@@ -72,6 +77,9 @@ class PreferenceTrainer(Trainer):
         loss = self.objective.combine(terms, counts.to(logps.device), scale)
         self._record(terms.metrics, "train" if model.training else "eval")
         return (loss, {}) if return_outputs else loss
+
+    def _mean_over_processes(self, value):
+        return self.accelerator.gather(value).mean() if self.accelerator.num_processes > 1 else value
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         inputs = self._prepare_inputs(inputs)
@@ -113,9 +121,10 @@ class PreferenceTrainer(Trainer):
                 totals = self.accelerator.reduce(totals, reduction="sum")
                 counts = self.accelerator.reduce(counts, reduction="sum")
             prefix = "eval_" if mode == "eval" else ""
-            for name, total, count in zip(names, totals.tolist(), counts.tolist()):
-                if count:
-                    logs[f"{prefix}{name}"] = round(total / count, 6)
+            means = {name: total / count for name, total, count in zip(names, totals.tolist(), counts.tolist())
+                     if count}
+            for name, value in {**means, **self.objective.derived(means)}.items():
+                logs[f"{prefix}{name}"] = round(value, 6)
             sums.clear()
         super().log(logs, start_time)
 

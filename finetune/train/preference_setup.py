@@ -29,9 +29,10 @@ def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> b
         leak = guard_packing(model, Collator(pad_id, flatten=collator.flatten), attn)
         log.info(f"packed sequences are isolated: a packed sequence's logits match it alone (leak {leak:.1e} of full "
                  "cross-attention)")
-    device = next(model.parameters()).device
+    from accelerate.utils import send_to_device
+
     items = [{UNPACKED: [i]} for i in range(min(2, len(collator.store)))]
-    batch = {k: v.to(device) for k, v in collator(items).items()}
+    batch = send_to_device(collator(items), next(model.parameters()).device)
     head = base_causal_lm(model).get_output_embeddings()
     if head is not None and probe_gathered_head(model, head, batch):
         log.info("preference log-probs: the LM head runs on response positions only")

@@ -72,7 +72,7 @@ def load_table(path: Path, items: int):
     if not path.is_file():
         return None
     table = torch.load(path, map_location="cpu", weights_only=True)
-    return table if table.shape[0] == items else None
+    return table if tuple(table.shape) == (items, 2) else None
 
 
 def save_table(path: Path, table) -> None:
@@ -104,20 +104,23 @@ def my_batches(store, batch_items: int, rank: int, world: int) -> list[list[int]
 
 
 def compute_table(model, head, collator, store, batch_items: int, prepare, full_logits: bool, rank: int, world: int):
-    """(items, sequences per item) fp32 log-probs, on CPU, identical on every process."""
+    """(items, 2) fp32 log-probs, on CPU, identical on every process: a pair's chosen and rejected response, or
+    a KTO example's completion and its KL partner's completion after its prompt."""
     import torch
 
     from finetune.model.sequence_logps import response_logps
 
-    per_item = 1 if store.unpaired else 2
-    table = torch.full((len(store), per_item), float("nan"))
+    table = torch.full((len(store), 2), float("nan"))
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
             for items in my_batches(store, batch_items, rank, world):
                 batch = prepare(collator([{UNPACKED: [i]} for i in items]))
-                logps = response_logps(model, head, batch, full_logits).view(per_item, len(items)).T
+                logps = response_logps(model, head, batch, full_logits)
+                if store.unpaired:
+                    logps = torch.cat([logps, response_logps(model, head, batch["kl"], full_logits)])
+                logps = logps.view(2, len(items)).T
                 table[torch.tensor(items)] = logps.float().cpu()
     finally:
         model.train(was_training)
