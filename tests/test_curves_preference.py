@@ -18,14 +18,16 @@ LOG2 = math.log(2)
 
 def _history(loss, accuracy, margin, chosen, rejected, steps=60, log_every=3, eval_every=None, seed=0):
     """A log history as PreferenceTrainer writes it: a loss every step, the preference metrics every
-    `log_every` steps in the same entry, eval_-prefixed ones every `eval_every` steps."""
+    `log_every` steps in the same entry, eval_-prefixed ones every `eval_every` steps. The rewards are
+    0.1 x each side's log-prob change since step 0 (the reference)."""
     rng = random.Random(seed)
     history = []
     for s in range(1, steps + 1):
         entry = {"step": s, "loss": loss(s) + rng.gauss(0, 0.01)}
         if s % log_every == 0:
             entry.update({"rewards/accuracies": accuracy(s), "rewards/margins": margin(s),
-                          "rewards/chosen": margin(s) / 2, "rewards/rejected": -margin(s) / 2,
+                          "rewards/chosen": 0.1 * (chosen(s) - chosen(0)),
+                          "rewards/rejected": 0.1 * (rejected(s) - rejected(0)),
                           "logps/chosen": chosen(s), "logps/rejected": rejected(s)})
         history.append(entry)
         if eval_every and s % eval_every == 0:
@@ -99,6 +101,28 @@ def test_chosen_logp_falling_while_the_margin_grows_is_likelihood_displacement(t
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[16:20], "big") == 11 * 110
     (tmp_path / "run.json").write_text(json.dumps({"log_history": history}))
     assert main(["curves", str(tmp_path)]) == 0
+
+
+def test_a_preference_loss_that_moves_little_while_the_ranking_is_learned_is_not_underfit():
+    """IPO's loss starts at 1 / (2 beta)^2 = 25 and falls slowly; KTO's is bounded by its weights and logs no
+    accuracy: the SFT rule alone ("barely moved": underfit) would misjudge both."""
+    def grow(s):
+        return 1 - math.exp(-s / 8)
+
+    ipo = _history(lambda s: 25.0 - 2.0 * grow(s), lambda s: 0.5 + 0.45 * grow(s), lambda s: 0.5 * grow(s),
+                   lambda s: -150.0 + 2 * grow(s), lambda s: -152.0 - 5 * grow(s))
+    d = diagnose(ipo)
+    assert d["verdict"] == "well-fit" and "moved little" in d["reason"] and "rewards/accuracies" in d["reason"], d
+    kto = [{k: v for k, v in e.items() if k != "rewards/accuracies"}
+           for e in _history(lambda s: 0.5 - 0.02 * grow(s), lambda s: 0.5, lambda s: 0.3 * grow(s),
+                             lambda s: -150.0 + 2 * grow(s), lambda s: -152.0 - 2 * grow(s))]
+    d = diagnose(kto)
+    assert d["verdict"] == "well-fit" and re.search(r"rewards/margins 0\.\d+ -> 0\.30", d["reason"]), d
+    # the same loss with the ranking unchanged: still underfit
+    flat = [{k: v for k, v in e.items() if k != "rewards/accuracies"}
+            for e in _history(lambda s: 0.5 - 0.02 * grow(s), lambda s: 0.5, lambda s: 0.01,
+                              lambda s: -150.0, lambda s: -152.0)]
+    assert diagnose(flat)["verdict"] == "underfit"
 
 
 def test_sft_histories_get_no_preference_section():

@@ -13,7 +13,9 @@ Levels are means over a fifth of the points (at least 3) at each end, so a few n
                below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit"
     well-fit   the training loss fell and flattened; the gap (final eval - final train loss) is reported
 
-A preference run (it logs rewards/accuracies) has two more, checked with the rules above
+A preference run (it logs reward metrics) is not underfit because its loss barely moved when its accuracy ended
+clearly above chance or its margin grew (a preference loss can move little while the ranking is learned), and
+has two more verdicts, checked with the rules above
 (finetune/train/curves_preference.py has their thresholds):
     nothing learned          accuracy ended at chance (or at a tie) and the loss stayed at its start (DPO: log 2),
                              checked before diverged / overfit / underfit
@@ -31,7 +33,7 @@ import math
 import re
 from pathlib import Path
 
-from finetune.train.curves_preference import (LOG2, is_preference, likelihood_displacement, nothing_learned,
+from finetune.train.curves_preference import (LOG2, is_preference, learned, likelihood_displacement, nothing_learned,
                                               plot_panels)
 from finetune.train.curves_preference import summary as preference_summary
 
@@ -125,6 +127,9 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
         if stuck:
             result.update(verdict="nothing learned", reason=stuck)
             return result
+        shown = learned(log_history) if verdict == "underfit" and why.startswith("training loss barely") else None
+        if shown:  # the loss moved little, the ranking did: not underfit by the loss alone
+            verdict, why = None, f"{why.split(':')[0].replace('barely moved', 'moved little')} while {shown}"
     if evals:
         best_step, best = min(evals, key=lambda pair: pair[1])
         result.update(best_eval_step=best_step, best_eval_loss=best, gap=evals[-1][1] - train[-1][1])

@@ -6,7 +6,9 @@
                               while the policy equals the reference, or within LOSS_STILL of its first level
                               (methods that start elsewhere)
     likelihood displacement   the chosen answers' log-prob fell (by more than LOGP_FALL of its start and at least
-                              LOGP_FALL_NATS) while the reward margin grew (by more than MARGIN_GROWTH, to above 0):
+                              LOGP_FALL_NATS), and their reward with it (the log-prob varies with which answers a
+                              step holds; the reward compares each answer with its own start), while the reward
+                              margin grew (by more than MARGIN_GROWTH, to above 0):
                               the model widens the gap by pushing both answers down (Razin et al. 2024)
 
 Levels are means over the ends of a series, as for the loss: a fifth of the points, at least
@@ -30,7 +32,27 @@ METRICS = ("rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejec
 
 
 def is_preference(log_history: list[dict]) -> bool:
-    return any(key in entry for entry in log_history for key in ("rewards/accuracies", "eval_rewards/accuracies"))
+    """A preference run logs reward metrics (KTO: margins without accuracies)."""
+    keys = ("rewards/accuracies", "eval_rewards/accuracies", "rewards/margins", "eval_rewards/margins")
+    return any(key in entry for entry in log_history for key in keys)
+
+
+def learned(log_history: list[dict]) -> str | None:
+    """What shows the policy learned the preferences, when its loss barely moved: accuracy ended clearly above
+    chance, or the reward margin grew (KTO logs no accuracy). A preference loss can move little while the
+    ranking is learned (IPO starts at 1 / (2 beta)^2 and falls slowly; KTO's is bounded by its weights), so
+    the SFT rule "the loss barely moved: underfit" does not apply alone. None when neither holds."""
+    accuracy, key = _series(log_history, "rewards/accuracies")
+    if len(accuracy) >= MIN_METRIC_POINTS:
+        a0, a1 = _ends(accuracy)
+        if a1 > 0.5 + CHANCE_BAND:
+            return f"{key} {a0:.2f} -> {a1:.2f}"
+    margins, key = _series(log_history, "rewards/margins")
+    if len(margins) >= MIN_METRIC_POINTS:
+        m0, m1 = _ends(margins)
+        if m1 > m0 + MARGIN_GROWTH and m1 > 0:
+            return f"{key} {m0:.2f} -> {m1:.2f}"
+    return None
 
 
 def metric_series(log_history: list[dict], key: str) -> list[tuple[int, float]]:
@@ -99,6 +121,9 @@ def likelihood_displacement(log_history: list[dict]) -> str | None:
     m0, m1 = _ends(margins)
     fell = c1 < c0 - max(LOGP_FALL_NATS, LOGP_FALL * abs(c0))
     grew = m1 > m0 + MARGIN_GROWTH and m1 > 0
+    rewards, _ = _series(log_history, "rewards/chosen")
+    if len(rewards) >= MIN_METRIC_POINTS:  # the chosen reward compares each answer with itself: it must agree
+        fell = fell and _ends(rewards)[1] < _ends(rewards)[0]
     if not (fell and grew):
         return None
     rejected, _ = _series(log_history, "logps/rejected")
