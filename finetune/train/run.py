@@ -139,14 +139,15 @@ def count_data(recipe, state):
 
 def report_settings(recipe, prepared, settings: Resolved) -> None:
     stats, numbers = prepared.stats, settings.numbers
+    items = "examples" if prepared.store is None or prepared.store.unpaired else "pairs"
     if settings.lr_plan is not None:
         log.info(f"learning_rate auto: {settings.lr_plan.describe()}")
     log.info(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
-             f"{numbers['examples_per_step']} examples = ~{numbers['tokens_per_step']:.0f} tokens "
+             f"{numbers['examples_per_step']} {items} = ~{numbers['tokens_per_step']:.0f} tokens "
              f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")
     for split_name, packed in stats.get("packing", {}).items():
-        log.info(f"packing ({split_name}): {packed['examples']:,} examples -> {packed['rows']:,} rows of "
+        log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
                  f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
     log.info(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
              f"adapter {recipe.adapter}")
