@@ -101,12 +101,12 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
     assert yaml.safe_load(out.read_text())["deepspeed"] == "ds3.json"
 
 
-def test_preference_training_is_refused_and_nothing_is_written(tmp_path, capsys):
-    src = tmp_path / "dpo.yml"
-    src.write_text("base_model: x\nrl: dpo\ndatasets: [{path: d.jsonl}]\n")
+def test_training_finetune_does_not_do_is_refused_and_nothing_is_written(tmp_path, capsys):
+    src = tmp_path / "rm.yml"
+    src.write_text("base_model: x\nreward_model: true\ndatasets: [{path: d.jsonl}]\n")
     out = tmp_path / "r.yml"
     assert main(["port", str(src), "-o", str(out)]) == 2
-    assert "supervised fine-tuning only" in capsys.readouterr().err and not out.exists()
+    assert "reward models have no equivalent" in capsys.readouterr().err and not out.exists()
 
 
 def test_an_existing_output_is_not_replaced(tmp_path, capsys):

@@ -4,8 +4,10 @@
     finetune port axolotl.yml -o recipe.yml --set base_model=path/to/model --set datasets.0.path=data.jsonl
 
 The result is validated as it is written: exit 0 when it loads as a finetune recipe, 1 when it was written
-but still needs edits (the problems are listed, e.g. a hub dataset id to download), 2 when nothing was
-written (unreadable input, an output that exists, a kind of training finetune does not do).
+but still needs edits (the problems are listed: a value finetune refuses, or an axolotl key that changes what
+is trained and that finetune cannot honour, kept as written so the recipe does not load until you decide), 2
+when nothing was written (unreadable input, an output that exists, a kind of training finetune does not do,
+such as `rl: grpo`). Records to download or convert before training are listed either way.
 """
 
 from __future__ import annotations
@@ -65,13 +67,26 @@ def run(args: argparse.Namespace) -> int:
     _write(output, render(ported, header))
     print(f"wrote {output}: {len(ported.settings)} keys set, {len(ported.dropped)} axolotl keys dropped "
           f"(each with a comment saying why)")
-    try:
-        recipe_from_dict(ported.settings, base_dir=output.parent.resolve(), source=str(output))
+    problems = [f"  - {line}" for line in ported.blocked.values()]
+    try:  # the rest of the recipe too, so one run lists every edit
+        recipe_from_dict({k: v for k, v in ported.settings.items() if k not in ported.blocked},
+                         base_dir=output.parent.resolve(), source=str(output))
     except RecipeError as err:
-        print(f"{output} needs edits before it trains:\n{err}", file=sys.stderr)
+        problems.append(str(err))
+    if problems:
+        kept = (" (kept as written, marked NEEDS YOUR DECISION: they change what is trained and finetune cannot "
+                "honour them)") if ported.blocked else ""
+        print(f"{output} needs edits before it trains{kept}:\n" + "\n".join(problems), file=sys.stderr)
+        _before_training(ported)
         return 1
     print(f"{output} is a valid finetune recipe: `finetune validate {output}` shows it resolved")
+    _before_training(ported)
+    return 0
+
+
+def _before_training(ported) -> None:
     if ported.hub_paths:
         print(f"before training, download the dataset(s) {', '.join(ported.hub_paths)} and point `path` at the "
               "files (see the comments in the recipe)")
-    return 0
+    for edit in ported.data_edits:
+        print(f"before training, convert the records of {edit}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
+from finetune.port import preference, preference_records
+
 Settings = dict[str, Any]
 
 
@@ -165,11 +167,23 @@ KEYS: dict[str, AxolotlKey] = {
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {
-    "rl": "finetune trains supervised fine-tuning only; `rl: {value}` (preference / RL training) has no equivalent",
     "reward_model": "finetune trains causal LMs with supervised fine-tuning only; reward models have no equivalent",
     "process_reward_model": "finetune trains supervised fine-tuning only; process reward models have no equivalent",
     "pretraining_dataset": "finetune has no streaming pretraining datasets; use `datasets:` with `type: completion`",
 }
+
+
+# Keys of both kinds of recipe whose meaning differs under `rl:` (convert.py, _under_rl).
+RL_DIFFERENT = frozenset({"train_on_inputs", "lora_model_dir"})
+
+
+def online_rl(value) -> str:
+    """Why `rl: grpo` (and any `rl:` that is not a preference method) does not port."""
+    methods = ", ".join(preference.RL_METHODS)
+    if value in preference.ONLINE_RL:
+        return (f"axolotl's `{value}` is online RL (the model generates, a reward scores it); finetune trains offline "
+                f"preference methods ({methods}) from records of chosen and rejected answers")
+    return f"not an axolotl rl method finetune knows; finetune trains {methods} (`method:`)"
 
 
 # --- inside a `datasets:` entry ---------------------------------------------------------------------------------
@@ -227,8 +241,12 @@ def dataset_type(value) -> tuple[str | None, str]:
     """(finetune `type`, note) for an axolotl dataset type; None when finetune has no equivalent."""
     if isinstance(value, str) and value in DATASET_TYPES:
         return DATASET_TYPES[value]
-    if isinstance(value, str) and value in ("instruction", "chat", "auto"):
+    if isinstance(value, str) and value in ("instruction", "chat", "auto", "preference", "unpaired"):
         return value, ""
+    if isinstance(value, str) and "." in value and preference_records.known(value):
+        return None, (f"axolotl's `{value}` is a preference dataset type (for `rl:`): finetune reads preference "
+                      "records with `type: preference` ({prompt, chosen, rejected}; KTO: `unpaired`) and a `method:`; "
+                      "`finetune port` says whether these records read as they are (docs/preference.md)")
     shown = value if isinstance(value, str) else "a custom prompt mapping"
     return None, (f"axolotl's `{shown}` prompt format has no finetune equivalent: convert the records to "
                   "{instruction, input, output} (`instruction`), {text} (`completion`) or {messages} (`chat`)")
@@ -285,6 +303,8 @@ def key_hint(loc: tuple) -> str | None:
     keys = [p for p in loc if isinstance(p, str)]
     table = KEYS if len(keys) == 1 else DATASET_KEYS if keys[:1] == ["datasets"] and len(keys) == 2 else {}
     entry = table.get(keys[-1]) if keys else None
+    if entry is None and len(keys) == 1 and keys[0] in preference.HINTS:
+        return f"an axolotl key: {preference.HINTS[keys[0]]}"
     if entry is None and len(keys) == 1 and keys[0] in UNPORTABLE:
         return f"an axolotl key: {UNPORTABLE[keys[0]].format(value='...')}"
     if entry is None:

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl
+from finetune.port import axolotl, preference, preference_records
 from finetune.recipe import OPTIMIZERS, DatasetSpec, Recipe
 
 # Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
@@ -32,9 +32,17 @@ class Ported:
     # (how many keys were set before it, "key: value" as written, why): rendered as comments in the source's order
     dropped: list[tuple[int, str, str]] = field(default_factory=list)
     hub_paths: list[str] = field(default_factory=list)  # dataset paths that look like hub ids: download first
+    # keys kept as written because finetune cannot honour what they change: the recipe does not load until edited
+    blocked: dict[str, str] = field(default_factory=dict)  # key -> "`key: value`: why"
+    data_edits: list[str] = field(default_factory=list)  # records finetune does not read as they are: convert first
 
     def note(self, key: str, text: str) -> None:
         self.comments.setdefault(key, []).append(text)
+
+    def block(self, key: str, value: Any, why: str) -> None:
+        self.settings[key] = value
+        self.note(key, f"NEEDS YOUR DECISION: {why}")
+        self.blocked[key] = f"`{key}: {_inline(value)}`: {why}"
 
     def drop(self, key: str, value: Any, why: str) -> None:
         written = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=100).rstrip()
@@ -67,14 +75,17 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
         out.note(key, note or f"axolotl `{key}: {_inline(value)}` is written `{_inline(ported)}` here")
 
 
-def _dataset(i: int, spec: Any, source_dir, out: Ported) -> dict | None:
+def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") -> dict | None:
     where = f"datasets[{i}]"
     if not isinstance(spec, dict):
         out.note("datasets", f"{where}: not a mapping; left out")
         return None
+    records = preference_records.dataset(spec, method) if method != "sft" else None
     result: dict = {}
     for key, value in spec.items():
-        if key == "type":
+        if key == "type" and records is not None:
+            _preference_type(where, spec, records, result, out)
+        elif key == "type":
             ported, note = axolotl.dataset_type(value)
             if ported:
                 result["type"] = ported
@@ -90,6 +101,9 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported) -> dict | None:
                 out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id; finetune reads "
                          f"local files: download it (huggingface-cli download --repo-type dataset {value} "
                          "--local-dir data/) and point `path` at the JSONL/JSON file")
+        elif records is not None and key in preference_records.LAYOUT_KEYS:
+            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, "
+                     f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
             out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
         elif key in axolotl.DATASET_KEYS:
@@ -99,19 +113,40 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported) -> dict | None:
         else:
             out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, not a finetune key and not in the "
                      "axolotl table (docs/recipe.md lists the dataset keys)")
+    if records is not None and "type" not in spec:
+        _preference_type(where, spec, records, result, out)
     return result
 
 
+def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
+                     out: Ported) -> None:
+    result["type"] = records.type
+    value = spec.get("type")
+    said = f"axolotl `{_inline(value)}` -> `{records.type}`" if value is not None else f"`{records.type}`"
+    out.note("datasets", f"{where}.type: {said}: {records.note}")
+    if records.convert:
+        out.note("datasets", f"{where}: BEFORE TRAINING, {records.convert}")
+        out.data_edits.append(f"{where} ({spec.get('path', 'no path')}): {records.convert}")
+
+
 def port_axolotl(config: dict, source_dir) -> Ported:
-    """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: dpo...)."""
+    """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: grpo...)."""
     for key, why in axolotl.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
+    rl = config.get("rl")
+    if rl and rl not in preference.RL_METHODS:
+        raise FinetuneError(f"`rl: {rl}`: {axolotl.online_rl(rl)}; nothing was written")
+    method, rl_ports = preference.port_keys(config) if rl else ("sft", {})
     out = Ported()
     for key, value in config.items():
         if key == "datasets" and isinstance(value, list):
-            specs = [_dataset(i, spec, source_dir, out) for i, spec in enumerate(value)]
+            specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+        elif key in preference.RL_KEYS and value is not None:
+            _rl_key(key, value, rl_ports.get(key), out)
+        elif rl and key in axolotl.RL_DIFFERENT and value is not None:
+            _under_rl(key, value, out)
         elif key in axolotl.KEYS:
             entry = axolotl.KEYS[key]
             settings = entry.convert(value, config) if entry.convert and value is not None else {}
@@ -130,7 +165,66 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
                  "linear layer to it")
+    if rl:
+        _preference_recipe(config, rl_ports, out)
     return out
+
+
+def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported) -> None:
+    """One key of axolotl's preference training: what it becomes (preference.port_keys), or why it is dropped."""
+    if port is None:  # no `rl:` in the recipe
+        return out.drop(key, value, "dropped: a preference-tuning key, which axolotl reads only with `rl:`; this "
+                                    "recipe trains supervised fine-tuning")
+    if port.block:
+        return out.block(key, value, port.block)
+    if not port.settings:
+        return out.drop(key, value, port.drop if port.drop.startswith("dropped") else "dropped, " + port.drop)
+    for n, (name, new) in enumerate(port.settings.items()):
+        out.settings[name] = new
+        if n and key == "rl":
+            out.note(name, f"from axolotl `rl: {_inline(value)}`: TRL's default there (see `method`)")
+        elif port.note or name != key or new != value:
+            out.note(name, f"from axolotl `{key}: {_inline(value)}`" + (f": {port.note}" if port.note else ""))
+
+
+def _under_rl(key: str, value: Any, out: Ported) -> None:
+    """A key both kinds of recipe have whose meaning differs in a preference recipe."""
+    if key == "train_on_inputs":
+        out.drop(key, value, "dropped, not needed: preference losses score the answers only (finetune refuses "
+                             "`train_on_inputs` with a preference method; axolotl's rl trainers ignore it)")
+    # lora_model_dir: _preference_recipe, once base_model is read too
+
+
+def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
+    """What a preference recipe needs once every key is read: the adapter it continues as base_model, packing,
+    and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
+    if config.get("lora_model_dir"):
+        base, out.settings["base_model"] = config.get("base_model"), config["lora_model_dir"]
+        out.note("base_model", f"from axolotl `lora_model_dir: {_inline(config['lora_model_dir'])}`: the adapter "
+                 "this run continues; finetune loads its base (named in its adapter_config.json) and keeps training "
+                 "it. The reference is this model as it starts (base + adapter), where axolotl's is the base with "
+                 "the adapter switched off (docs/preference.md)"
+                 + (f"; axolotl's base_model `{base}` is the base the adapter names" if base else ""))
+    if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
+        out.settings["sample_packing"] = True
+    elif out.settings.get("sample_packing") is False:
+        whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
+        out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
+                                   "`sample_packing: true` is worth setting")
+    template = out.settings.get("chat_template", "tokenizer_default")
+    turns = {"template": template, "llama3": "Llama 3's", "chatml": "chatml", None: None}
+    chats = {turns[preference_records.dataset(spec, out.settings["method"]).chat]
+             for spec in config.get("datasets") or [] if isinstance(spec, dict)} - {None}
+    if len(chats) > 1:
+        out.note("datasets", f"axolotl writes these datasets in different chat turns ({', '.join(sorted(chats))}); "
+                 "one chat_template renders every record here: split them into two runs, or convert one")
+    elif chats == {"chatml"} and template != "chatml":
+        out.settings["chat_template"] = "chatml"
+        out.note("chat_template", "axolotl's chatml.* dataset types write ChatML turns whatever chat_template says")
+    elif chats == {"Llama 3's"} and template != "jinja":
+        out.note("datasets", "axolotl's llama3.* types write Llama 3's turns whatever chat_template says; finetune "
+                 "renders with `chat_template` (tokenizer_default: a Llama 3 Instruct tokenizer's own template "
+                 "writes those turns; for another base, give Llama 3's as `chat_template: jinja`)")
 
 
 def _comment(text: str, indent: str = "") -> list[str]:

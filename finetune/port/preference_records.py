@@ -1,0 +1,200 @@
+"""axolotl's preference dataset types -> finetune's `preference` / `unpaired` records: whether finetune reads
+the records as they are (same prompt, same answers, same chat turns), or what each record must become.
+
+Checked against axolotl's prompt_strategies/{dpo,orpo,kto}/ at commit 067b021 (2026-07): the fields each
+`type:` reads and the turns it writes. finetune's reader is finetune/ingest/preference.py: {prompt, chosen,
+rejected} plain or as messages, TRL's implicit prompt (whole conversations, UltraFeedback's string prompt
+beside them too), sharegpt-style {conversations, chosen, rejected}, alpaca-style pairs; KTO's {prompt,
+completion, label}. Plain strings are plain text there: no chat template. Pure data and small functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_PAIR = ('{"prompt": [{"role": "user", "content": ...}], "chosen": [{"role": "assistant", "content": ...}], '
+         '"rejected": [{"role": "assistant", "content": ...}]}')
+_UNPAIRED = ('{"prompt": [{"role": "user", "content": ...}], "completion": [{"role": "assistant", "content": ...}], '
+             '"label": true | false}')
+_TURNS = {"chatml": "ChatML turns", "llama3": "Llama 3 turns", "template": "the chat template's turns"}
+_SYSTEM = '"system" (optional), '
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An axolotl preference dataset type. `fields`: the records it reads. `reads`: finetune reads them as they
+    are. `plain`: finetune reads them, but as plain text, where axolotl wraps them in chat turns. `chat`: the
+    turns axolotl writes: "chatml" / "llama3" whatever chat_template says, "template": the recipe's template."""
+
+    fields: str
+    reads: bool = False
+    plain: bool = False
+    chat: str | None = None
+
+
+def _pairs(chat: str) -> dict[str, Layout]:
+    """axolotl's prompt_strategies/dpo/{chatml,llama3}.py: strings wrapped in fixed turns, or messages."""
+    def strings(names: str, plain: bool = False) -> Layout:
+        return Layout("{" + _SYSTEM + names + "} strings", plain=plain, chat=chat)
+
+    return {
+        f"{chat}.default": strings('"prompt" | "input" | "question" | "instruction", "chosen" | "chosen_response", '
+                                   '"rejected" | "rejected_response"'),
+        f"{chat}.prompt_pairs": strings('"prompt", "chosen", "rejected"', plain=True),
+        f"{chat}.intel": strings('"question", "chosen", "rejected"'),
+        f"{chat}.icr": strings('"input", "chosen", "rejected"'),
+        f"{chat}.argilla": strings('"instruction", "chosen_response", "rejected_response"'),
+        f"{chat}.argilla_chat": Layout('{"chosen": [user, assistant messages], "rejected": [...]}: TRL\'s implicit '
+                                       "prompt", reads=True, chat=chat),
+        f"{chat}.ultra": Layout('{' + _SYSTEM + '"prompt", "chosen": [user, assistant messages], "rejected": [...]}: '
+                                "UltraFeedback's layout", reads=True, chat=chat),
+    }
+
+
+def _unpaired(chat: str) -> dict[str, Layout]:
+    """axolotl's prompt_strategies/kto/{chatml,llama3}.py."""
+    def strings(names: str, plain: bool = False) -> Layout:
+        return Layout("{" + _SYSTEM + names + ', "label"} with string prompt and completion', plain=plain, chat=chat)
+
+    return {
+        f"{chat}.prompt_pairs": strings('"prompt", "completion"', plain=True),
+        f"{chat}.ultra": strings('"prompt", "completion"', plain=True),
+        f"{chat}.intel": strings('"question", "completion"'),
+        f"{chat}.argilla": strings('"instruction", "completion"'),
+        f"{chat}.argilla_chat": Layout('{"completion": [user, assistant messages], "label"}', chat=chat),
+    }
+
+
+PAIR_TYPES: dict[str, Layout] = {
+    **_pairs("chatml"), **_pairs("llama3"),
+    "chat_template.argilla_chat": Layout('{"chosen": [messages], "rejected": [messages]}: TRL\'s implicit prompt',
+                                         reads=True, chat="template"),
+    "chat_template.argilla": Layout('{' + _SYSTEM + '"prompt" (optional), "chosen": [messages], "rejected": '
+                                    "[messages]} (axolotl's ORPO type)", reads=True, chat="template"),
+    "passthrough.default": Layout("TRL's {prompt, chosen, rejected}, passed as they are", reads=True),
+    "zephyr.nectar": Layout('{"prompt", "answers": [{"answer", "rank"}...]}'),
+}
+UNPAIRED_TYPES: dict[str, Layout] = {**_unpaired("chatml"), **_unpaired("llama3")}
+_SHORT = {"chatml": "chatml.default", "llama3": "llama3.default", "chat_template": "chat_template.default",
+          "passthrough": "passthrough.default"}
+
+# keys of a preference dataset entry that describe the records' fields (their notes come with `type`'s)
+LAYOUT_KEYS = ("field_messages", "field_chosen", "field_rejected", "message_property_mappings", "roles",
+               "message_field_role", "message_field_content")
+
+
+def known(value: Any) -> bool:
+    """`value` names one of axolotl's preference dataset types."""
+    name = _SHORT.get(value, value) if isinstance(value, str) else None
+    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name == "chat_template.default"
+
+
+@dataclass
+class DatasetPort:
+    """A preference dataset entry in finetune: its `type`, the note on it, a note per layout key, `convert`: what
+    each record must become before training (empty when finetune reads them as they are), and `chat`: the turns
+    axolotl writes its records in (see Layout)."""
+
+    type: str
+    note: str
+    key_notes: dict[str, str] = field(default_factory=dict)
+    convert: str = ""
+    chat: str | None = None
+
+
+def dataset(spec: dict, method: str) -> DatasetPort:
+    """How finetune reads the records of one axolotl preference dataset entry, for `method`."""
+    shape, target = ("unpaired", _UNPAIRED) if method == "kto" else ("preference", _PAIR)
+    value = spec.get("type")
+    if isinstance(value, dict):
+        return _user_defined(value, method, shape, target)
+    if value is None:
+        fields = "{prompt, completion, label}" if method == "kto" else "{prompt, chosen, rejected}"
+        return DatasetPort(shape, f"no `type`: axolotl reads TRL's {fields} as they are, as finetune does")
+    name = _SHORT.get(value, value)
+    if name == "chat_template.default" and method != "kto":
+        return _chat_template_default(spec, target)
+    layout = (UNPAIRED_TYPES if method == "kto" else PAIR_TYPES).get(name)
+    if layout is None:
+        kind = "KTO" if method == "kto" else "DPO/IPO/ORPO/SimPO"
+        return DatasetPort(shape, f"`{value}` is not one of axolotl's {kind} dataset types finetune knows",
+                           convert=f"write each record as {target} (or another layout docs/preference.md lists)")
+    turns = _TURNS.get(layout.chat or "template")
+    if layout.reads:
+        system = ' (a "system" field is not read: put it in the records as a first system message)' \
+            if _SYSTEM in layout.fields else ""
+        fixed = f"; axolotl writes {turns} whatever chat_template says" if layout.chat in ("chatml", "llama3") else ""
+        return DatasetPort(shape, f"{layout.fields}, read as they are{system}{fixed}", chat=layout.chat)
+    if layout.plain:
+        why = f"finetune would read these as plain text, with no chat turns, where axolotl wraps them in {turns}"
+    elif layout.chat:
+        why = f"finetune does not read these field names (and axolotl wraps the strings in {turns})"
+    else:
+        why = "finetune does not read this layout"
+    system = ' (a "system" field becomes a first system message)' if _SYSTEM in layout.fields else ""
+    same = f", to train on the same {turns}" if layout.chat else ""
+    return DatasetPort(shape, f"{layout.fields}: {why}", chat=layout.chat,
+                       convert=f"write each record as {target}{system}{same}")
+
+
+def _chat_template_default(spec: dict, target: str) -> DatasetPort:
+    """axolotl's chat_template.default: {field_messages: [prompt messages], field_chosen: message, field_rejected:
+    message}, rendered with the recipe's chat template: finetune's sharegpt-style pair once the prompt field is
+    named `conversations`."""
+    names = {"field_messages": (spec.get("field_messages") or "messages", "conversations"),
+             "field_chosen": (spec.get("field_chosen") or "chosen", "chosen"),
+             "field_rejected": (spec.get("field_rejected") or "rejected", "rejected")}
+    renames = [f"`{have}` to `{want}`" for have, want in names.values() if have != want]
+    key_notes = {key: "finetune's name already" if have == want else f"rename `{have}` to `{want}` in the records"
+                 for key, (have, want) in names.items() if key in spec}
+    mapping = spec.get("message_property_mappings") or {}
+    role = mapping.get("role") or spec.get("message_field_role") or "role"
+    content = mapping.get("content") or spec.get("message_field_content") or "content"
+    props_read = (role, content) in (("role", "content"), ("from", "value"))
+    if not props_read:
+        renames.append(f"the messages' `{role}` / `{content}` to `role` / `content`")
+    for key in ("message_property_mappings", "message_field_role", "message_field_content"):
+        if key in spec:
+            key_notes[key] = "finetune reads role/content and from/value messages" if props_read \
+                else "rename them in the records"
+    odd_roles = _odd_roles(spec.get("roles"))
+    if odd_roles:
+        renames.append(f"the roles {', '.join(odd_roles)} to user / assistant / system")
+    if "roles" in spec:
+        key_notes["roles"] = "rename them in the records" if odd_roles else "finetune reads these role names"
+    layout = (f"{{{names['field_messages'][0]}: [prompt messages], {names['field_chosen'][0]}: message, "
+              f"{names['field_rejected'][0]}: message}}")
+    if not renames:
+        return DatasetPort("preference", f"{layout}: finetune's sharegpt-style pair, read as it is and rendered with "
+                                         "the chat template, as axolotl renders it", key_notes, chat="template")
+    return DatasetPort("preference", f"{layout}: finetune reads this layout as a sharegpt-style pair "
+                                     "({conversations: [messages], chosen: message, rejected: message}) once the "
+                                     "fields are renamed", key_notes, chat="template",
+                       convert=f"rename {', '.join(renames)} in each record (or write each as {target})")
+
+
+def _odd_roles(roles: Any) -> list[str]:
+    """Role names finetune does not read as axolotl maps them (finetune reads system/user/assistant, human/gpt)."""
+    if not isinstance(roles, dict):
+        return []
+    aliases = {"user": ("user", "human"), "assistant": ("assistant", "gpt"), "system": ("system",)}
+    return [f"`{name}`" for target, names in roles.items() if target in aliases
+            for name in (names if isinstance(names, list) else [names]) if name not in aliases[target]]
+
+
+def _user_defined(value: dict, method: str, shape: str, target: str) -> DatasetPort:
+    """axolotl's user_defined.default (a mapping as `type:`): fields renamed and formatted as plain text, no chat
+    template, as finetune reads plain strings."""
+    sides = ("prompt", "completion") if method == "kto" else ("prompt", "chosen", "rejected")
+    fields = sides + (("label",) if method == "kto" else ())
+    renamed = [f"`{value[f'field_{s}']}` to `{s}`" for s in fields if value.get(f"field_{s}") not in (None, s)]
+    custom = [f"{s}_format `{value[f'{s}_format']}`" for s in sides
+              if value.get(f"{s}_format") not in (None, "", "{" + s + "}")]
+    plain = "{" + ", ".join(fields) + "}"
+    if not renamed and not custom:
+        return DatasetPort(shape, f"axolotl's user-defined {plain}, unformatted: plain text, read as they are")
+    todo = ([f"rename {', '.join(renamed)}"] if renamed else []) + (
+        [f"apply {', '.join(custom)} to the fields (the plain text axolotl trains on)"] if custom else [])
+    return DatasetPort(shape, f"axolotl's user-defined layout, formatted as plain text: finetune reads {plain} "
+                              "plain text as it is", convert=f"{'; '.join(todo)} in each record")
