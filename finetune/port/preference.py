@@ -1,11 +1,10 @@
 """axolotl's preference recipes (`rl: dpo | ipo | orpo | simpo | kto`) -> finetune's `method:` and its settings,
-and axolotl's preference dataset types -> finetune's `preference` / `unpaired` records, or what the records
-must become (pure data and small functions, like axolotl.py beside it; convert.py applies them).
+each as axolotl passes it to TRL; the dataset types are preference_records.py's. Pure data and small functions,
+like axolotl.py beside it; convert.py applies them, `finetune validate` reads HINTS.
 
 Checked against axolotl at commit 067b021 (2026-07): core/builders/rl.py and core/trainers/dpo/__init__.py
-(which recipe key reaches which TRL argument), utils/schemas/{config,deprecated,validation}.py, and
-prompt_strategies/{dpo,orpo,kto}/ (the record layout each `type:` reads and the turns it writes), with the
-defaults of TRL 1.16's DPOConfig, CPOConfig, ORPOConfig and KTOConfig.
+(which recipe key reaches which TRL argument, for which `rl:`), utils/schemas/{config,deprecated,validation}.py,
+with the defaults of TRL 1.16's DPOConfig, CPOConfig, ORPOConfig and KTOConfig.
 """
 
 from __future__ import annotations
