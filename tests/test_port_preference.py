@@ -113,6 +113,7 @@ def test_orpo_example_ports_and_trains_on_its_records_as_they_are(tmp_path, tiny
     assert code == 0, capsys.readouterr().err
     assert "convert the records" not in capsys.readouterr().out  # read as they are
     assert recipe["method"] == "orpo" and recipe["orpo_alpha"] == 0.1 and recipe["chat_template"] == "chatml"
+    assert "axolotl's (TRL's ORPOTrainer) also scores the prompt's" in _flat(text)
     summary = run_training(load_recipe(tmp_path / "recipe.yml"))
     assert summary["steps"] == 3
     run = json.loads((tmp_path / "out" / "run.json").read_text())
@@ -213,7 +214,7 @@ def test_user_defined_types_read_as_plain_text_unless_renamed_or_formatted():
     assert canonical({"prompt": _Q, "chosen": _A, "rejected": _B}, "preference")["prompt"] == _Q
     renamed = preference_records.dataset({"type": {"field_prompt": "question", "prompt_format": "[INST] {prompt}"}},
                                          "dpo")
-    assert "rename `question` to `prompt`" in renamed.convert and "prompt_format `[INST] {prompt}`" in renamed.convert
+    assert "rename `question` to `prompt`" in renamed.convert and "prompt_format \"[INST] {prompt}\"" in renamed.convert
     kto = preference_records.dataset({"type": {"field_label": "good"}}, "kto")
     assert kto.type == "unpaired" and "rename `good` to `label`" in kto.convert
 

@@ -42,7 +42,7 @@ _PADDING_FREE = ("finetune packs whole pairs with no padding (TRL's `padding_fre
 _DELETE_TO_TRAIN = "delete the line to train without it, or keep training this recipe with axolotl"
 
 HINTS: dict[str, str] = {
-    "rl": "write `method: dpo` (or ipo, orpo, simpo, kto); `finetune port` maps the rl settings with it",
+    "rl": "write `method: dpo` (or ipo, orpo, simpo, kto), the method that `rl:` names",
     "dpo_beta": "write `rl_beta` (axolotl's old name for it)",
     "cpo_alpha": "write `rpo_alpha`: with `method: simpo` it is the weight of the chosen answers' NLL (TRL's CPO "
                  "`cpo_alpha`)",
@@ -90,12 +90,18 @@ def port_keys(config: dict) -> tuple[str, dict[str, KeyPort]]:
     note = "" if method == config["rl"] else f"axolotl's `rl: {config['rl']}` with `dpo_loss_type` trains {method}"
     if implied:
         shown = ", ".join(f"{key}: {value}" for key, value in implied.items())
+        why = {"rpo_alpha": "rpo_alpha is CPO's `cpo_alpha`, an SFT term on the chosen answers",
+               "simpo_gamma": "unset, axolotl passes gamma None and TRL fails; 0.5 is TRL's default and the value "
+                              "axolotl's docs show"}
+        said = "; ".join(text for key, text in why.items() if key in implied)
         note = (note + "; " if note else "") + (
-            f"axolotl's SimPO is TRL's CPOTrainer: what the recipe leaves unset takes TRL's values ({shown}; "
-            "rpo_alpha is CPO's `cpo_alpha`, an SFT term on the chosen answers), not finetune's defaults (the SimPO "
-            "paper's: rl_beta 2.0, simpo_gamma 1.0, no SFT term), so they are written out"
-            + (" (unset, axolotl passes gamma None and TRL fails; 0.5 is TRL's default and axolotl's documented value)"
-               if "simpo_gamma" in implied else ""))
+            f"axolotl's SimPO is TRL's CPOTrainer: what the recipe leaves unset takes TRL's values ({shown}"
+            + (f"; {said}" if said else "") + "), not finetune's defaults (the SimPO paper's: rl_beta 2.0, "
+            "simpo_gamma 1.0, no SFT term), so they are written out")
+    if method == "orpo":
+        note = (note + "; " if note else "") + (
+            "finetune's ORPO takes the NLL of the chosen answer's tokens; axolotl's (TRL's ORPOTrainer) also scores "
+            "the prompt's, so the two losses differ by that term (docs/preference.md)")
     ports["rl"] = KeyPort({"method": method, **implied}, note)
     for key, hint in HINTS.items():
         if key in config and key not in ports:

@@ -10,6 +10,7 @@ completion, label}. Plain strings are plain text there: no chat template. Pure d
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -189,7 +190,7 @@ def _user_defined(value: dict, method: str, shape: str, target: str) -> DatasetP
     sides = ("prompt", "completion") if method == "kto" else ("prompt", "chosen", "rejected")
     fields = sides + (("label",) if method == "kto" else ())
     renamed = [f"`{value[f'field_{s}']}` to `{s}`" for s in fields if value.get(f"field_{s}") not in (None, s)]
-    custom = [f"{s}_format `{value[f'{s}_format']}`" for s in sides
+    custom = [f"{s}_format {json.dumps(value[f'{s}_format'])}" for s in sides
               if value.get(f"{s}_format") not in (None, "", "{" + s + "}")]
     plain = "{" + ", ".join(fields) + "}"
     if not renamed and not custom:
