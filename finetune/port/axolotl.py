@@ -167,8 +167,10 @@ KEYS: dict[str, AxolotlKey] = {
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {
-    "reward_model": "finetune trains causal LMs with supervised fine-tuning only; reward models have no equivalent",
-    "process_reward_model": "finetune trains supervised fine-tuning only; process reward models have no equivalent",
+    "reward_model": "finetune trains causal LMs (supervised and preference fine-tuning); reward models have no "
+                    "equivalent",
+    "process_reward_model": "finetune trains causal LMs (supervised and preference fine-tuning); process reward "
+                            "models have no equivalent",
     "pretraining_dataset": "finetune has no streaming pretraining datasets; use `datasets:` with `type: completion`",
 }
 
