@@ -13,6 +13,7 @@ soft-capping, fails the probe and is run with full logits instead).
 
 from __future__ import annotations
 
+from finetune.compat import zero3_partitioned
 from finetune.contract import IGNORE_INDEX
 from finetune.model.supervised_logits import CHUNK_LOGITS
 
@@ -45,10 +46,13 @@ def _chunked_logps(head, rows, targets, chunk_rows: int):
 
     if rows.shape[0] == 0:
         return rows.new_zeros(0, dtype=torch.float32)
+    # ZeRO-3 frees the head's gathered weight after each call, so a recomputed chunk would see another tensor
+    # than the one its forward saved (torch.utils.checkpoint refuses): under ZeRO-3 the chunks keep their logits
+    recompute = torch.is_grad_enabled() and not zero3_partitioned(head)
     pieces = []
     for start in range(0, rows.shape[0], chunk_rows):
         part = slice(start, start + chunk_rows)
-        if torch.is_grad_enabled():
+        if recompute:
             pieces.append(checkpoint(_token_logps, head, rows[part], targets[part], use_reentrant=False))
         else:
             pieces.append(_token_logps(head, rows[part], targets[part]))
