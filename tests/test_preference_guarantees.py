@@ -126,3 +126,104 @@ def test_the_guard_refuses_a_model_whose_packed_segments_see_each_other(tmp_path
     model.register_forward_pre_hook(drop_positions, with_kwargs=True)
     with pytest.raises(ModelError, match="sample_packing: false"):
         probe_preference(model, collator, collator.pad_token_id, "sdpa", packed=True)
+
+
+# --- the reference table: computed once per data and model -------------------------------------------------
+
+def test_a_second_run_reads_the_reference_table_and_a_changed_model_or_data_recomputes_it(tmp_path, tiny_model_dir,
+                                                                                         capfd):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    settings = dict(n=8, val_set_size=0, max_steps=2)
+
+    def run(output_dir, n=8):
+        return run_training(dpo_recipe(tmp_path, model, output_dir=output_dir, **{**settings, "n": n}))
+
+    first = run("first")
+    table_path = Path(first["preference"]["reference_table"])
+    assert first["preference"]["reference_pass_s"] is not None and table_path.is_file()
+    stored = torch.load(table_path)
+    capfd.readouterr()
+
+    second = run("second")  # same data, same model, another output_dir: no pass, the same training
+    assert second["preference"]["reference_pass_s"] is None and second["preference"]["reference_table"] == str(table_path)
+    err = capfd.readouterr().err
+    assert f"read from {table_path}" in err and "one no-grad pass" not in err
+    assert per_step(second) == per_step(first)
+
+    # the stored numbers are the ones the loss uses: raise every chosen reference log-prob by 5 and the first
+    # step (policy = the starting model) has every pair's DPO logit at -beta x 5
+    torch.save(stored + torch.tensor([5.0, 0.0]), table_path)
+    beta = first["preference"]["settings"]["rl_beta"]
+    shifted = run("shifted")
+    assert shifted["preference"]["reference_pass_s"] is None
+    assert per_step(shifted)[0][1] == pytest.approx(math.log1p(math.exp(beta * 5.0)), rel=1e-5)
+    torch.save(stored, table_path)
+
+    # the model's weights change in place (an SFT run written again into the same folder): computed anew
+    weights = load_file(str(model / "model.safetensors"))
+    save_file({k: v + 0.01 if "embed" in k else v for k, v in weights.items()}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})
+    changed_model = run("changed_model")
+    assert changed_model["preference"]["reference_pass_s"] is not None
+    new_path = Path(changed_model["preference"]["reference_table"])
+    assert new_path != table_path and new_path.is_file()
+    assert (torch.load(new_path) - stored).abs().max() > 1e-3  # the new model's numbers, not a copy
+    assert torch.equal(torch.load(table_path), stored)  # the first model's table is left as it was
+
+    changed_data = run("changed_data", n=9)  # one more pair
+    assert changed_data["preference"]["reference_pass_s"] is not None
+    assert Path(changed_data["preference"]["reference_table"]) not in (table_path, new_path)
+    assert len(list(table_path.parent.glob("*.pt"))) == 3
+
+
+# --- exact resume --------------------------------------------------------------------------------------------
+
+# 14 pairs of different lengths, micro batch 2 -> 7 micro batches an epoch; accumulation 2 -> 4 optimizer steps an
+# epoch (the 4th has one micro batch); 2 epochs = 8 steps. Checkpoint at step 5, the kill after the first micro
+# batch of step 7. LoRA dropout draws from the RNG: resuming must restore it (tests/test_resume.py, for SFT).
+RESUME = dict(n=14, val_set_size=0, micro_batch_size=2, gradient_accumulation_steps=2, num_epochs=2, lora_r=4,
+              lora_dropout=0.1, max_checkpoints=1)
+PACKED = dict(n=40, micro_batch_size=1, sample_packing=True)  # 15 rows of 2-3 pairs: 8 steps an epoch, 16 in all
+
+
+@pytest.mark.parametrize("variant", ["unpacked", "packed"])
+def test_sigkill_mid_step_then_resume_matches_uninterrupted_run_and_reuses_the_reference(tmp_path, tiny_model_dir,
+                                                                                         variant):
+    settings = {**RESUME, **(PACKED if variant == "packed" else {})}
+    # the uninterrupted run keeps its own cache: the killed run computes and stores its own table
+    reference = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="reference", cache_dir="ref_cache",
+                                        **settings))
+    total = reference["steps"]
+    assert total >= 6, reference["plan"]
+
+    dpo_recipe(tmp_path, tiny_model_dir, output_dir="out", checkpoint_interval=total - 3, **settings)
+    recipe = tmp_path / "recipe.yml"
+    proc = subprocess.run([sys.executable, str(KILLER), str(recipe), str(total - 1)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert not (out / "run.json").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{total - 3}"]
+    tables = list((tmp_path / "cache" / "prepared" / "reference").glob("*.pt"))
+    assert len(tables) == 1  # stored by the killed run at its first step
+    assert torch.equal(torch.load(tables[0]), torch.load(reference["preference"]["reference_table"]))
+
+    # without its table the run cannot resume: the model in the checkpoint is no longer the one it started from
+    aside = tmp_path / "table.pt"
+    tables[0].rename(aside)
+    with pytest.raises(DataError, match="resuming needs the reference log-probs"):
+        run_training(load_recipe(recipe))
+    aside.rename(tables[0])
+
+    resumed = run_training(load_recipe(recipe))
+    assert resumed["resumed_from"] == str(out / "checkpoints" / f"step-{total - 3}")
+    assert resumed["preference"]["reference_pass_s"] is None  # read from the cache, not recomputed
+    ref_steps, res_steps = per_step(reference), per_step(resumed)
+    assert [s for s, *_ in res_steps] == list(range(1, total + 1))
+    for (step, loss_a, norm_a), (_, loss_b, norm_b) in zip(ref_steps, res_steps):
+        assert loss_b == pytest.approx(loss_a, abs=1e-6), step
+        assert norm_b == pytest.approx(norm_a, abs=1e-6), step
+    assert max_difference(adapter(tmp_path / "reference"), adapter(out)) <= 1e-6
+    first = adapter(out / "checkpoints" / f"step-{total - 3}")
+    assert any(not torch.equal(first[k], v) for k, v in adapter(out).items())  # it trained after the resume
