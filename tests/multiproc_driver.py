@@ -5,7 +5,8 @@
 Starting processes costs ~10-20 s each on a small shared CPU (imports), training the tiny model under a
 second, so the tests pay the start once. Each run is what `python -m finetune.train RECIPE --set ...` does
 in a launched process: load_recipe with WORLD_SIZE from the launcher, then run_training. Each rank writes
-RESULTS_DIR/rank{R}.json: per run, the logged losses and how many times this rank tokenized the data.
+RESULTS_DIR/rank{R}.json: per run, the logged losses, how many times this rank tokenized the data and, for a
+preference run, its reference pass.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ def main() -> int:
             "steps": summary["steps"],
             "world_size": summary["plan"]["world_size"],
             "resumed_from": summary.get("resumed_from"),
+            # preference runs: seconds of the reference pass (None: read from the cache) and where the table is
+            "reference": {k: summary["preference"][k] for k in ("reference_pass_s", "reference_table")}
+            if "preference" in summary else None,
         }
     rank = int(os.environ["RANK"])
     Path(results_dir, f"rank{rank}.json").write_text(json.dumps(results, indent=1))
