@@ -1,7 +1,8 @@
 """DPO scales out as SFT does (tests/test_distributed.py): two CPU processes under DDP (gloo) and under DeepSpeed
 ZeRO-2 and ZeRO-3 give the per-step losses one process gives with the same global batch (LoRA, packed, a full
 fine-tune, a model whose loss must read full logits); the reference table the two processes compute together
-(each a strided share of the pairs, gathered) equals one process's; a second run reads it on both processes.
+(each a strided share of the pairs, gathered) equals one process's; a second run reads it on both processes
+(and trains on it exactly: its losses are checked like the others').
 
 What used to break under ZeRO-3, and is held here:
 - the LM head on response positions ran each chunk under activation checkpointing; ZeRO-3 frees the head's
@@ -107,9 +108,9 @@ def single(workdir) -> dict:
 
 RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers keeps it process-wide)
     "ddp": "output_dir=mp_ddp,cache_dir=mp_ddp_cache",
-    "ddp_again": "output_dir=mp_ddp_again,cache_dir=mp_ddp_cache",  # reads the table "ddp" stored
+    # reads the table "ddp" stored (packing does not change the pairs, so not the table's key), trains packed
+    "ddp_packed_again": "output_dir=mp_ddp_packed,cache_dir=mp_ddp_cache,sample_packing=true",
     "zero2": "output_dir=mp_zero2,cache_dir=mp_zero2_cache,deepspeed=zero2",
-    "zero3": "output_dir=mp_zero3,cache_dir=mp_zero3_cache,deepspeed=zero3",
     "zero3_packed": "output_dir=mp_zero3_packed,cache_dir=mp_zero3_packed_cache,deepspeed=zero3,sample_packing=true",
     "zero3_full": "output_dir=mp_zero3_full,cache_dir=mp_zero3_full_cache,deepspeed=zero3,adapter=none,max_steps=2",
     "zero3_granite": "output_dir=mp_zero3_granite,cache_dir=mp_zero3_granite_cache,deepspeed=zero3,base_model=granite",
@@ -131,7 +132,7 @@ def multiproc(workdir) -> dict:
 
 
 @pytest.mark.multiproc
-@pytest.mark.parametrize("run, single_run", [("ddp", "lora"), ("zero2", "lora"), ("zero3", "lora"),
+@pytest.mark.parametrize("run, single_run", [("ddp", "lora"), ("ddp_packed_again", "packed"), ("zero2", "lora"),
                                              ("zero3_packed", "packed"), ("zero3_full", "full"),
                                              ("zero3_granite", "granite")])
 def test_two_processes_match_one_process(multiproc, single, run, single_run):
@@ -149,7 +150,7 @@ def test_the_reference_table_of_two_processes_equals_one_process(multiproc, sing
     so other padding: float rounding only)."""
     one = torch.load(single["lora"]["preference"]["reference_table"])
     assert one.shape == (PAIRS, 2) and torch.isfinite(one).all()
-    for run in ("ddp", "zero2", "zero3"):
+    for run in ("ddp", "zero2", "zero3_packed"):
         assert multiproc[0][run]["reference"]["reference_pass_s"] is not None  # computed, not read
         assert multiproc[1][run]["reference"]["reference_table"] == multiproc[0][run]["reference"]["reference_table"]
         two = torch.load(multiproc[0][run]["reference"]["reference_table"])
@@ -159,11 +160,10 @@ def test_the_reference_table_of_two_processes_equals_one_process(multiproc, sing
 @pytest.mark.multiproc
 def test_a_second_run_reads_the_table_on_every_process(multiproc):
     for rank in (0, 1):
-        first, again = multiproc[rank]["ddp"], multiproc[rank]["ddp_again"]
+        first, again = multiproc[rank]["ddp"], multiproc[rank]["ddp_packed_again"]
         assert first["reference"]["reference_pass_s"] is not None
         assert again["reference"]["reference_pass_s"] is None  # no pass on either process
         assert again["reference"]["reference_table"] == first["reference"]["reference_table"]
-        assert_same_losses(losses(again), losses(first))
 
 
 @pytest.mark.multiproc
