@@ -55,8 +55,9 @@ def test_packed_pairs_train_exactly_as_unpacked(tmp_path, tiny_model_dir, sft_te
     batches of different sizes. Same loss and gradient norm every step, same adapter at the end. With
     `rpo_alpha` the SFT term's token mean is taken over the step too."""
     runs = {}
-    for name, layout in {"unpacked": dict(micro_batch_size=4, gradient_accumulation_steps=4),
-                         "packed": dict(micro_batch_size=1, gradient_accumulation_steps=16, sample_packing=True)}.items():
+    layouts = {"unpacked": dict(micro_batch_size=4, gradient_accumulation_steps=4),
+               "packed": dict(micro_batch_size=1, gradient_accumulation_steps=16, sample_packing=True)}
+    for name, layout in layouts.items():
         folder = tmp_path / name
         folder.mkdir()
         runs[name] = run_training(dpo_recipe(folder, tiny_model_dir, n=16, val_set_size=0, num_epochs=4,
@@ -146,7 +147,8 @@ def test_a_second_run_reads_the_reference_table_and_a_changed_model_or_data_reco
     capfd.readouterr()
 
     second = run("second")  # same data, same model, another output_dir: no pass, the same training
-    assert second["preference"]["reference_pass_s"] is None and second["preference"]["reference_table"] == str(table_path)
+    assert second["preference"]["reference_pass_s"] is None
+    assert second["preference"]["reference_table"] == str(table_path)
     err = capfd.readouterr().err
     assert f"read from {table_path}" in err and "one no-grad pass" not in err
     assert per_step(second) == per_step(first)

@@ -6,9 +6,10 @@ is supervised, log p(next token), summed per sequence with `sequence_index`. The
 positions: a pre-hook on the output embeddings takes the hidden states of the supervised positions and hands
 the head zero rows; the head and log-softmax then run on the gathered rows chunk by chunk, each chunk under
 activation checkpointing when gradients are on (at most one chunk's logits exist at a time: a 152k vocabulary
-makes 4,096 rows of fp32 logits 2.5 GB; not under ZeRO-3, whose freed head weight a recompute cannot use). `probe_gathered_head` proves on the real model, before training,
-that this equals log-softmax over the model's own full logits (a model that post-processes its logits, e.g.
-soft-capping, fails the probe and is run with full logits instead).
+makes 4,096 rows of fp32 logits 2.5 GB; not under ZeRO-3, whose freed head weight a recompute cannot use).
+`probe_gathered_head` proves on the real model, before training, that this equals log-softmax over the model's
+own full logits (a model that post-processes its logits, e.g. soft-capping, fails the probe and is run with full
+logits instead).
 """
 
 from __future__ import annotations
