@@ -6,7 +6,7 @@ Starting processes costs ~10-20 s each on a small shared CPU (imports), training
 second, so the tests pay the start once. Each run is what `python -m finetune.train RECIPE --set ...` does
 in a launched process: load_recipe with WORLD_SIZE from the launcher, then run_training. Each rank writes
 RESULTS_DIR/rank{R}.json: per run, the logged losses, how many times this rank tokenized the data and, for a
-preference run, its reference pass.
+preference run, its reference pass. FINETUNE_TEST_CHUNK_LOGITS=N: the LM head's chunks (SFT and preference) hold N logits.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ def main() -> int:
         return tokenize_all(*args, **kwargs)
 
     data.tokenize_all = counting_tokenize_all
+    if os.environ.get("FINETUNE_TEST_CHUNK_LOGITS"):  # LM-head chunks of a few rows, as a large vocabulary
+        import finetune.model.sequence_logps as logps  # makes them, on the tiny model's 512 tokens
+        import finetune.model.supervised_logits as supervised
+
+        logps.CHUNK_LOGITS = supervised.CHUNK_LOGITS = int(os.environ["FINETUNE_TEST_CHUNK_LOGITS"])
     results = {}
     for run in runs:
         name, _, overrides = run.partition("=")

@@ -1,18 +1,23 @@
 """DPO scales out as SFT does (tests/test_distributed.py): two CPU processes under DDP (gloo) and under DeepSpeed
 ZeRO-2 and ZeRO-3 give the per-step losses one process gives with the same global batch (LoRA, packed, a full
-fine-tune, a model whose loss must read full logits); the reference table the two processes compute together
+fine-tune, a model that post-processes its logits); the reference table the two processes compute together
 (each a strided share of the pairs, gathered) equals one process's; a second run reads it on both processes
 (and trains on it exactly: its losses are checked like the others').
 
 What used to break under ZeRO-3, and is held here:
-- the LM head on response positions ran each chunk under activation checkpointing; ZeRO-3 frees the head's
-  gathered weight after every call, so the recompute in the backward saw its empty placeholder (CheckpointError
-  at the first backward). Under ZeRO-3 the chunks now keep their logits (finetune/model/sequence_logps.py).
-- the probe that decides whether the loss must read the model's full logits ran when training began and its
-  answer was dropped: a model that post-processes its logits (Granite's `logits_scaling` here) trained on wrong
-  log-probs. The trainer now runs the probe at its first loss, before the reference pass.
-- the reference pass runs inside the first loss on every process: each process must run as many forwards
-  (ZeRO-3 gathers weights collectively), so the shorter share repeats an item (33 pairs: 17 and 16 here).
+- a hang in the reference pass. The LM head ran outside the forward on the response positions, chunk by chunk,
+  and under ZeRO-3 every call of the (partitioned) head gathers its weight from all processes: processes whose
+  batches hold different numbers of response tokens made different numbers of chunks, so different numbers of
+  collectives, and waited for each other forever (on CPU, gloo sometimes aborts instead: "collective mismatch").
+  The tiny model's 512-token vocabulary fits any batch in one chunk, which hid it; the launch below makes the
+  chunks as small as a ~150k vocabulary makes them (FINETUNE_TEST_CHUNK_LOGITS). Under ZeRO-3 the head now runs
+  once, inside the forward, on the gathered rows (finetune/model/sequence_logps.py).
+- with gradients, each chunk ran under activation checkpointing, and the recompute found the head's gathered
+  weight freed again by ZeRO-3 (CheckpointError at the first backward, even with one chunk).
+- the probe that decides whether the loss reads the model's full logits ran when training began and its answer
+  was dropped; the trainer now runs it at its first loss, before the reference pass.
+- the reference pass runs inside the first loss on every process: each process must run as many forwards, so
+  the shorter share repeats an item (33 pairs: 17 and 16 here).
 
 Same global batch, fp32, LoRA dropout 0: one process runs micro batch 2 x accumulation 2, two processes micro
 batch 2 each; TOLERANCE is test_distributed.py's. Every run of the launch has its own cache_dir (except the
@@ -43,11 +48,13 @@ pytest.importorskip("deepspeed", reason="pip install 'finetune[deepspeed]' (it i
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CPU multi-process checks: run them with "
                                 "CUDA_VISIBLE_DEVICES= python -m pytest tests/test_preference_distributed.py")
 PAIRS = 33  # odd: the reference pass's shares are 17 and 16 pairs
+CHUNK_LOGITS = 8 * 512  # 8 rows of the tiny vocabulary a chunk, as 2**26 logits are 441 rows of a 152k vocabulary
 
 
 def build_granite(out: Path, tokenizer_dir: Path) -> Path:
-    """A tiny Granite: a Llama whose forward divides the logits by `logits_scaling`, which the gathered head
-    does not replay, so the probe sends its loss to the full logits."""
+    """A tiny Granite: a Llama whose forward divides the logits by `logits_scaling`. One process: the head run
+    outside the forward would miss it, so the probe picks full logits; under ZeRO-3 the head runs in the forward
+    on the gathered rows, scaling included."""
     from transformers import AutoTokenizer, GraniteConfig, GraniteForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -125,8 +132,9 @@ def multiproc(workdir) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
                "127.0.0.1", "--master_port", str(free_port()), str(DRIVER), str(workdir / "recipe.yml"),
                str(results), *(f"{name}={overrides}" for name, overrides in RUNS.items())]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=workdir,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # ~40 s on 2 CPU cores; a hang (the failure this file guards against) ends at the timeout
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=workdir,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "FINETUNE_TEST_CHUNK_LOGITS": str(CHUNK_LOGITS)})
     assert proc.returncode == 0, proc.stderr[-5000:]
     return {rank: json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}
 
@@ -201,3 +209,38 @@ def test_every_process_runs_as_many_reference_batches_and_the_shares_cover_every
     assert all(1 <= len(batch) <= batch_items for share in shares for batch in share)
     scored = [item for share in shares for batch in share for item in batch]
     assert set(scored) == set(range(items))
+
+
+@pytest.mark.parametrize("zero3", [False, True])
+def test_under_zero3_the_head_runs_once_per_forward_however_many_response_tokens(tiny_model_dir, monkeypatch, zero3):
+    """What keeps ZeRO-3 processes in step: one call of the head per forward, whatever the batch holds (each call
+    is a collective there). Elsewhere the head runs chunk by chunk. Both give the full-logits log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    import finetune.model.sequence_logps as logps
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    head = model.get_output_embeddings()
+    if zero3:
+        monkeypatch.setattr(head.weight, "ds_id", 0, raising=False)  # how DeepSpeed 0.19 marks a partitioned weight
+    monkeypatch.setattr(logps, "CHUNK_LOGITS", CHUNK_LOGITS)
+    calls = []
+    head.register_forward_hook(lambda module, args, out: calls.append(args[0].shape[0]))
+    gen = torch.Generator().manual_seed(0)
+    for rows in (1, 2):  # batches of 1 and 2 sequences: ~10 and ~20 response tokens
+        ids = torch.randint(1, 500, (rows, 24), generator=gen)
+        labels = ids.clone()
+        labels[:, :12] = -100
+        batch = {"input_ids": ids, "labels": labels, "sequence_index": torch.arange(rows)[:, None].expand(-1, 24),
+                 "sequence_lengths": torch.full((rows,), 24)}
+        calls.clear()
+        with torch.no_grad():
+            gathered = logps.response_logps(model, head, batch)
+            expected = logps.response_logps(model, head, batch, full_logits=True)
+        torch.testing.assert_close(gathered, expected, rtol=1e-5, atol=1e-4)
+        head_calls = calls[:-1]  # the last call is the full-logits forward's
+        supervised = int((labels[:, 1:] != -100).sum())
+        if zero3:
+            assert head_calls == [supervised]  # once, in the forward, on the supervised rows only
+        else:
+            assert head_calls[0] == 0 and len(head_calls) == 1 + -(-supervised // 8)  # zero rows, then the chunks
