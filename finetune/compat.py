@@ -78,6 +78,12 @@ def parameter_count(param) -> int:
     return param.numel()
 
 
+def zero3_partitioned(module) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions this module's weights (DeepSpeed 0.19 marks each such parameter
+    with `ds_id`; its hooks gather a weight for the module's forward and free it right after)."""
+    return any(hasattr(param, "ds_id") for param in module.parameters(recurse=False))
+
+
 # --- tqdm ------------------------------------------------------------------------------------------------
 
 def disable_tqdm_monitor(tqdm_class) -> None:

@@ -5,7 +5,8 @@
 Starting processes costs ~10-20 s each on a small shared CPU (imports), training the tiny model under a
 second, so the tests pay the start once. Each run is what `python -m finetune.train RECIPE --set ...` does
 in a launched process: load_recipe with WORLD_SIZE from the launcher, then run_training. Each rank writes
-RESULTS_DIR/rank{R}.json: per run, the logged losses and how many times this rank tokenized the data.
+RESULTS_DIR/rank{R}.json: per run, the logged losses, how many times this rank tokenized the data and, for a
+preference run, its reference pass. FINETUNE_TEST_CHUNK_LOGITS=N: the LM head's chunks (SFT and preference) hold N logits.
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def main() -> int:
         return tokenize_all(*args, **kwargs)
 
     data.tokenize_all = counting_tokenize_all
+    if os.environ.get("FINETUNE_TEST_CHUNK_LOGITS"):  # LM-head chunks of a few rows, as a large vocabulary
+        import finetune.model.sequence_logps as logps  # makes them, on the tiny model's 512 tokens
+        import finetune.model.supervised_logits as supervised
+
+        logps.CHUNK_LOGITS = supervised.CHUNK_LOGITS = int(os.environ["FINETUNE_TEST_CHUNK_LOGITS"])
     results = {}
     for run in runs:
         name, _, overrides = run.partition("=")
@@ -41,6 +47,9 @@ def main() -> int:
             "steps": summary["steps"],
             "world_size": summary["plan"]["world_size"],
             "resumed_from": summary.get("resumed_from"),
+            # preference runs: seconds of the reference pass (None: read from the cache) and where the table is
+            "reference": {k: summary["preference"][k] for k in ("reference_pass_s", "reference_table")}
+            if "preference" in summary else None,
         }
     rank = int(os.environ["RANK"])
     Path(results_dir, f"rank{rank}.json").write_text(json.dumps(results, indent=1))

@@ -6,13 +6,17 @@ is supervised, log p(next token), summed per sequence with `sequence_index`. The
 positions: a pre-hook on the output embeddings takes the hidden states of the supervised positions and hands
 the head zero rows; the head and log-softmax then run on the gathered rows chunk by chunk, each chunk under
 activation checkpointing when gradients are on (at most one chunk's logits exist at a time: a 152k vocabulary
-makes 4,096 rows of fp32 logits 2.5 GB). `probe_gathered_head` proves on the real model, before training,
-that this equals log-softmax over the model's own full logits (a model that post-processes its logits, e.g.
-soft-capping, fails the probe and is run with full logits instead).
+makes 4,096 rows of fp32 logits 2.5 GB). Under DeepSpeed ZeRO-3 the head instead runs once, inside the forward,
+on the gathered rows (all their logits at once): every call of a partitioned head is a collective, so every
+process must call it as often as the others.
+`probe_gathered_head` proves on the real model, before training, that this equals log-softmax over the model's
+own full logits (a model that post-processes its logits, e.g. soft-capping, fails the probe and is run with full
+logits instead).
 """
 
 from __future__ import annotations
 
+from finetune.compat import zero3_partitioned
 from finetune.contract import IGNORE_INDEX
 from finetune.model.supervised_logits import CHUNK_LOGITS
 
@@ -21,17 +25,18 @@ PROBE_TOLERANCE = 1e-4  # fp32 sums of the same terms in another order differ ~1
 
 
 class _GatherRows:
-    """Forward pre-hook on the LM head: keep the hidden states at `mask`, give the head none of them."""
+    """Forward pre-hook on the LM head: keep the hidden states at `mask`; give the head none of them, or (`keep`)
+    only them."""
 
-    def __init__(self, mask):
-        self.mask, self.rows = mask, None
+    def __init__(self, mask, keep: bool = False):
+        self.mask, self.keep, self.rows = mask, keep, None
 
     def __call__(self, module, args):
         hidden = args[0]
         if self.rows is not None or tuple(hidden.shape[:-1]) != tuple(self.mask.shape):
             return None
         self.rows = hidden[self.mask]
-        return (self.rows[:0], *args[1:])
+        return (self.rows if self.keep else self.rows[:0], *args[1:])
 
 
 def _token_logps(head, hidden, targets):
@@ -71,16 +76,27 @@ def response_logps(model, head, batch: dict, full_logits: bool = False):
         logits = model(**inputs, use_cache=False).logits
         token_logps = logits[mask].float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     else:
-        gather = _GatherRows(mask)
+        # ZeRO-3 gathers the head's weight from every process at each call of the head: a number of chunks that
+        # differs between processes (their batches hold different numbers of response tokens) would leave them
+        # waiting in different collectives (a hang), and a chunk recomputed in the backward would find the weight
+        # freed again. Under ZeRO-3 the head runs once, in the forward, on the gathered rows, on every process.
+        in_forward = zero3_partitioned(head)
+        gather = _GatherRows(mask, keep=in_forward)
         handle = head.register_forward_pre_hook(gather)
         try:
-            model(**inputs, use_cache=False)
+            out = model(**inputs, use_cache=False)
         finally:
             handle.remove()
         if gather.rows is None:
             raise RuntimeError("the LM head was not called on the hidden states: use full logits for this model")
-        chunk_rows = max(1, CHUNK_LOGITS // (getattr(head, "out_features", None) or head.weight.shape[0]))
-        token_logps = _chunked_logps(head, gather.rows, targets, chunk_rows)
+        if in_forward:
+            logits = out.logits
+            if logits.dim() != 2 or logits.shape[0] != targets.shape[0]:  # the probe then picks full logits
+                raise RuntimeError("the model's forward reshaped the gathered rows' logits")
+            token_logps = logits.float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        else:
+            chunk_rows = max(1, CHUNK_LOGITS // (getattr(head, "out_features", None) or head.weight.shape[0]))
+            token_logps = _chunked_logps(head, gather.rows, targets, chunk_rows)
     sequences = batch["sequence_lengths"].shape[0]
     return torch.zeros(sequences, dtype=torch.float32, device=token_logps.device).index_add(0, owner, token_logps)
 

@@ -19,11 +19,13 @@ rows than one chunk holds, the head is handed zero rows, and the loss runs the h
 by chunk, each chunk under non-reentrant activation checkpointing: a chunk's logits are freed as soon as
 its loss is summed and recomputed in the backward pass, so at most one chunk's logits exist at a time,
 for one extra head matmul. Same loss (a sum of the same terms, divided the same way) and same gradients.
+Not under DeepSpeed ZeRO-3: every call of its partitioned head is a collective, so every process must call it
+as often as the others; there the head runs once, in the forward, on all the supervised rows.
 """
 
 from __future__ import annotations
 
-from finetune.compat import set_loss_function
+from finetune.compat import set_loss_function, zero3_partitioned
 from finetune.contract import IGNORE_INDEX
 
 MAX_LOSS_DIFFERENCE = 1e-4  # relative; fp32 sums over the same terms in a different order differ ~1e-7
@@ -67,7 +69,10 @@ class SupervisedLogits:
             return None  # not training with labels, or a sliced / reshaped call: leave it alone
         self.gathered = True
         rows = hidden[self.mask]
-        if rows.shape[0] > self.chunk_rows:
+        # not under ZeRO-3: each call of its partitioned head is a collective, and processes whose batches hold
+        # different numbers of supervised rows would make different numbers of chunks (a hang); a recomputed chunk
+        # would also find the gathered weight freed. There the head runs once, here, on all the supervised rows.
+        if rows.shape[0] > self.chunk_rows and not zero3_partitioned(module):
             self.chunk_hidden = rows
             return (rows[:0], *args[1:])  # the head makes no logits here; the loss makes them chunk by chunk
         return (rows, *args[1:])

@@ -31,7 +31,7 @@ log = get_logger(__name__)
 
 
 class PreferenceTrainer(Trainer):
-    def __init__(self, *args, objective, store, head, full_logits: bool, reference=None, reference_path=None,
+    def __init__(self, *args, objective, store, head, full_logits, reference=None, reference_path=None,
                  reference_batch_items: int = 8, reference_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.reference_collator = reference_collator or self.data_collator  # unwrapped: not counted as training
@@ -57,6 +57,8 @@ class PreferenceTrainer(Trainer):
 
     # --- the loss --------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if callable(self.full_logits):  # ZeRO-3: the probes wait for the engine's weights (finetune/train/run.py)
+            self.full_logits = bool(self.full_logits(self.model))
         if self.objective.needs_reference and self.reference is None:
             self.reference = self._reference_table(model)
         from finetune.model.sequence_logps import response_logps

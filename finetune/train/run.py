@@ -203,7 +203,9 @@ class Built(NamedTuple):
     tokenizer: object
     collator: object
     callbacks: list  # the model's own (ZeRO-3 probes, compile time), then the caller's
-    full_logits: bool = False  # preference methods: log-probs from the model's full logits (sequence_logps.py)
+    # preference methods: log-probs from the model's full logits (sequence_logps.py); under ZeRO-3 the probe that
+    # answers it, run by the trainer once the engine holds the weights
+    full_logits: object = False
 
 
 def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
@@ -234,7 +236,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
     at_train_begin, full_logits = [], False
-    if settings.weights_partitioned:  # ZeRO-3: after the engine gathers the weights
+    if settings.weights_partitioned and store is not None:
+        full_logits = probe  # ZeRO-3: the trainer probes at its first loss, before the reference pass needs the answer
+    elif settings.weights_partitioned:  # ZeRO-3: after the engine gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
     else:
         if device.type != "cpu" and not getattr(model, "hf_device_map", None):

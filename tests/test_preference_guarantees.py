@@ -1,0 +1,230 @@
+"""DPO keeps SFT's guarantees: packed pairs train exactly as unpacked ones (and no packed segment sees another),
+a run SIGKILLed mid-step resumes exactly with the reference table it stored (and refuses to resume without it),
+and the reference pass runs once per data and model: a second run reads the stored table, a changed model or
+changed data recomputes it. Multi-process and DeepSpeed: tests/test_preference_distributed.py.
+
+Runs are fp32 with LoRA dropout 0 (except the resume test, which wants dropout's RNG restored), on the tiny
+model and the chat pairs of tests/test_preference_data.py."""
+
+from __future__ import annotations
+
+import math
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import write_jsonl
+from finetune.errors import DataError, ModelError
+from finetune.recipe_load import load_recipe
+from finetune.train.run import run_training
+from test_preference_data import _sequence_logps, chat_pair, dpo_recipe
+
+KILLER = Path(__file__).parent / "kill_during_training.py"
+TOLERANCE = 1e-5  # relative, on each step's loss: fp32 sums of the same pairs in another order differ ~1e-7
+# absolute, on each LoRA weight after 4 AdamW steps at lr 2e-3 (tests/test_distributed.py's bound): Adam's
+# update divides by sqrt(v), so the ~1e-7 rounding of a tiny gradient moves a weight ~1e-6, 1/1000 of a step
+ADAPTER_ATOL = 1e-5
+
+
+def per_step(summary: dict) -> list[tuple]:
+    return [(e["step"], e["loss"], e["grad_norm"]) for e in summary["log_history"] if "loss" in e]
+
+
+def adapter(folder: Path) -> dict:
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def max_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys() and a
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+# --- packed = unpacked --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sft_term", [0.0, 0.5], ids=["dpo", "dpo+sft"])
+def test_packed_pairs_train_exactly_as_unpacked(tmp_path, tiny_model_dir, sft_term):
+    """16 pairs, every optimizer step holds all of them: unpacked as 4 micro batches of 4 pairs, packed as ~6
+    rows of 2-3 pairs each (one row a micro batch), so the step's pairs and chosen tokens are counted over micro
+    batches of different sizes. Same loss and gradient norm every step, same adapter at the end. With
+    `rpo_alpha` the SFT term's token mean is taken over the step too."""
+    runs = {}
+    layouts = {"unpacked": dict(micro_batch_size=4, gradient_accumulation_steps=4),
+               "packed": dict(micro_batch_size=1, gradient_accumulation_steps=16, sample_packing=True)}
+    for name, layout in layouts.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        runs[name] = run_training(dpo_recipe(folder, tiny_model_dir, n=16, val_set_size=0, num_epochs=4,
+                                             rpo_alpha=sft_term or None, **layout))
+    unpacked, packed = runs["unpacked"], runs["packed"]
+    rows = packed["data"]["packing"]["train"]["rows"]
+    assert 16 / rows >= 2 and rows > 4  # several pairs a row, and more rows than one micro batch of 4
+    steps_u, steps_p = per_step(unpacked), per_step(packed)
+    assert [s for s, *_ in steps_p] == [s for s, *_ in steps_u] == [1, 2, 3, 4]
+    for (step, loss_u, norm_u), (_, loss_p, norm_p) in zip(steps_u, steps_p):
+        assert loss_p == pytest.approx(loss_u, rel=TOLERANCE), step
+        assert norm_p == pytest.approx(norm_u, rel=TOLERANCE), step
+    assert steps_u[-1][1] < steps_u[0][1] - 1e-3  # it trained: equal losses are not equal because nothing moved
+    final_u, final_p = adapter(tmp_path / "unpacked" / "out"), adapter(tmp_path / "packed" / "out")
+    assert max_difference(final_u, final_p) <= ADAPTER_ATOL
+    assert max(v.abs().max().item() for k, v in final_u.items() if "lora_B" in k) > 1e-3  # B moved off zero
+
+
+def _probe_batch(tiny_model_dir, tmp_path):
+    """A packed DPO setup: the store, a packed batch of its first rows (the real collator) and the model."""
+    from finetune.data import build_dataset
+    from finetune.data.preference_collate import PreferenceCollator
+    from finetune.data.preference_rows import PACKED
+    from finetune.model import build_model
+    from finetune.model.loader import load_tokenizer
+
+    recipe = dpo_recipe(tmp_path, tiny_model_dir, n=12, val_set_size=0, sample_packing=True)
+    tokenizer = load_tokenizer(recipe)
+    prepared = build_dataset(recipe, tokenizer)
+    model, tokenizer = build_model(recipe, tokenizer, "fp32", "sdpa")
+    collator = PreferenceCollator(prepared.store, tokenizer.pad_token_id)
+    rows = [prepared.train[i] for i in range(2)]
+    assert all(len(row[PACKED]) >= 2 for row in rows), rows  # several pairs a row: chosen, rejected, chosen, ...
+    return prepared.store, collator, collator(rows), model.eval()
+
+
+def test_no_packed_segment_sees_another(tmp_path, tiny_model_dir):
+    """The preference collator's packed rows (chosen and rejected of several pairs back to back, sharing their
+    prompt text) give every response the log-prob it has alone; the guard passes such a model."""
+    from finetune.model.sequence_logps import response_logps
+    from finetune.train.preference_setup import probe_preference
+
+    store, collator, batch, model = _probe_batch(tiny_model_dir, tmp_path)
+    assert "position_ids" in batch and "attention_mask" not in batch
+    with torch.no_grad():
+        packed = response_logps(model, model.get_output_embeddings(), batch)
+    items = batch["pair_ids"].tolist()
+    alone = _sequence_logps(model, [store.sequences(i)[0] for i in items] + [store.sequences(i)[1] for i in items])
+    got = [packed[batch["chosen_index"][k]].item() for k in range(len(items))]
+    got += [packed[batch["rejected_index"][k]].item() for k in range(len(items))]
+    assert got == pytest.approx(alone, rel=1e-5, abs=1e-5)
+    assert packed.numel() == 2 * len(items)
+    assert probe_preference(model, collator, collator.pad_token_id, "sdpa", packed=True) is False  # gathered head
+
+
+def test_the_guard_refuses_a_model_whose_packed_segments_see_each_other(tmp_path, tiny_model_dir):
+    """The same model with its position_ids dropped (what an attention path ignoring packed boundaries does):
+    a preference run with sample_packing refuses to start, naming the way out."""
+    from finetune.train.preference_setup import probe_preference
+
+    _, collator, _, model = _probe_batch(tiny_model_dir, tmp_path)
+
+    def drop_positions(module, args, kwargs):
+        kwargs.pop("position_ids", None)
+        return args, kwargs
+
+    model.register_forward_pre_hook(drop_positions, with_kwargs=True)
+    with pytest.raises(ModelError, match="sample_packing: false"):
+        probe_preference(model, collator, collator.pad_token_id, "sdpa", packed=True)
+
+
+# --- the reference table: computed once per data and model -------------------------------------------------
+
+def test_a_second_run_reads_the_reference_table_and_a_changed_model_or_data_recomputes_it(tmp_path, tiny_model_dir,
+                                                                                         capfd):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    settings = dict(n=8, val_set_size=0, max_steps=2)
+
+    def run(output_dir, n=8):
+        return run_training(dpo_recipe(tmp_path, model, output_dir=output_dir, **{**settings, "n": n}))
+
+    first = run("first")
+    table_path = Path(first["preference"]["reference_table"])
+    assert first["preference"]["reference_pass_s"] is not None and table_path.is_file()
+    stored = torch.load(table_path)
+    capfd.readouterr()
+
+    second = run("second")  # same data, same model, another output_dir: no pass, the same training
+    assert second["preference"]["reference_pass_s"] is None
+    assert second["preference"]["reference_table"] == str(table_path)
+    err = capfd.readouterr().err
+    assert f"read from {table_path}" in err and "one no-grad pass" not in err
+    assert per_step(second) == per_step(first)
+
+    # the stored numbers are the ones the loss uses: raise every chosen reference log-prob by 5 and the first
+    # step (policy = the starting model) has every pair's DPO logit at -beta x 5
+    torch.save(stored + torch.tensor([5.0, 0.0]), table_path)
+    beta = first["preference"]["settings"]["rl_beta"]
+    shifted = run("shifted")
+    assert shifted["preference"]["reference_pass_s"] is None
+    assert per_step(shifted)[0][1] == pytest.approx(math.log1p(math.exp(beta * 5.0)), rel=1e-5)
+    torch.save(stored, table_path)
+
+    # the model's weights change in place (an SFT run written again into the same folder): computed anew
+    weights = load_file(str(model / "model.safetensors"))
+    save_file({k: v + 0.01 if "embed" in k else v for k, v in weights.items()}, str(model / "model.safetensors"),
+              metadata={"format": "pt"})
+    changed_model = run("changed_model")
+    assert changed_model["preference"]["reference_pass_s"] is not None
+    new_path = Path(changed_model["preference"]["reference_table"])
+    assert new_path != table_path and new_path.is_file()
+    assert (torch.load(new_path) - stored).abs().max() > 1e-3  # the new model's numbers, not a copy
+    assert torch.equal(torch.load(table_path), stored)  # the first model's table is left as it was
+
+    changed_data = run("changed_data", n=9)  # one more pair
+    assert changed_data["preference"]["reference_pass_s"] is not None
+    assert Path(changed_data["preference"]["reference_table"]) not in (table_path, new_path)
+    assert len(list(table_path.parent.glob("*.pt"))) == 3
+
+
+# --- exact resume --------------------------------------------------------------------------------------------
+
+# 40 pairs packed into 15 rows of 2-3 pairs, a row a micro batch, accumulation 2 -> 8 optimizer steps an epoch
+# (the 8th has one micro batch); 2 epochs = 16 steps. Checkpoint at step 13 (mid epoch 2), the kill after the first
+# micro batch of step 15. Packed, so the pairs a step normalizes by vary from micro batch to micro batch (the
+# counts must be taken over the right batches after the resume skips into the epoch; unpacked, every micro batch
+# holds the same number, the easier case). SFT's resume, both layouts: tests/test_resume.py. LoRA dropout draws
+# from the RNG: resuming must restore it.
+RESUME = dict(n=40, val_set_size=0, micro_batch_size=1, gradient_accumulation_steps=2, num_epochs=2, lora_r=4,
+              lora_dropout=0.1, max_checkpoints=1, sample_packing=True)
+
+
+def test_sigkill_mid_step_then_resume_matches_uninterrupted_run_and_reuses_the_reference(tmp_path, tiny_model_dir):
+    # the uninterrupted run keeps its own cache: the killed run computes and stores its own table
+    reference = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="reference", cache_dir="ref_cache",
+                                        **RESUME))
+    total = reference["steps"]
+    assert total >= 6 and reference["data"]["packing"]["train"]["rows"] <= 40 / 2, reference["plan"]
+
+    dpo_recipe(tmp_path, tiny_model_dir, output_dir="out", checkpoint_interval=total - 3, **RESUME)
+    recipe = tmp_path / "recipe.yml"
+    proc = subprocess.run([sys.executable, str(KILLER), str(recipe), str(total - 1)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    assert not (out / "run.json").exists()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{total - 3}"]
+    tables = list((tmp_path / "cache" / "prepared" / "reference").glob("*.pt"))
+    assert len(tables) == 1  # stored by the killed run at its first step
+    assert torch.equal(torch.load(tables[0]), torch.load(reference["preference"]["reference_table"]))
+
+    # without its table the run cannot resume: the model in the checkpoint is no longer the one it started from
+    aside = tmp_path / "table.pt"
+    tables[0].rename(aside)
+    with pytest.raises(DataError, match="resuming needs the reference log-probs"):
+        run_training(load_recipe(recipe))
+    aside.rename(tables[0])
+
+    resumed = run_training(load_recipe(recipe))
+    assert resumed["resumed_from"] == str(out / "checkpoints" / f"step-{total - 3}")
+    assert resumed["preference"]["reference_pass_s"] is None  # read from the cache, not recomputed
+    ref_steps, res_steps = per_step(reference), per_step(resumed)
+    assert [s for s, *_ in res_steps] == list(range(1, total + 1))
+    for (step, loss_a, norm_a), (_, loss_b, norm_b) in zip(ref_steps, res_steps):
+        assert loss_b == pytest.approx(loss_a, abs=1e-6), step
+        assert norm_b == pytest.approx(norm_a, abs=1e-6), step
+    assert max_difference(adapter(tmp_path / "reference"), adapter(out)) <= 1e-6
+    first = adapter(out / "checkpoints" / f"step-{total - 3}")
+    assert any(not torch.equal(first[k], v) for k, v in adapter(out).items())  # it trained after the resume
