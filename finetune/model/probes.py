@@ -62,7 +62,10 @@ def stand_in(spec: ProbeSpec, attn: str):
     """The one-layer copy of the model on the training device, attention `attn`, in training mode."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
+    if is_deepspeed_zero3_enabled():  # left by an earlier ZeRO-3 run in this process: the stand-in would be sharded
+        raise ProbeUnavailable("a ZeRO-3 configuration is active in this process")
     try:
         with torch.device(spec.device):
             model = AutoModelForCausalLM.from_config(one_layer_config(spec.config), attn_implementation=attn,

@@ -163,7 +163,8 @@ def prove_fast_paths(recipe, chosen: Choice, probes) -> Choice:
         if not outcome["ok"]:
             if recipe.attn_implementation != "flex_attention":  # auto
                 attn, attn_reason = "sdpa", (f"auto chose flex_attention ({attn_reason}), but it failed its probe "
-                                             f"on this device: {outcome['error']}; sdpa instead")
+                                             f"on this device ({outcome['seconds']:.1f} s): {outcome['error']}; "
+                                             "sdpa instead")
             elif outcome["unavailable"]:  # set in the recipe, and the stand-in could not be built: go ahead, say so
                 attn_reason = f"{attn_reason}; not probed: {outcome['error']}"
             else:
@@ -177,7 +178,8 @@ def prove_fast_paths(recipe, chosen: Choice, probes) -> Choice:
         if not outcome["ok"]:
             if recipe.compile is not True:  # auto
                 compile_layers, compile_reason = False, (f"{compile_reason}, but a compiled decoder layer failed "
-                                                         f"its probe on this device: {outcome['error']}; eager instead")
+                                                         f"its probe on this device ({outcome['seconds']:.1f} s): "
+                                                         f"{outcome['error']}; eager instead")
             elif outcome["unavailable"]:
                 compile_reason = f"{compile_reason}; not probed: {outcome['error']}"
             else:
