@@ -325,3 +325,37 @@ def test_a_packed_run_on_this_gpu_records_its_probes(make_recipe, tmp_path):
     else:
         assert probes["flex_attention"]["ok"] is True and summary["attn_implementation"] == "flex_attention"
     assert probes["compile"]["ok"] is True and summary["compile"] is True
+
+
+def _agree_in_a_group(rank: int, port: int, errors: list, results) -> None:
+    import torch.distributed as dist
+
+    from finetune.train.fast_paths import agree
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        results.put((rank, [agree(error) for error in errors[rank]]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_processes_of_one_run_take_the_same_path():
+    """Two processes (a gloo group, as a CPU launch forms): a probe that failed on one fails the path on both,
+    each saying where; where both passed, both keep it."""
+    import multiprocessing
+
+    from finetune.train.launch import free_port
+
+    context = multiprocessing.get_context("fork")  # this process's imports, no second start-up
+    results = context.Queue()
+    errors = [[None, "out of resource: shared memory", None], [None, None, None]]  # rank -> three probes
+    port = free_port()
+    procs = [context.Process(target=_agree_in_a_group, args=(rank, port, errors, results)) for rank in (0, 1)]
+    for proc in procs:
+        proc.start()
+    got = dict(results.get(timeout=120) for _ in procs)
+    for proc in procs:
+        proc.join(timeout=60)
+        assert proc.exitcode == 0
+    assert got[0] == [None, "out of resource: shared memory", None]
+    assert got[1] == [None, "on process 0 of this run: out of resource: shared memory", None]

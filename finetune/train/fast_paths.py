@@ -12,7 +12,7 @@ What a probe finds, by who asked for the path:
   anything is written (FastPathError, exit 2), naming the key and the alternative.
 Nothing is probed where nothing would be chosen from it: `auto` on CPU or on a GPU older than 8.0 picks sdpa and
 eager without asking (finetune/model/device.py). The probes themselves: finetune/model/probes.py. Every process of
-a distributed run probes its own GPU, and all of them take a path only if it passed everywhere.
+a distributed run probes its own GPU, and all of them take a path only if it passed everywhere (a failure elsewhere is named: `on process R of this run: ...`).
 
 A probe sees one shape on a one-layer stand-in; a kernel that fails later (a new shape in the first steps, the
 LoRA or 4-bit layers the stand-in lacks) ends the run with one message naming the key to set; the checkpoints
@@ -108,19 +108,20 @@ class DeviceProbes:
         return probe_compiled_layer(self.spec(), attn)
 
 
-def agree(ok: bool) -> bool:
-    """True only where every process of the run says True: the processes of one run take the same path.
-    Called on every process the same number of times (also where nothing was probed)."""
+def agree(error: str | None) -> str | None:
+    """What every process of the run concludes from its own probe's `error` (None: it passed): None where all
+    passed, else the first failure, `on process R: ...` when it was another process's. The processes of one run
+    take the same path; every process calls this the same number of times (also where nothing was probed)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return ok
-    import torch
-
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-    flag = torch.tensor([int(ok)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+        return error
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    for rank, found in enumerate(errors):
+        if found is not None:
+            return found if rank == dist.get_rank() else f"on process {rank} of this run: {found}"
+    return None
 
 
 def _probe(run, what: str, probes) -> dict:
@@ -136,8 +137,9 @@ def _probe(run, what: str, probes) -> dict:
     except Exception as exc:  # noqa: BLE001 a kernel may fail with anything: Triton, inductor, CUDA, dtype errors
         outcome.update(ok=False, error=error_text(exc))
     outcome["seconds"] = round(time.perf_counter() - started, 3)
-    if not agree(outcome["ok"]) and outcome["ok"]:
-        outcome.update(ok=False, error="it failed on another process of this run (see that process's log)")
+    error = agree(outcome["error"])
+    if error is not None and outcome["ok"]:  # passed here, failed on another process: this one follows it
+        outcome.update(ok=False, error=error)
     if outcome["ok"]:
         log.info(f"probe: {what} ran on {probes.describe()} in {outcome['seconds']:.1f} s")
     return outcome
@@ -170,7 +172,7 @@ def prove_fast_paths(recipe, chosen: Choice, probes) -> Choice:
             else:
                 raise _refuse("attn_implementation", "flex_attention", "sdpa", "flex_attention", outcome, probes)
     else:
-        agree(True)  # every process reduces the same number of times
+        agree(None)  # every process gathers the same number of times
     if compile_layers:
         outcome = record["compile"] = _probe(
             lambda: probes.compiled_layer(attn),
@@ -185,7 +187,7 @@ def prove_fast_paths(recipe, chosen: Choice, probes) -> Choice:
             else:
                 raise _refuse("compile", "true", "false", "a compiled decoder layer", outcome, probes)
     else:
-        agree(True)
+        agree(None)
     return Choice(attn, attn_reason, compile_layers, compile_reason, record)
 
 
