@@ -62,7 +62,8 @@ class Probes:
 
 
 def chosen(r, device) -> Choice:
-    return Choice(*choose_attention(r, device, supports_flex=lambda recipe: (True, "")), *resolve_compile(r, device), {})
+    attn = choose_attention(r, device, supports_flex=lambda recipe: (True, ""))
+    return Choice(*attn, *resolve_compile(r, device), {})
 
 
 @pytest.mark.parametrize("device, precision, attn, attn_with_flash_attn, compiled", [

@@ -12,7 +12,8 @@ What a probe finds, by who asked for the path:
   anything is written (FastPathError, exit 2), naming the key and the alternative.
 Nothing is probed where nothing would be chosen from it: `auto` on CPU or on a GPU older than 8.0 picks sdpa and
 eager without asking (finetune/model/device.py). The probes themselves: finetune/model/probes.py. Every process of
-a distributed run probes its own GPU, and all of them take a path only if it passed everywhere (a failure elsewhere is named: `on process R of this run: ...`).
+a distributed run probes its own GPU, and all of them take a path only if it passed everywhere (a failure
+elsewhere is named: `on process R of this run: ...`).
 
 A probe sees one shape on a one-layer stand-in; a kernel that fails later (a new shape in the first steps, the
 LoRA or 4-bit layers the stand-in lacks) ends the run with one message naming the key to set; the checkpoints
@@ -242,7 +243,8 @@ def failed_fast_path(exc: BaseException, settings) -> tuple[str, str, str] | Non
 @contextmanager
 def kernel_failures(settings, layout, step):
     """Turn a fast path's kernel failure inside the block into one FastPathError naming the key to set and the
-    newest complete checkpoint; `step()` is the number of the step in progress. Anything else passes through unchanged."""
+    newest complete checkpoint; `step()` is the number of the step in progress. Anything else passes through
+    unchanged."""
     from finetune.train.checkpoints import last_good_message
 
     try:
@@ -253,8 +255,8 @@ def kernel_failures(settings, layout, step):
             raise
         what, current, alternative = failed
         raise FastPathError(
-            f"training stopped in step {step()}: {what} failed on {settings.device} ({error_text(exc)}). It is the fast "
-            f"path `{current}`; set `{alternative}` in the recipe (or `finetune train recipe.yml --set "
-            f"{alternative.replace(': ', '=')}`) and run again: the setting does not change what a step computes, so "
-            f"the run resumes where it stopped. {last_good_message(layout)} See {DOCS}."
+            f"training stopped in step {step()}: {what} failed on {settings.device} ({error_text(exc)}). It is the "
+            f"fast path `{current}`; set `{alternative}` in the recipe (or `finetune train recipe.yml --set "
+            f"{alternative.replace(': ', '=')}`) and run again (the setting does not change what a step computes, so "
+            f"a resume is exact). {last_good_message(layout)} See {DOCS}."
         ) from exc
