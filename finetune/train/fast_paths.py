@@ -257,6 +257,6 @@ def kernel_failures(settings, layout, step):
         raise FastPathError(
             f"training stopped in step {step()}: {what} failed on {settings.device} ({error_text(exc)}). It is the "
             f"fast path `{current}`; set `{alternative}` in the recipe (or `finetune train recipe.yml --set "
-            f"{alternative.replace(': ', '=')}`) and run again (the setting does not change what a step computes, so "
-            f"a resume is exact). {last_good_message(layout)} See {DOCS}."
+            f"{alternative.replace(': ', '=')}`) and run again (a checkpoint does not depend on this "
+            f"setting, so the run resumes). {last_good_message(layout)} See {DOCS}."
         ) from exc
