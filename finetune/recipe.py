@@ -103,10 +103,13 @@ class Recipe(Strict):
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         "auto",
         description=(
-            "Attention kernel. `auto`: flash_attention_2 when flash-attn is importable on CUDA; else, for packed rows "
-            "on CUDA, flex_attention with a per-example (document) mask when the model's class has a flex path "
-            "(asked before loading); else sdpa (packed rows on CPU then run example by example). The run logs what it "
-            "chose and why."
+            "Attention kernel. `auto`, on a GPU of compute capability 8.0+ (A100, A10G, RTX 30xx, H100 and newer): "
+            "flash_attention_2 when flash-attn is importable; else, for packed rows, flex_attention with a "
+            "per-example (document) mask when the model's class has a flex path (asked before loading), used only "
+            "after a forward+backward probe with the model's head sizes passes on the device (sdpa if it fails); "
+            "else sdpa. Older GPUs (T4, V100) and the CPU: sdpa (packed rows on CPU then run example by example). "
+            "The run logs what it chose and why; run.json records it (attn_reason). An explicit flex_attention that "
+            "fails its probe stops the run before training."
         ),
         json_schema_extra=affects(),
     )
@@ -115,7 +118,10 @@ class Recipe(Strict):
         "auto",
         description=(
             "torch.compile each decoder layer (regional compilation: one small graph reused by every layer). "
-            "`auto`: on with CUDA, off on CPU. The first steps are slower while it compiles; the run logs how long."
+            "`auto`: on with a GPU of compute capability 8.0+ once one compiled layer passes a forward+backward probe "
+            "on the device (eager if it fails, recorded in run.json as compile_reason); off on older GPUs (T4, V100) "
+            "and on CPU. `true`: probed too, and a failed probe stops the run before training. The first steps are "
+            "slower while it compiles; the run logs how long."
         ),
         json_schema_extra=affects(),
     )
@@ -353,7 +359,8 @@ class Recipe(Strict):
         json_schema_extra=affects(TRAIN, TOKENS),
     )
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="Training precision. `auto`: bf16 where supported, fp16 on older GPUs, fp32 on CPU.",
+        "auto", description=("Training precision. `auto`: bf16 on GPUs with bf16 tensor cores (compute capability "
+                             "8.0+), fp16 on older GPUs (T4, V100), fp32 on CPU."),
         json_schema_extra=affects(TRAIN),
     )
 

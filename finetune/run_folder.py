@@ -10,7 +10,8 @@ recipe loader reads checkpoints too (`resume: PATH`), and asks whose folder outp
 
 Whose folder: a run writes OWNER_FILE into output_dir before anything else (train/checkpoints.claim_output_dir),
 so even a run that crashed before its first checkpoint or its run.json leaves a folder recognised as
-finetune's. Folders written before OWNER_FILE existed are recognised by what only finetune writes: a complete
+finetune's; so does LOCK_FILE, which a run holds from its start (train/output_lock.py: one run per folder).
+Folders written before OWNER_FILE existed are recognised by what only finetune writes: a complete
 checkpoint, or a run.json with finetune's keys. Anything else in output_dir is someone else's (the recipe
 check refuses such a folder: finetune/recipe_checks.py).
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 MARKER = "COMPLETE"  # JSON: step, time, fingerprint, files {relative path: size}
 STEP_PREFIX = "step-"
 OWNER_FILE = ".finetune-run"  # JSON {"created": unix time}: the first file a run writes into its output_dir
+LOCK_FILE = ".finetune-lock"  # JSON {pid, host, started, command}: held while a run trains (train/output_lock.py)
 RUN_JSON_KEYS = ("recipe", "versions", "steps")  # run.json keys only finetune's run.json has together
 
 
@@ -85,7 +87,8 @@ def _older_run(folder: Path) -> bool:
 
 
 def is_finetune_run(folder: Path) -> bool:
-    return (folder / OWNER_FILE).is_file() or _older_run(folder)
+    # the lock alone: a run that holds the folder and has not written its OWNER_FILE yet, or was killed before
+    return (folder / OWNER_FILE).is_file() or (folder / LOCK_FILE).is_file() or _older_run(folder)
 
 
 def foreign_entries(folder: Path) -> list[str]:

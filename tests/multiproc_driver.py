@@ -6,7 +6,8 @@ Starting processes costs ~10-20 s each on a small shared CPU (imports), training
 second, so the tests pay the start once. Each run is what `python -m finetune.train RECIPE --set ...` does
 in a launched process: load_recipe with WORLD_SIZE from the launcher, then run_training. Each rank writes
 RESULTS_DIR/rank{R}.json: per run, the logged losses, how many times this rank tokenized the data and, for a
-preference run, its reference pass. FINETUNE_TEST_CHUNK_LOGITS=N: the LM head's chunks (SFT and preference) hold N logits.
+preference run, its reference pass, or the message of a run that was refused. FINETUNE_TEST_CHUNK_LOGITS=N:
+the LM head's chunks (SFT and preference) hold N logits.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 def main() -> int:
     recipe_path, results_dir, *runs = sys.argv[1:]
     import finetune.data as data
+    from finetune.errors import FinetuneError
     from finetune.recipe_load import load_recipe
     from finetune.train import run_training
 
@@ -40,7 +42,11 @@ def main() -> int:
     for run in runs:
         name, _, overrides = run.partition("=")
         calls["n"] = 0
-        summary = run_training(load_recipe(recipe_path, [o for o in overrides.split(",") if o]))
+        try:
+            summary = run_training(load_recipe(recipe_path, [o for o in overrides.split(",") if o]))
+        except FinetuneError as refused:  # a run the test expects to be refused (on every process)
+            results[name] = {"error": str(refused), "exit_code": refused.exit_code}
+            continue
         results[name] = {
             "losses": [[e["step"], e["loss"]] for e in summary["log_history"] if "loss" in e],
             "tokenize_calls": calls["n"],

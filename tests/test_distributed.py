@@ -30,6 +30,7 @@ from safetensors.torch import load_file
 from conftest import make_records, write_jsonl
 from finetune.errors import RecipeError
 from finetune.train.launch import LaunchError, free_port, launch_command
+from finetune.train.output_lock import hold_output_dir
 from finetune.recipe_load import load_recipe
 
 TOLERANCE = 1e-5  # relative, on each logged loss; fp32 differs only in the order of the gradient all-reduce
@@ -94,6 +95,7 @@ def single(workdir) -> dict:
 
 
 RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers keeps it process-wide)
+    "busy": "output_dir=mp_busy",  # a folder this test process holds while the launch runs: refused
     "ddp": "output_dir=mp_ddp,cache_dir=mp_cache",  # a cold cache: rank 0 tokenizes, rank 1 must not
     "zero1": "output_dir=mp_zero1,deepspeed=zero1",
     "zero2_first_half": "output_dir=mp_zero2,deepspeed=zero2,max_steps=2",
@@ -129,8 +131,9 @@ def multiproc(workdir, single) -> dict:
     # LM-head chunks of 8 rows (a 152k vocabulary's 2**26-logit chunks hold 441): processes whose batches hold
     # different numbers of supervised tokens make different numbers of chunks, which hung ZeRO-3 (one collective
     # per call of its partitioned head; the tiny 512-token vocabulary fits any batch in one chunk otherwise)
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=workdir,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "FINETUNE_TEST_CHUNK_LOGITS": str(8 * 512)})
+    with hold_output_dir(workdir / "mp_busy"):  # another run holds it
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=workdir,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", "FINETUNE_TEST_CHUNK_LOGITS": str(8 * 512)})
     assert proc.returncode == 0, proc.stderr[-5000:]
     return {rank: json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}
 
@@ -164,12 +167,22 @@ def test_cpu_offload_matches_one_process(multiproc, single, run):
 
 
 @pytest.mark.multiproc
+def test_one_run_per_folder_holds_across_its_processes(multiproc):
+    """Every other run of the launch wrote into its folder from both processes (rank 0 holds the lock for them);
+    a folder another run holds is refused on both processes with the holder's name, before any data is read."""
+    for rank in (0, 1):
+        busy = multiproc[rank]["busy"]
+        assert busy["exit_code"] == 2 and f"in use by another run: process {os.getpid()} on host" in busy["error"]
+        assert all("error" not in result for run, result in multiproc[rank].items() if run != "busy")
+
+
+@pytest.mark.multiproc
 def test_only_the_main_process_tokenizes(multiproc):
     # cold cache in the first run: rank 0 tokenizes once while rank 1 waits, then reads rank 0's cache
     assert multiproc[0]["ddp"]["tokenize_calls"] == 1
     assert multiproc[1]["ddp"]["tokenize_calls"] == 0
     assert all(result["tokenize_calls"] == 0 for rank in (0, 1) for run, result in multiproc[rank].items()
-               if run != "ddp")
+               if run not in ("ddp", "busy"))  # busy: refused before any data is read
 
 
 @pytest.mark.multiproc

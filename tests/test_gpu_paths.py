@@ -11,6 +11,7 @@ import torch
 
 from finetune.model import attention
 from finetune.model.attention import choose_attention
+from finetune.model.device import Device
 from finetune.model.isolation import check_packed_isolation
 from finetune.model.regional_compile import compile_decoder_layers, decoder_layers, resolve_compile
 from finetune.model.supervised_logits import attach
@@ -21,6 +22,9 @@ from test_fast_paths import add_lora, batch_with_prompts, loss_and_grads, packed
 
 def recipe(**keys):
     return types.SimpleNamespace(**{"attn_implementation": "auto", "sample_packing": True, "compile": "auto", **keys})
+
+
+CPU, H100 = Device(), Device("cuda", 0, (9, 0), "NVIDIA H100 80GB HBM3")
 
 
 @pytest.mark.parametrize("cuda, flash, packed, expected", [
@@ -34,11 +38,11 @@ def test_auto_attention_says_what_it_chose_and_why(monkeypatch, cuda, flash, pac
     real = attention.importlib.util.find_spec
     monkeypatch.setattr(attention.importlib.util, "find_spec",
                         lambda name: (object() if flash else None) if name == "flash_attn" else real(name))
-    choice, reason = choose_attention(recipe(sample_packing=packed), cuda=cuda,
-                                      supports_flex=lambda recipe: (True, ""))
+    device = H100 if cuda else CPU
+    choice, reason = choose_attention(recipe(sample_packing=packed), device, supports_flex=lambda recipe: (True, ""))
     assert choice == expected
     assert reason and ("CPU" in reason) == (not cuda)
-    assert choose_attention(recipe(attn_implementation="eager"), cuda=cuda) == (
+    assert choose_attention(recipe(attn_implementation="eager"), device) == (
         "eager", "set in the recipe (attn_implementation)")
 
 
@@ -51,21 +55,21 @@ def test_auto_asks_the_model_class_before_choosing_flex(tiny_model_dir, tmp_path
     real = attention.importlib.util.find_spec  # as on a GPU machine without flash-attn
     monkeypatch.setattr(attention.importlib.util, "find_spec", lambda name: None if name == "flash_attn" else real(name))
     llama = recipe(base_model=str(tiny_model_dir), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
-    assert choose_attention(llama, cuda=True)[0] == "flex_attention"
+    assert choose_attention(llama, H100)[0] == "flex_attention"
     GPT2Config(n_layer=1, n_head=2, n_embd=8).save_pretrained(tmp_path / "gpt2")
     gpt2 = recipe(base_model=str(tmp_path / "gpt2"), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
-    choice, reason = choose_attention(gpt2, cuda=True)
+    choice, reason = choose_attention(gpt2, H100)
     assert choice == "sdpa" and "GPT2LMHeadModel has no flex_attention path" in reason
     missing = recipe(base_model=str(tmp_path / "nowhere"), cache_dir=str(tmp_path / "cache"), trust_remote_code=False)
-    choice, reason = choose_attention(missing, cuda=True)
+    choice, reason = choose_attention(missing, H100)
     assert choice == "sdpa" and "could not be determined" in reason
 
 
 def test_compile_auto_is_on_for_cuda_only():
-    assert resolve_compile(recipe(), cuda=True)[0] is True
-    assert resolve_compile(recipe(), cuda=False)[0] is False
-    assert resolve_compile(recipe(compile=True), cuda=False) == (True, "set in the recipe (compile)")
-    assert resolve_compile(recipe(compile=False), cuda=True)[0] is False
+    assert resolve_compile(recipe(), H100)[0] is True
+    assert resolve_compile(recipe(), CPU)[0] is False
+    assert resolve_compile(recipe(compile=True), CPU) == (True, "set in the recipe (compile)")
+    assert resolve_compile(recipe(compile=False), H100)[0] is False
 
 
 def flex_model(tiny_model_dir):

@@ -146,9 +146,16 @@ def test_attention_auto_picks_flash_only_when_importable_on_cuda(make_recipe, mo
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_attn_implementation(recipe) == "sdpa"  # no CUDA
     real = importlib.util.find_spec
+    capability = [(9, 0)]  # the device's compute capability, as torch would report it (faked: no GPU here)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability[0])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "a faked GPU")
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "flash_attn" else real(n, *a))
     assert resolve_attn_implementation(recipe) == "flash_attention_2"
+    capability[0] = (7, 5)  # a T4: flash-attn 2 does not run below 8.0, installed or not
+    assert resolve_attn_implementation(recipe) == "sdpa"
+    capability[0] = (9, 0)
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "flash_attn" else real(n, *a))
     assert resolve_attn_implementation(recipe) == "sdpa"
     recipe.attn_implementation = "eager"

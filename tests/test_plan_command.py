@@ -102,19 +102,24 @@ def test_explicit_bf16_on_a_t4_is_warned(tmp_path, capsys):
                                                  ((9, 0), "bf16")])
 def test_training_resolves_auto_by_the_same_rule(monkeypatch, capability, expected):
     """The live-device side: a T4 (sm_75) can build bf16 tensors, so torch's default is_bf16_supported() says
-    True there (emulation); training must still pick fp16, as the GPU table and the plan do."""
+    True there (emulation); training must still pick fp16, as the GPU table and the plan do. The device is read
+    once (training_device) from torch's capability, faked here."""
     import torch
 
     from finetune.model import resolve_precision
+    from finetune.model.device import training_device
     from finetune.plan.gpus import GPUS
     from finetune.plan.precision import resolve_precision as rule
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: type("P", (), {"major": capability[0]})())
-    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)  # emulation works on sm_75
-    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "a faked GPU")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # emulation works on sm_75
+    device = training_device()
+    assert device.cuda and device.capability == capability
     assert resolve_precision(type("R", (), {"precision": "auto"})()) == expected
+    assert resolve_precision(type("R", (), {"precision": "auto"})(), device) == expected
     gpu = {(7, 5): "t4", (8, 0): "a100-80gb", (9, 0): "h100-sxm"}.get(capability)
     if gpu:
         assert rule("auto", True, GPUS[gpu].native_bf16) == expected

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from finetune.run_folder import LOCK_FILE
 from finetune.train.checkpoints import MARKER, read_marker
 from finetune.recipe_load import load_recipe
 from finetune.train import run_training
@@ -60,11 +61,13 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     out = tmp_path / "out"
     assert not (out / "run.json").exists() and not (out / "adapter_model.safetensors").exists()
+    assert (out / LOCK_FILE).is_file()  # the killed run's lock stays behind; it must not block the resume
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved == [f"step-{total - 3}"] and read_marker(out / "checkpoints" / saved[0])["step"] == total - 3
 
     resumed = run_training(load_recipe(recipe))  # resume: auto (the default)
     assert resumed["resumed_from"] == str(out / "checkpoints" / f"step-{total - 3}")
+    assert not (out / LOCK_FILE).exists()
     assert resumed["steps"] == total
     ref_steps, res_steps = per_step(reference), per_step(resumed)
     assert [s for s, *_ in res_steps] == list(range(1, total + 1))

@@ -26,19 +26,20 @@ def base_causal_lm(model):
     return get_base() if callable(get_base) else model
 
 
-def resolve_precision(recipe) -> str:
-    """`auto`: bf16 on GPUs with bf16 tensor cores, fp16 on older GPUs, fp32 on CPU (finetune/plan/precision.py)."""
+def resolve_precision(recipe, device=None) -> str:
+    """`auto`: bf16 on GPUs with bf16 tensor cores, fp16 on older GPUs, fp32 on CPU (finetune/plan/precision.py),
+    for `device` (a finetune.model.device.Device; default: this process's)."""
     from finetune.plan.precision import resolve_precision as rule
 
     if recipe.precision != "auto":
         return recipe.precision
-    import torch
+    if device is None:
+        from finetune.model.device import training_device
 
-    has_gpu = torch.cuda.is_available()
-    # including_emulation=False: a T4 "supports" bf16 only by emulation (torch's default answers True there),
-    # which is several times slower than fp16; the GPU table and the planner say fp16 for it.
-    native_bf16 = has_gpu and torch.cuda.is_bf16_supported(including_emulation=False)
-    return rule(recipe.precision, has_gpu, native_bf16)
+        device = training_device()
+    # capability >= 8.0, not torch.cuda.is_bf16_supported(): a T4 "supports" bf16 only by emulation (torch's
+    # default answers True there), several times slower than fp16; the GPU table and the planner say fp16 for it.
+    return rule(recipe.precision, device.cuda, device.native_bf16)
 
 
 def resolve_attn_implementation(recipe) -> str:

@@ -11,6 +11,11 @@ kernels that do that without scoring the masked-out pairs:
 - otherwise SDPA over a dense block-diagonal mask: correct, but it scores every pair of the row.
 Whatever is chosen, the packing isolation guard (finetune/model/isolation.py) proves on the real model
 that packed examples do not see each other before training starts.
+
+`auto` picks flash-attn and flex_attention only on GPUs of compute capability 8.0 and newer (finetune/model/
+device.py says why); below that (T4, V100) it picks sdpa. A flex_attention chosen by `auto` is then probed on
+the device, forward and backward with the model's own head sizes and dtype, and replaced by sdpa if the probe
+fails (finetune/train/fast_paths.py).
 """
 
 from __future__ import annotations
@@ -55,36 +60,44 @@ def flex_support(recipe) -> tuple[bool, str]:
     return True, ""
 
 
-def choose_attention(recipe, cuda: bool | None = None, supports_flex=flex_support) -> tuple[str, str]:
-    """(attn_implementation for from_pretrained, the reason in words) for this recipe on this machine.
-    `supports_flex(recipe) -> (bool, why not)` is asked only when flex_attention would be chosen."""
+def choose_attention(recipe, device=None, supports_flex=flex_support) -> tuple[str, str]:
+    """(attn_implementation for from_pretrained, the reason in words) for this recipe on `device` (a
+    finetune.model.device.Device; default: this process's). `supports_flex(recipe) -> (bool, why not)` is asked
+    only when flex_attention would be chosen. A flex_attention chosen here is still probed on the device before
+    the run uses it (finetune/train/fast_paths.py)."""
     if recipe.attn_implementation != "auto":
         return recipe.attn_implementation, "set in the recipe (attn_implementation)"
-    if cuda is None:
-        import torch
+    if device is None:
+        from finetune.model.device import training_device
 
-        cuda = torch.cuda.is_available()
-    if cuda and importlib.util.find_spec("flash_attn") is not None:
+        device = training_device()
+    if device.cuda and not device.fast_paths:
+        # flash-attn 2 runs on sm_80+ only; flex's Triton kernels need more shared memory than these GPUs have
+        return "sdpa", (f"{device.describe()} is older than compute capability 8.0: sdpa (flash-attn 2 needs 8.0+, "
+                        "flex_attention's backward needs more shared memory per block than GPUs before 8.0 have)"
+                        + (", packed rows with a dense per-example mask" if recipe.sample_packing else ""))
+    if device.cuda and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2", "flash-attn is installed and CUDA is available (variable-length kernel)"
     if not recipe.sample_packing:
         return "sdpa", "rows are not packed: sdpa with a padding mask"
-    if cuda and _flex_available():
+    if device.cuda and _flex_available():
         flex, why_not = supports_flex(recipe)
         if not flex:
             return "sdpa", f"packed rows on CUDA without flash-attn, and {why_not}: sdpa with a dense per-example mask"
         return "flex_attention", ("packed rows on CUDA without flash-attn: flex_attention with a per-example "
                                   "(document) mask from position_ids skips the masked-out blocks")
-    if cuda:
+    if device.cuda:
         return "sdpa", "packed rows on CUDA, neither flash-attn nor flex_attention available: sdpa with a dense mask"
     return "sdpa", ("CPU: sdpa, packed rows example by example where the model allows it (flex_attention "
                     "has no backward on CPU)")
 
 
-def check_trainable(choice: str, cuda: bool) -> None:
-    """Raise ModelError for an attention implementation that cannot train on this machine, before any
-    model is loaded (flex_attention on CPU would otherwise fail in the first backward pass)."""
+def check_trainable(recipe, device) -> None:
+    """Raise ModelError for an attention implementation the recipe sets that cannot train on this machine, before
+    any model is loaded (flex_attention on CPU would otherwise fail in the first backward pass). `auto` never
+    chooses it there."""
     from finetune.errors import ModelError
 
-    if choice == "flex_attention" and not cuda:
+    if recipe.attn_implementation == "flex_attention" and not device.cuda:
         raise ModelError("`attn_implementation: flex_attention` cannot train on CPU: PyTorch's flex_attention has "
                          "no backward pass there (torch 2.13). Set `attn_implementation: auto` (or `sdpa`).")

@@ -14,17 +14,22 @@ Compilation is lazy: it happens in the first forward passes, which the run times
 from __future__ import annotations
 
 
-def resolve_compile(recipe, cuda: bool | None = None) -> tuple[bool, str]:
-    """(compile decoder layers?, the reason in words). `auto`: on with CUDA only; on CPU the inductor
-    kernels rarely beat eager for the small models trained there, and compiling costs tens of seconds."""
+def resolve_compile(recipe, device=None) -> tuple[bool, str]:
+    """(compile decoder layers?, the reason in words) on `device` (a finetune.model.device.Device; default: this
+    process's). `auto`: on with a GPU of compute capability 8.0 or newer, and only once a compiled layer has run
+    there (the probe in finetune/train/fast_paths.py); off on CPU, where the inductor kernels rarely beat eager for
+    the small models trained there and compiling costs tens of seconds, and off on older GPUs (T4, V100)."""
     if recipe.compile != "auto":
         return bool(recipe.compile), "set in the recipe (compile)"
-    if cuda is None:
-        import torch
+    if device is None:
+        from finetune.model.device import training_device
 
-        cuda = torch.cuda.is_available()
-    if cuda:
-        return True, "auto: CUDA is available"
+        device = training_device()
+    if device.fast_paths:
+        return True, f"auto: {device.describe()}"
+    if device.cuda:
+        return False, (f"auto: off on {device.describe()}, older than 8.0 (the Triton kernels compile generates "
+                       "are tuned for 8.0 and newer; set `compile: true` to try it, it is probed first)")
     return False, "auto: off on CPU"
 
 

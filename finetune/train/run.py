@@ -3,9 +3,11 @@ from them, build the model, train, evaluate, save, record what ran.
 
     run_training(recipe)
       start_process_group   the process group (one process: a group of one); only rank 0 tokenizes
+      hold_output_dir       one run per output folder: a second run into it is refused (train/output_lock.py)
       count_data            tokenizer + tokenized (and packed) data, counted
       resolve               ONE frozen Resolved: precision, attention, optimizer, learning rate with its plan,
-                            packing, step numbers, world size, the DeepSpeed JSON (finetune/train/settings.py)
+                            packing, step numbers, world size, the DeepSpeed JSON (finetune/train/settings.py);
+                            each GPU fast path it chooses is probed on the device first (train/fast_paths.py)
       training_arguments    TrainingArguments, once, from the recipe and the Resolved
       prepare_model         the model (+ the packing guard, the supervised-logits probe, compile), the collator
       train                 Trainer: eval before, train, the final eval (once)
@@ -32,6 +34,7 @@ from finetune.atomic import write_text_atomic
 from finetune.log import get_logger
 from finetune.recipe_load import dump_recipe
 from finetune.redact import redact, redact_text
+from finetune.train.fast_paths import say
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
 
 log = get_logger(__name__)
@@ -149,8 +152,8 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     for split_name, packed in stats.get("packing", {}).items():
         log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
                  f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
-    log.info(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
-             f"adapter {recipe.adapter}")
+    say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
+        f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
         log.info(settings.optimizer_notice)
 
@@ -257,11 +260,11 @@ def compile_model(model, settings: Resolved) -> list:
     from finetune.train.callbacks.compile_time import CompileTimeCallback
 
     if not settings.compile:
-        log.info(f"compile: off ({settings.compile_reason})")
+        say(f"compile: off ({settings.compile_reason})", settings.probes.get("compile"))
         return []
     layers = compile_decoder_layers(model)
-    log.info(f"compile: {layers} decoder layers with torch.compile ({settings.compile_reason}); the first step "
-             "includes compiling")
+    say(f"compile: {layers} decoder layers with torch.compile ({settings.compile_reason}); the first step "
+        "includes compiling", settings.probes.get("compile"))
     return [CompileTimeCallback(layers, log.info)]
 
 
@@ -279,12 +282,20 @@ def final_eval_loss(trainer) -> float:
 def run_training(recipe, extra_callbacks: list = ()) -> dict:
     """Train as the recipe says; returns what run.json records. `extra_callbacks`: more TrainerCallbacks
     (run after finetune's own), for tools and tests."""
-    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint
     from finetune.train.launch import start_process_group
+    from finetune.train.output_lock import hold_output_dir
 
     started = time.time()
     cuda = cuda_available()
     state = start_process_group(recipe, cuda)
+    # one run per output folder: held from here to the end, by the main process for every process of the run
+    with hold_output_dir(recipe.output_dir, main=state.is_main_process):
+        return _run_training(recipe, state, cuda, started, extra_callbacks)
+
+
+def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) -> dict:
+    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint
+
     tokenizer, prepared = count_data(recipe, state)
     settings = resolve(recipe, prepared, state.num_processes, cuda)
     report_settings(recipe, prepared, settings)
@@ -321,6 +332,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
+    from finetune.train.fast_paths import kernel_failures
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
@@ -349,15 +361,18 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         data_collator=throughput.wrap(built.collator),
         processing_class=tokenizer,
     )
-    eval_before = trainer.evaluate()["eval_loss"] if settings.has_eval else None
-    if eval_before is not None:
-        log.info(f"eval loss before training: {eval_before:.4f}")
-    with interrupt.catching_sigint(), clear_write_errors(layout, "a checkpoint"):
-        result = trainer.train(resume_from_checkpoint=resume_from)
-    if interrupt.fired:
-        raise Interrupted(interrupted_message(interrupt, layout))
+    # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
+    with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
+        eval_before = trainer.evaluate()["eval_loss"] if settings.has_eval else None
+        if eval_before is not None:
+            log.info(f"eval loss before training: {eval_before:.4f}")
+        with interrupt.catching_sigint(), clear_write_errors(layout, "a checkpoint"):
+            result = trainer.train(resume_from_checkpoint=resume_from)
+        if interrupt.fired:
+            raise Interrupted(interrupted_message(interrupt, layout))
+        eval_after = final_eval_loss(trainer) if settings.has_eval else None
     return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
-            "eval_after": final_eval_loss(trainer) if settings.has_eval else None, "resumed_from": resume_from,
+            "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput}
 
 

@@ -3,7 +3,9 @@
 Everything a recipe leaves to the machine or to the data (`precision: auto`, `attn_implementation: auto`,
 `learning_rate: auto`, a paged optimizer without CUDA, the DeepSpeed JSON's contents) is decided here, into
 one frozen `Resolved`. TrainingArguments, the model, the callbacks and run.json all read it; nothing
-downstream resolves a setting a second time.
+downstream resolves a setting a second time. The device is read once (finetune/model/device.py) and every
+device rule gets that reading; a GPU fast path chosen here is probed on the device before it is accepted
+(finetune/train/fast_paths.py).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from dataclasses import dataclass
 class Resolved:
     world_size: int  # training processes over all machines
     cuda: bool
+    device: str  # this process's training device in words: `NVIDIA T4 (compute capability 7.5)`, `CPU`
     precision: str  # bf16 | fp16 | fp32
     attn_implementation: str  # sdpa | eager | flash_attention_2 | flex_attention
     attn_reason: str  # why, in words (finetune/model/attention.py)
     compile: bool  # compile each decoder layer (finetune/model/regional_compile.py)
     compile_reason: str
+    probes: dict  # what the fast-path probes found ({} where none ran): run.json's fast_path_probes
     optimizer: str  # the Trainer's `optim` name (a paged one becomes unpaged without CUDA)
     optimizer_notice: str | None  # why `optimizer` differs from the recipe's, or None
     learning_rate: float
@@ -54,7 +58,8 @@ class Resolved:
         return {"precision": self.precision, "learning_rate": self.learning_rate,
                 "learning_rate_plan": dataclasses.asdict(plan) if plan is not None else None,
                 "attn_implementation": self.attn_implementation, "attn_reason": self.attn_reason,
-                "compile": self.compile, "compile_reason": self.compile_reason, "optimizer": self.optimizer}
+                "compile": self.compile, "compile_reason": self.compile_reason, "fast_path_probes": self.probes,
+                "device": self.device, "optimizer": self.optimizer}
 
 
 def plan_numbers(recipe, prepared, world_size: int) -> dict:
@@ -86,29 +91,34 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve(recipe, prepared, world_size: int, cuda: bool | None = None) -> Resolved:
-    """The one resolution of the recipe against this machine and the counted data."""
+def resolve(recipe, prepared, world_size: int, cuda: bool | None = None, *, device=None, probes=None) -> Resolved:
+    """The one resolution of the recipe against this machine and the counted data. `device`: the training device
+    (finetune.model.device.Device; default: this process's; `cuda=False` alone means a CPU). `probes`: what proves
+    a fast path (default: the real probes on `device`, finetune/train/fast_paths.py)."""
     from finetune.data.packing import packed_splits
     from finetune.model import resolve_precision
     from finetune.model.attention import check_trainable, choose_attention
     from finetune.model.bnb import resolve_optimizer
+    from finetune.model.device import Device, training_device
     from finetune.model.regional_compile import resolve_compile
     from finetune.plan.lr_recipe import resolve_learning_rate
     from finetune.train.deepspeed_config import trainer_deepspeed_config
+    from finetune.train.fast_paths import Choice, DeviceProbes, prove_fast_paths
 
-    cuda = cuda_available() if cuda is None else cuda
-    attn, attn_reason = choose_attention(recipe, cuda)
-    check_trainable(attn, cuda)  # flex_attention on CPU: refused before any model is loaded
-    compile_layers, compile_reason = resolve_compile(recipe, cuda)
-    optimizer, notice = resolve_optimizer(recipe.optimizer, cuda)  # paged needs CUDA
+    device = device or (Device() if cuda is False else training_device())
+    check_trainable(recipe, device)  # flex_attention set for a CPU: refused before any model is loaded
+    precision = resolve_precision(recipe, device)
+    choice = prove_fast_paths(recipe, Choice(*choose_attention(recipe, device), *resolve_compile(recipe, device), {}),
+                              probes or DeviceProbes(recipe, device, precision))
+    optimizer, notice = resolve_optimizer(recipe.optimizer, device.cuda)  # paged needs CUDA
     learning_rate, lr_plan = resolve_learning_rate(recipe, prepared.train_counts(), world_size)
     packed_train, packed_eval = packed_splits(recipe)
     has_eval = prepared.eval is not None
     return Resolved(
-        world_size=world_size, cuda=cuda,
-        precision=resolve_precision(recipe),
-        attn_implementation=attn, attn_reason=attn_reason,
-        compile=compile_layers, compile_reason=compile_reason,
+        world_size=world_size, cuda=device.cuda, device=device.describe(),
+        precision=precision,
+        attn_implementation=choice.attn_implementation, attn_reason=choice.attn_reason,
+        compile=choice.compile, compile_reason=choice.compile_reason, probes=choice.probes,
         optimizer=optimizer, optimizer_notice=notice,
         learning_rate=learning_rate, lr_plan=lr_plan,
         packed_train=packed_train, packed_eval=packed_eval and has_eval, has_eval=has_eval,
