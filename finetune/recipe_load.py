@@ -21,15 +21,21 @@ from finetune.recipe_method import method_problems
 PATH_KEYS = ("output_dir", "dataset_prepared_path", "cache_dir")
 
 
-def _line_map(text: str) -> dict[tuple, int]:
-    """Map each key path in the YAML document to its 1-based line number."""
+def _line_map(text: str) -> tuple[dict[tuple, int], list[str]]:
+    """Map each key path in the YAML document to its 1-based line number; also a problem for each key that a
+    mapping sets twice (YAML keeps the last value without a word)."""
     lines: dict[tuple, int] = {}
+    twice: list[str] = []
 
     def walk(node: yaml.Node, path: tuple) -> None:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 key = (*path, key_node.value)
-                lines[key] = key_node.start_mark.line + 1
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    twice.append(f"`{format_path(key)}` is set twice (lines {lines[key]} and {line}); YAML keeps "
+                                 "only the last value: delete one")
+                lines[key] = line
                 walk(value_node, key)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
@@ -39,10 +45,10 @@ def _line_map(text: str) -> dict[tuple, int]:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:
-        return lines
+        return lines, twice
     if root is not None:
         walk(root, ())
-    return lines
+    return lines, twice
 
 
 def format_path(loc: tuple) -> str:
@@ -70,11 +76,11 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(p for p in loc if not (isinstance(p, str) and "[" in p))
 
 
-def _describe(err: dict, lines: dict[tuple, int]) -> str:
+def _describe(err: dict, lines: dict[tuple, int | str]) -> str:
     loc = _clean_loc(err["loc"])
     where = format_path(loc)
-    line = lines.get(loc)
-    at = f" (line {line})" if line else ""
+    line = _line_of(lines, loc)
+    at = f" (line {line})" if isinstance(line, int) else f" ({line})" if line else ""
     kind = err["type"]
     if kind == "extra_forbidden":
         owner = _model_at(loc[:-1])
@@ -113,8 +119,9 @@ def _dedupe_union_errors(errors: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
-def apply_override(data: dict, assignment: str) -> None:
-    """Apply one `key.path=value` override; the value is parsed as YAML (`--set lora_r=16`)."""
+def apply_override(data: dict, assignment: str) -> tuple:
+    """Apply one `key.path=value` override; the value is parsed as YAML (`--set lora_r=16`). Returns the key's
+    path."""
     if "=" not in assignment:
         raise RecipeError([f"override `{assignment}`: expected KEY=VALUE, e.g. learning_rate=1e-4"], "command line")
     key, raw = assignment.split("=", 1)
@@ -141,6 +148,23 @@ def apply_override(data: dict, assignment: str) -> None:
         target[last] = value
     else:
         raise RecipeError([f"override `{key}`: cannot set a key inside a {type(target).__name__}"], "command line")
+    return tuple(parts)
+
+
+def _mark_overrides(lines: dict, overridden: list[tuple[tuple, str]]) -> None:
+    """A key an override set, and every key under it, is no longer at its YAML line: its problems name the
+    `--set` instead."""
+    for path, assignment in overridden:
+        for loc in [loc for loc in lines if loc[:len(path)] == path]:
+            del lines[loc]
+        lines[path] = f"--set {assignment}"
+
+
+def _line_of(lines: dict, loc: tuple) -> int | str | None:
+    """The key's YAML line, or the `--set` that gave it (or a mapping or list above it) its value."""
+    if loc in lines:
+        return lines[loc]
+    return next((lines[loc[:n]] for n in range(len(loc) - 1, 0, -1) if isinstance(lines.get(loc[:n]), str)), None)
 
 
 def _resolve(value: str, base: Path) -> str:
@@ -250,10 +274,15 @@ def load_recipe(path: str | os.PathLike, overrides: list[str] = (), world_size: 
         raise RecipeError(["the recipe is empty; start from examples/quickstart/recipe.yml"], source)
     if not isinstance(data, dict):
         raise RecipeError([f"the recipe must be a mapping of keys to values, not a {type(data).__name__}"], source)
-    for assignment in overrides:
-        apply_override(data, assignment)
-    return recipe_from_dict(data, base_dir=path.parent.resolve(), source=source, lines=_line_map(text),
-                            world_size=world_size)
+    lines, twice = _line_map(text)
+    if twice:
+        raise RecipeError(twice, source)
+    _mark_overrides(lines, [(apply_override(data, assignment), assignment) for assignment in overrides])
+    return recipe_from_dict(data, base_dir=path.parent.resolve(), source=source, lines=lines, world_size=world_size)
+
+
+def _order(line: int | str | None) -> int:
+    return 10**9 if line is None else line if isinstance(line, int) else 0
 
 
 def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: dict | None = None,
@@ -266,7 +295,8 @@ def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: 
     except ValidationError as exc:
         errors = _dedupe_union_errors(exc.errors())
         # in file order: the first problem listed is the first one the user meets reading the recipe
-        errors.sort(key=lambda e: (lines or {}).get(_clean_loc(e["loc"]), 10**9))
+        # (an override's problem first: the command line is read before the file)
+        errors.sort(key=lambda e: _order(_line_of(lines or {}, _clean_loc(e["loc"]))))
         messages = axolotl.with_port_tip([_describe(e, lines or {}) for e in errors], source)
         raise RecipeError(messages, source) from None
     _resolve_paths(recipe, base_dir)

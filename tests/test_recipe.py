@@ -126,3 +126,21 @@ def test_schema_is_json_with_every_field(capsys):
     assert cli_main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert {"base_model", "datasets", "learning_rate", "lora_r"} <= set(schema["properties"])
+
+
+def test_a_key_set_twice_is_an_error_naming_both_lines(tmp_path):
+    # YAML keeps the last value silently: lora_r 8 would train at 64 with no word
+    found = problems(tmp_path, BASE + "lora_r: 8\nlearning_rate: 1e-4\nlora_r: 64\n")
+    assert found == ["`lora_r` is set twice (lines 4 and 6); YAML keeps only the last value: delete one"]
+    nested = problems(tmp_path, "base_model: m\ndatasets:\n  - path: d.jsonl\n    type: chat\n    type: text\n")
+    assert nested == ["`datasets[0].type` is set twice (lines 4 and 5); YAML keeps only the last value: delete one"]
+
+
+def test_a_bad_override_is_reported_as_the_command_lines_not_at_the_yaml_line_it_replaced(tmp_path):
+    (p,) = problems(tmp_path, BASE + "lora_r: 8\n", overrides=["lora_r=many"])
+    assert p.startswith("`lora_r` (--set lora_r=many): got 'many'") and "line" not in p
+    (p,) = problems(tmp_path, BASE, overrides=["datasets.0.typ=chat"])
+    assert p.startswith("`datasets[0].typ` (--set datasets.0.typ=chat): unknown key")
+    # a key under a replaced mapping is no longer at its YAML line either
+    (p,) = problems(tmp_path, BASE, overrides=["datasets=[{path: d.jsonl, typ: chat}]"])
+    assert "(line" not in p and "--set datasets=" in p
