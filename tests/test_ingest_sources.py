@@ -120,6 +120,26 @@ def test_tsv_gz_with_template_and_latin1_csv(tmp_path):
     assert records[0]["instruction"] == "Crème brûlée" and records[1]["output"].startswith("Pâte à choux")
 
 
+def test_a_template_typed_on_the_command_line_gets_the_newlines_the_docs_show(tmp_path):
+    # the shell passes `"{title}\n\n{body}"` with a backslash and an n; the same template in a recipe gives
+    # newlines, and docs/ingestion.md shows the command-line form: both must write the same records
+    from finetune.cli import main as cli_main
+
+    out = tmp_path / "cli.jsonl"
+    assert cli_main(["ingest", str(ASSETS / "csv" / "notes.tsv.gz"), "--template", r"{title}\n\n{body}",
+                     "--map", "x=y", "-o", str(out), "--quiet"]) == 2  # (map and template: one or the other)
+    assert cli_main(["ingest", str(ASSETS / "csv" / "notes.tsv.gz"), "--template", r"{title}\n\n{body}",
+                     "-o", str(out), "--quiet"]) == 0
+    first = json.loads(out.read_text().splitlines()[0])
+    assert first == {"text": "Gradient checkpointing\n\nRecompute activations in the backward pass."}
+    assert cli_main(["ingest", str(ASSETS / "csv" / "notes.tsv.gz"), "--map", r"text={title}\n{body}",
+                     "-o", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text().splitlines()[0])["text"].startswith("Gradient checkpointing\nRecompute")
+    assert cli_main(["ingest", str(ASSETS / "csv" / "notes.tsv.gz"), "--template", r"{title}\\n{body}",
+                     "-o", str(out), "--quiet"]) == 0  # an escaped backslash stays one backslash
+    assert json.loads(out.read_text().splitlines()[0])["text"].startswith("Gradient checkpointing\\nRecompute")
+
+
 def test_csv_missing_mapped_column_names_the_file_and_the_columns(tmp_path):
     with pytest.raises(DataError) as err:
         ingest([str(ASSETS / "csv" / "faq.csv")], tmp_path / "o.jsonl",

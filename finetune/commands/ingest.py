@@ -23,6 +23,7 @@ from finetune.ingest.options import (
     SQL_DIALECTS,
     IngestOptions,
     default_workers,
+    command_line_template,
     parse_map,
 )
 
@@ -94,6 +95,7 @@ def options_from_args(args: argparse.Namespace) -> IngestOptions:
     """Every option from the flag that stores into its name (lists become tuples, --map pairs are parsed)."""
     values = {name: getattr(args, name) for name in DEFAULTS}
     values["mapping"] = parse_map(values["mapping"])
+    values["template"] = command_line_template(values["template"])
     values["workers"] = default_workers() if values["workers"] is None else values["workers"]
     values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
     return IngestOptions(**values).validate()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, fields
 from typing import get_args
 
@@ -144,12 +145,25 @@ _OPTION_OF = {spec_name(f.name): f.name for f in fields(IngestOptions)}
 OUTPUT_OPTIONS = tuple(_OPTION_OF[name] for name in fields_affecting(DatasetSpec, INGEST) if name in _OPTION_OF)
 
 
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def command_line_template(value: str | None) -> str | None:
+    """A template typed on the command line: `\\n`, `\\t` and `\\\\` become the newline, tab and backslash a
+    shell cannot pass (`--template "{title}\\n\\n{body}"`), as the same template in a recipe's YAML gives."""
+    if value is None:
+        return None
+    return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], value)
+
+
 def parse_map(items: list[str] | None) -> tuple[tuple[str, str], ...]:
-    """`--map FIELD=COLUMN` items -> ((field, column), ...). Raises DataError for a malformed item."""
+    """`--map FIELD=COLUMN` items -> ((field, column), ...); a `{column}` template's escapes are decoded as
+    --template's are. Raises DataError for a malformed item."""
     pairs = []
     for item in items or ():
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip():
             raise DataError(f"--map `{item}` is not FIELD=COLUMN, e.g. --map instruction=question")
-        pairs.append((name.strip(), value.strip()))
+        value = value.strip()
+        pairs.append((name.strip(), command_line_template(value) if "{" in value else value))
     return tuple(pairs)
