@@ -214,6 +214,27 @@ def test_flex_attention_on_cpu_is_refused_before_anything_is_written(make_recipe
     assert not (tmp_path / "out").exists()
 
 
+def test_flash_attention_2_where_it_cannot_run_is_refused_naming_the_key_and_why():
+    # set on a CPU machine, it validated and then stopped in transformers with the library's own words
+    from finetune.errors import ModelError
+    from finetune.model.attention import check_trainable
+    from finetune.model.device import Device
+
+    recipe = type("R", (), {"attn_implementation": "flash_attention_2"})()
+    with pytest.raises(ModelError, match=r"`attn_implementation: flash_attention_2` needs a CUDA GPU.*this "
+                                         r"machine has none.*attn_implementation: auto"):
+        check_trainable(recipe, Device("cpu"))
+    with pytest.raises(ModelError, match=r"compute capability 8\.0 or newer.*Tesla T4 \(compute capability 7\.5\)"):
+        check_trainable(recipe, Device("cuda", 0, (7, 5), "Tesla T4"))
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is None:
+        with pytest.raises(ModelError, match=r"the flash-attn package is not installed.*pip install flash-attn"):
+            check_trainable(recipe, Device("cuda", 0, (9, 0), "NVIDIA H100"))
+    recipe.attn_implementation = "sdpa"
+    check_trainable(recipe, Device("cpu"))
+
+
 @pytest.mark.skipif(COMPILER is None, reason="torch.compile's inductor needs a C compiler (cc/gcc), none here")
 def test_a_run_with_compile_true_trains_saves_and_reports_the_compile_time_once(make_recipe, tmp_path, capfd):
     from finetune.recipe_load import load_recipe
