@@ -114,6 +114,16 @@ def test_missing_data_file(make_recipe, tiny_tokenizer):
         prepare(make_recipe("completion"), tiny_tokenizer, "datasets.0.path=nope.jsonl")
 
 
+@pytest.mark.parametrize("shape", ["completion", "auto"])
+def test_a_folder_as_a_records_path_says_it_is_a_folder_and_what_is_in_it(make_recipe, tiny_tokenizer, tmp_path,
+                                                                           shape):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "part-1.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(DataError, match=r"`[^`]*data` is a folder, not a records file: .*\(part-1.jsonl is in it\)"
+                                        r".*`type: html`"):
+        prepare(make_recipe("completion"), tiny_tokenizer, "datasets.0.path=data", f"datasets.0.type={shape}")
+
+
 def test_json_list_files_and_auto_shape(tmp_path, make_recipe, tiny_tokenizer):
     recipe = make_recipe("completion")
     mixed = make_records("completion", 3) + make_records("chat", 2) + make_records("instruction", 2)

@@ -16,7 +16,7 @@ from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepar
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
-from finetune.ingest.records import read_records
+from finetune.ingest.records import read_records, require_records_file
 from finetune.recipe import RECORD_TYPES
 
 
@@ -46,8 +46,7 @@ def record_files(recipe) -> list[tuple[str, str]]:
     files = []
     for spec in recipe.datasets:
         if spec.type in RECORD_TYPES:
-            if not os.path.isfile(spec.path):
-                raise DataError(f"no data file at `{spec.path}`; check the dataset path in the recipe")
+            require_records_file(spec.path)
             files.append((spec.type, spec.path))
         else:
             from finetune.ingest.source import materialize

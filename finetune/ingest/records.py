@@ -129,13 +129,25 @@ def parse_json_list(path: str | os.PathLike, text: str) -> list:
     return data
 
 
+def require_records_file(path: str | os.PathLike) -> None:
+    """DataError unless `path` is a file: a missing path, and a folder (which holds what, and how to use it)."""
+    path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".json"))[:5]
+        listing = f" ({', '.join(inside)} {'is' if len(inside) == 1 else 'are'} in it)" if inside else ""
+        raise DataError(f"`{path}` is a folder, not a records file: a records dataset's `path` is one .jsonl or "
+                        f".json file{listing}; list each file under `datasets:`, or for a folder of HTML, CSV or "
+                        "SQL sources set the entry's `type` to the source (e.g. `type: html`)")
+    if not path.is_file():
+        raise DataError(f"no data file at `{path}`; check the dataset path in the recipe")
+
+
 def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
     """(line number, parsed value) for each record in a .jsonl file or a .json list.
 
     Raises DataError naming the file and line for anything that is not JSON text."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"no data file at `{path}`; check the dataset path in the recipe")
+    require_records_file(path)
     with open(path, "rb") as fh:
         head = fh.read(8192)
     if b"\x00" in head:
