@@ -99,6 +99,9 @@ def test_interrupted_cache_write_is_not_loaded(make_recipe, tiny_tokenizer):
         (b"\x00\x01\x02binary", "looks binary"),
         ('{"text": "caf\xe9"}\n'.encode("latin-1"), "not UTF-8"),
         (b'{"messages": [{"role": "user", "content": "hi"}]}\n', "no assistant turn"),
+        (b'{"text": "ok"}\n{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}, '
+         b'{"role": "user", "content": "and?"}, {"role": "assistant", "content": " "}]}\n',
+         "line 2: messages\\[3\\] is an empty assistant turn: it would teach the model to answer with nothing"),
         (b'{"foo": 1}\n', "cannot tell the record's shape"),
     ],
 )

@@ -100,6 +100,9 @@ def record_problem(record: object, shape: str) -> str | None:
                 return f'messages[{i}] needs "role" and "content" (a string)'
             if msg.get("role") not in ROLES:
                 return f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)}"
+            if msg["role"] == "assistant" and not msg["content"].strip():
+                return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
+                        "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
         if not any(m["role"] == "assistant" for m in messages):
             return "the conversation has no assistant turn: nothing to supervise"
     else:
