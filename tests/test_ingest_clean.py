@@ -45,6 +45,9 @@ def test_slop_matching_ignores_case_spacing_and_curly_apostrophes():
     "I don\u2019t have any personal opinions on this.",
     "I'm not able to access the internet, so I can't check the weather.",
     "My training data only goes up to 2021.",
+    "I am ChatGPT, a large language model trained by OpenAI.",
+    "I'm an assistant developed by OpenAI, here to help.",
+    "I was created by OpenAI to answer questions.",
 ])
 def test_slop_patterns_catch_the_variants_a_phrase_list_misses(text):
     assert SlopMatcher.build().find(text), text
@@ -61,6 +64,11 @@ def test_slop_patterns_catch_the_variants_a_phrase_list_misses(text):
     "My laptop cannot access the internet after the update.",
     "I am an AI student. Which courses should I take?",
     "Meet Ada, our new AI assistant: ask her about your invoices.",
+    # facts about a company's products are not the assistant's identity
+    "Whisper is a speech recognition model developed by OpenAI and released in 2022.",
+    "GPT-2 was trained by OpenAI on 40 GB of web text. I think it is a good baseline.",
+    "The API, created by OpenAI, charges per token.",
+    "I was reading that GPT-2 was trained by OpenAI.",
 ])
 def test_slop_patterns_leave_near_misses_alone(text):
     assert SlopMatcher.build().find(text) == []

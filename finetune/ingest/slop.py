@@ -24,9 +24,6 @@ DEFAULT_PHRASES = (
     "i am just an ai",
     "i'm just an ai",
     "i'm only an ai",
-    "trained by openai",
-    "developed by openai",
-    "created by openai",
     "openai's content policy",
     "openai's use case policy",
     "openai's guidelines",
@@ -85,6 +82,12 @@ DEFAULT_PATTERNS = (
     ("i am unable to browse / access the internet",
      r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
      r"the (?:internet|web)\b", ("the internet", "the web")),
+    # the speaker's own maker, not a fact about a company's product ("Whisper, developed by OpenAI, ..."): "I am
+    # ChatGPT, a large language model trained by OpenAI", "I was created by OpenAI"; the words between name the
+    # speaker (no "that" / "was": "I was reading that GPT-2 was trained by OpenAI" is about GPT-2)
+    ("i am / was ... trained / developed / created by openai",
+     r"\bi(?: am|'m| was|'ve been| have been)(?: (?!that\b|was\b|is\b|were\b|are\b|which\b|who\b|about\b)"
+     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", ("by openai",)),
     ("my training data goes up to ...",
      r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
      ("my training", "my knowledge")),
