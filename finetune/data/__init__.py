@@ -93,11 +93,16 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
 
 
 def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
-    if item[0] in ("preference", "unpaired"):
+    if item[0] == "unpaired":
         raise DataError(
-            f"`{path}` holds {item[0]} records ({{prompt, chosen, rejected}} / {{prompt, completion, label}}), but the "
-            "recipe trains `method: sft`; set `method: dpo` (or ipo, orpo, simpo, kto: docs/preference.md), or point "
-            "the dataset at SFT records"
+            f"`{path}` holds unpaired (KTO) records ({{prompt, completion, label}}: a response marked good or bad), "
+            "but the recipe trains `method: sft`, which would teach every response, the bad ones too; set "
+            "`method: kto` (docs/preference.md), or point the dataset at SFT records"
+        )
+    if item[0] == "preference":
+        raise DataError(
+            f"`{path}` holds preference pairs ({{prompt, chosen, rejected}}), but the recipe trains `method: sft`; "
+            "set `method: dpo` (or ipo, orpo, simpo: docs/preference.md), or point the dataset at SFT records"
         )
     return item
 

@@ -145,8 +145,8 @@ def require_records_file(path: str | os.PathLike) -> None:
         raise DataError(f"no data file at `{path}`; check the dataset path in the recipe")
 
 
-def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
-    """(line number, parsed value) for each record in a .jsonl file or a .json list.
+def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[str, object]]:
+    """(where, parsed value) for each record in a .jsonl file ("line 3") or a .json list ("item 3").
 
     Raises DataError naming the file and line for anything that is not JSON text."""
     path = Path(path)
@@ -162,13 +162,13 @@ def iter_json_objects(path: str | os.PathLike) -> Iterator[tuple[int, object]]:
             f"`{path}` is not UTF-8 text (byte {exc.start}: {exc.reason}); re-encode it as UTF-8"
         ) from None
     if path.suffix == ".json":
-        yield from ((1, item) for item in parse_json_list(path, text))
+        yield from ((f"item {i}", item) for i, item in enumerate(parse_json_list(path, text), start=1))
         return
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            yield f"line {lineno}", json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"`{path}` {json_error(exc, lineno)}") from None
 
@@ -177,31 +177,31 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
     """All records of a file as (shape, record), validated: supervised records as they are, preference and
     unpaired records in their canonical form. Raises DataError at the first bad record, and at the first
     record of another kind than the file's first (supervised, preference and unpaired do not mix)."""
-    out, first = [], None  # first: (line, shape) of the file's first record
-    for lineno, record in iter_json_objects(path):
+    out, first = [], None  # first: (where, shape) of the file's first record
+    for where, record in iter_json_objects(path):
         rec_shape = shape
         if shape == "auto":
             rec_shape = detect_shape(record) if isinstance(record, dict) else None
             if rec_shape is None:
                 raise DataError(
-                    f"`{path}` line {lineno}: cannot tell the record's shape; expected a \"text\", "
+                    f"`{path}` {where}: cannot tell the record's shape; expected a \"text\", "
                     f'"instruction"/"output" or "messages" key, or a preference record\'s "chosen"/"rejected" '
                     f'or "completion"/"label"'
                 )
-            first = first or (lineno, rec_shape)
+            first = first or (where, rec_shape)
             if family(rec_shape) != family(first[1]):
-                raise DataError(_mixed(path, lineno, rec_shape, *first))
+                raise DataError(_mixed(path, where, rec_shape, *first))
         checked, problem = checked_record(record, rec_shape)
         if problem:
-            raise DataError(f"`{path}` line {lineno}: {problem}")
+            raise DataError(f"`{path}` {where}: {problem}")
         out.append((rec_shape, checked))
     if not out:
         raise DataError(f"`{path}` holds no records; it is empty")
     return out
 
 
-def _mixed(path, lineno: int, shape: str, first_line: int, first_shape: str) -> str:
-    return (f"`{path}` line {lineno}: {a_shape(shape)} record, but the file's first record (line {first_line}) "
+def _mixed(path, where: str, shape: str, first_where: str, first_shape: str) -> str:
+    return (f"`{path}` {where}: {a_shape(shape)} record, but the file's first record ({first_where}) "
             f"is {a_shape(first_shape)} record; a file holds supervised records (text, instruction, chat), preference "
             "pairs or unpaired (KTO) records, not a mix: split it into one file per kind and list each under "
             "`datasets:`")
