@@ -38,6 +38,22 @@ def test_plan_a_recipe_prints_the_exact_step_count(make_recipe, capsys):
     assert steps == optimizer_steps(examples, 4, 2, 1, 3, None) and "FITS" in out
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_step_larger_than_the_training_split_is_refused_by_plan_and_train(make_recipe, tmp_path, capsys, packed):
+    # micro_batch_size read as the global batch: 50 records ran as one step an epoch at 17.6 GiB peak, and plan
+    # sized the step as if the rows existed
+    path = make_recipe("instruction", n=12, micro_batch_size=8, gradient_accumulation_steps=2,
+                       sample_packing=packed, val_set_size=0)
+    unit = "packed rows" if packed else "examples"
+    for verb in ("plan", "train"):
+        assert main([verb, str(path)]) == 2
+        err = capsys.readouterr().err
+        assert re.search(rf"one optimizer step takes micro_batch_size 8 x gradient_accumulation_steps 2 = 16 {unit}, "
+                         rf"but the training split holds \d+: every epoch would be one short step", err), err
+    assert not (tmp_path / "out").exists()
+    assert main(["plan", str(path), "--set", "gradient_accumulation_steps=1", "--set", "micro_batch_size=1"]) == 0
+
+
 def test_unknown_gpu_is_a_user_error(tmp_path, capsys):
     assert main(["plan", str(_config_dir(tmp_path)), "--gpu", "voodoo5"]) == 2
     assert "--gpu-memory-gib" in capsys.readouterr().err

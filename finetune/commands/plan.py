@@ -121,10 +121,13 @@ def _budget(args: argparse.Namespace) -> tuple[float | None, str]:
 def _steps_line(recipe, world_size: int) -> str:
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
-    from finetune.plan.steps import optimizer_steps
+    from finetune.plan.steps import check_batch_fits, optimizer_steps
+    from finetune.train.settings import step_unit
 
     prepared = build_dataset(recipe, load_tokenizer(recipe))
     train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
+    check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size,
+                     step_unit(recipe, prepared))
     total = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                             world_size, recipe.num_epochs, recipe.max_steps)
     per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,

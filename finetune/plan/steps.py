@@ -34,6 +34,24 @@ def dataloader_batches(num_examples: int, micro_batch_size: int, world_size: int
     return math.ceil(num_examples / (micro_batch_size * world_size))
 
 
+def check_batch_fits(rows: int, micro_batch_size: int, gradient_accumulation_steps: int, world_size: int,
+                     unit: str = "examples") -> None:
+    """DataError when one optimizer step asks for more `unit`s (examples, packed rows, pairs) than the training
+    split holds: the Trainer would run it anyway, one short step an epoch with a micro batch as large as the
+    whole split, which is never what such a recipe meant (micro_batch_size read as the global batch)."""
+    from finetune.errors import DataError
+
+    per_step = micro_batch_size * gradient_accumulation_steps * world_size
+    if 0 < rows < per_step:
+        processes = f" x {world_size} processes" if world_size > 1 else ""
+        raise DataError(
+            f"one optimizer step takes micro_batch_size {micro_batch_size} x gradient_accumulation_steps "
+            f"{gradient_accumulation_steps}{processes} = {per_step:,} {unit}, but the training split holds "
+            f"{rows:,}: every epoch would be one short step. Lower micro_batch_size / gradient_accumulation_steps "
+            f"(or global_batch_size) to at most {rows:,} {unit} a step, or add data"
+        )
+
+
 def steps_per_epoch(batches_per_process: int, gradient_accumulation_steps: int) -> int:
     """Optimizer steps in one pass: a remainder of fewer than `gradient_accumulation_steps` batches still steps."""
     if gradient_accumulation_steps <= 0:
