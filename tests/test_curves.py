@@ -44,6 +44,28 @@ def test_both_flattened_with_small_gap_is_well_fit():
     assert "gap +0.050" in d["reason"]
 
 
+def _noisy_and_still_drifting_down(s: int) -> float:
+    # a per-step curve as a short run gives: noisy steps (+-0.15) around a fall that slows but keeps going
+    return 2.0 * math.exp(-s / 12) + 1.6 - 0.006 * s + 0.15 * math.sin(2.7 * s)
+
+
+def _with_epoch(history: list[dict], epoch_at_end: float, steps: int = 100) -> list[dict]:
+    return [{**e, "epoch": round(epoch_at_end * e["step"] / steps, 4)} for e in history]
+
+
+def test_a_run_stopped_early_in_its_first_epoch_with_the_loss_still_drifting_down_is_not_well_fit():
+    history = _history(_noisy_and_still_drifting_down)
+    # after three epochs the same curve is judged flattened: the noisy drift is not a clear fall
+    assert diagnose(_with_epoch(history, 3.0))["verdict"] == "well-fit"
+    d = diagnose(_with_epoch(history, 0.05))
+    assert d["verdict"] == "underfit", d
+    assert "5% of one epoch" in d["reason"] and "still trending down" in d["reason"]
+    # early in the first epoch with a flat tail: well-fit, and the reason says how little data it saw
+    flat = _with_epoch(_history(lambda s: 2.0 * math.exp(-s / 10) + 1.0 + 0.1 * math.sin(2.7 * s)), 0.05)
+    d = diagnose(flat)
+    assert d["verdict"] == "well-fit" and "after 5% of one epoch" in d["reason"]
+
+
 def test_no_logged_loss_says_how_to_fix():
     assert "logging_steps" in diagnose([{"step": 3, "train_runtime": 1.0}])["reason"]
 

@@ -10,7 +10,9 @@ Levels are means over a fifth of the points (at least 3) at each end, so a few n
     diverged   the training loss ended higher than it began (> FLAT_DROP): lower the learning rate
     underfit   the training loss barely moved (fell < FLAT_DROP), or it was still falling at the end: a
                straight line through the last quarter takes > STEEP_TAIL off it and its slope is clearly
-               below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit"
+               below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit";
+               a run that stopped within its first epoch (the log's `epoch` < 1) is underfit when that slope
+               is below zero by PARTIAL_T standard errors: it has not seen most of its data
     well-fit   the training loss fell and flattened; the gap (final eval - final train loss) is reported
 
 A preference run (it logs reward metrics) is not underfit because its loss barely moved when its accuracy ended
@@ -41,6 +43,7 @@ MIN_POINTS = 8  # fewer training losses than this: too short to judge
 FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat
 STEEP_TAIL = 0.10  # ... and one whose last quarter's trend takes more than this fraction off is still learning
 TAIL_T = 3.0  # the last quarter's slope must be this many standard errors below zero to count as falling
+PARTIAL_T = 1.0  # ... within a run that stopped before the end of its first epoch: a trend down is enough
 RISE_REL, RISE_ABS = 0.02, 0.01  # eval loss this far above its minimum has turned up
 
 
@@ -72,8 +75,10 @@ def _slope(points: list[tuple[int, float]]) -> tuple[float, float]:
     return slope, math.sqrt(residual / max(len(xs) - 2, 1) / sxx)
 
 
-def _train_shape(train: list[tuple[int, float]]) -> tuple[str | None, str]:
-    """(verdict, why) from the training curve alone; verdict None: it fell and flattened (why says so)."""
+def _train_shape(train: list[tuple[int, float]], epochs: float | None = None) -> tuple[str | None, str]:
+    """(verdict, why) from the training curve alone; verdict None: it fell and flattened (why says so). `epochs`:
+    how far through its data the run got, when logged; a run that stopped within its first epoch has not seen
+    most of its data, so a loss still trending down there is underfit even when noise hides the trend's size."""
     if len(train) < MIN_POINTS:
         return "unknown", (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
                            "(train more steps; each optimizer step's loss counts)")
@@ -94,6 +99,13 @@ def _train_shape(train: list[tuple[int, float]]) -> tuple[str | None, str]:
     if len(tail) >= 4 and tail_drop > STEEP_TAIL and slope < -TAIL_T * stderr:
         return "underfit", (f"training loss still falling at the end ({moved} overall; the last quarter's trend "
                             f"takes {100 * tail_drop:.0f}% off, steps {tail[0][0]}-{tail[-1][0]}): train longer")
+    if epochs is not None and epochs < 1:
+        seen = f"{100 * epochs:.0f}% of one epoch"
+        if len(tail) >= 4 and slope < -PARTIAL_T * stderr:
+            return "underfit", (f"the run stopped after {seen} with the training loss still trending down ({moved}; "
+                                f"steps {tail[0][0]}-{tail[-1][0]} keep falling): most of the data was never seen, "
+                                "train longer (num_epochs, or a higher max_steps)")
+        return None, f"training loss fell and flattened after {seen} ({moved})"
     return None, f"training loss fell and flattened ({moved})"
 
 
@@ -119,7 +131,8 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
     if not train:
         result["reason"] = "no training loss was logged (set logging_steps lower than the step count)"
         return result
-    verdict, why = _train_shape(train)
+    epochs = [float(e["epoch"]) for e in log_history if isinstance(e.get("epoch"), (int, float))]
+    verdict, why = _train_shape(train, max(epochs) if epochs else None)
     preference = is_preference(log_history)
     if preference:
         result["preference"] = preference_summary(log_history)
