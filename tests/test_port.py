@@ -124,6 +124,31 @@ def test_a_result_that_does_not_validate_is_written_and_exits_1(tmp_path, capsys
     assert "learning_rate" in capsys.readouterr().err and out.exists()
 
 
+def test_keys_that_change_what_trains_are_kept_for_a_decision_and_exit_1(tmp_path, tiny_model_dir, capsys):
+    # port said "valid" while dropping these: a full fine-tune of every weight instead of two layers, and
+    # end-of-turn tokens the user listed silently replaced by the template's
+    src = tmp_path / "a.yml"
+    base = {"base_model": str(tiny_model_dir), "datasets": [{"path": "d.jsonl", "type": "alpaca"}],
+            "streaming": True, "dataset_exact_deduplication": True}
+    src.write_text(yaml.safe_dump({**base, "unfrozen_parameters": ["^lm_head.weight$", "model.layers.1[0-9].*"],
+                                   "eot_tokens": ["<|im_end|>"]}, sort_keys=False))
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 1
+    captured = capsys.readouterr()
+    assert "`unfrozen_parameters: [^lm_head.weight$, 'model.layers.1[0-9].*']`: finetune trains every weight " in \
+        captured.err and "`eot_tokens: [<|im_end|>]`: finetune supervises the end-of-turn token" in captured.err
+    text = _flat(out.read_text())
+    assert text.count("NEEDS YOUR DECISION") == 2 and yaml.safe_load(out.read_text())["eot_tokens"] == ["<|im_end|>"]
+    # the others are dropped, each with its own reason; deduplication becomes an instruction before training
+    assert re.search(r"^# streaming: true \^ dropped, not needed: finetune tokenizes", text, re.M)
+    assert re.search(r"^# dataset_exact_deduplication: true \^ dropped, not in finetune's training: records are "
+                     r"trained as they are", text, re.M)
+    assert "before training, deduplicate the records: `finetune ingest d.jsonl -o d.dedup.jsonl`" in captured.out
+    src.write_text(yaml.safe_dump(base, sort_keys=False))
+    assert main(["port", str(src), "-o", str(out), "--force"]) == 0
+    assert "deduplicate the records" in capsys.readouterr().out
+
+
 # --- validate on an axolotl recipe ---------------------------------------------------------------------------
 
 

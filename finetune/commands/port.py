@@ -90,3 +90,5 @@ def _before_training(ported) -> None:
               "files (see the comments in the recipe)")
     for edit in ported.data_edits:
         print(f"before training, convert the records of {edit}")
+    for step in ported.todo:
+        print(f"before training, {step}")

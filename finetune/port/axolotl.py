@@ -26,6 +26,9 @@ class AxolotlKey:
 
     hint: str
     convert: Callable[[Any, dict], Settings] | None = field(default=None, compare=False)
+    # set, it changes what is trained and finetune cannot honour it: `finetune port` keeps it as written for the
+    # user to decide (the recipe does not load until then) and exits 1
+    blocks: bool = False
 
 
 def _precision_bf16(value, config) -> Settings:
@@ -161,6 +164,23 @@ KEYS: dict[str, AxolotlKey] = {
     "shuffle_merged_datasets": AxolotlKey("not needed: the training split is shuffled each epoch by `seed`"),
     "test_datasets": AxolotlKey("not in finetune: the eval split comes from `val_set_size`"),
     "default_system_message": AxolotlKey("not in finetune: put the system turn in the records' messages"),
+    # --- what is trained ---
+    "unfrozen_parameters": AxolotlKey(
+        "finetune trains every weight (`adapter: none`) or the adapter, not the parameters that match a list; delete "
+        "the line to train every weight (or use `adapter: lora`), or keep training this recipe with axolotl",
+        blocks=True),
+    "eot_tokens": AxolotlKey(
+        "finetune supervises the end-of-turn token that the chat template writes after each assistant turn and "
+        "cannot take another list; delete the line if the template's token is the one listed (`finetune preprocess "
+        "recipe.yml --show 1` marks it), or keep training this recipe with axolotl", blocks=True),
+    "train_on_eot": AxolotlKey(
+        "finetune supervises the end-of-turn token of every assistant turn (axolotl's `turn`); delete the line "
+        "for that, or keep training this recipe with axolotl", blocks=True),
+    "streaming": AxolotlKey("not needed: finetune tokenizes the dataset once and caches it, reading the records a "
+                            "batch at a time"),
+    "dataset_exact_deduplication": AxolotlKey(
+        "not in finetune's training: records are trained as they are; `finetune ingest FILE -o OUT.jsonl` drops "
+        "exact duplicates (on by default), then point `path` at OUT.jsonl"),
     "torch_compile": AxolotlKey("write `compile: true` (each decoder layer is compiled; `compile: auto`, the "
                                 "default, is on with CUDA)", _when_true({"compile": True})),
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 import yaml
@@ -35,6 +36,7 @@ class Ported:
     # keys kept as written because finetune cannot honour what they change: the recipe does not load until edited
     blocked: dict[str, str] = field(default_factory=dict)  # key -> "`key: value`: why"
     data_edits: list[str] = field(default_factory=list)  # records finetune does not read as they are: convert first
+    todo: list[str] = field(default_factory=list)  # what to do before training, said once the recipe is written
 
     def note(self, key: str, text: str) -> None:
         self.comments.setdefault(key, []).append(text)
@@ -147,6 +149,8 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             _rl_key(key, value, rl_ports.get(key), out)
         elif rl and key in axolotl.RL_DIFFERENT and value is not None:
             _under_rl(key, value, out)
+        elif key in axolotl.KEYS and axolotl.KEYS[key].blocks and value not in (None, False, [], ""):
+            out.block(key, value, axolotl.KEYS[key].hint)
         elif key in axolotl.KEYS:
             entry = axolotl.KEYS[key]
             settings = entry.convert(value, config) if entry.convert and value is not None else {}
@@ -165,6 +169,13 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
                  "linear layer to it")
+    if config.get("dataset_exact_deduplication") is True:
+        for spec in out.settings.get("datasets", []):
+            path = str(spec.get("path", "FILE"))
+            stem = path.removesuffix(".gz").rsplit(".", 1)[0] if "." in PurePath(path).name else path
+            out.todo.append(f"deduplicate the records: `finetune ingest {path} -o {stem}.dedup.jsonl` (axolotl's "
+                            f"`dataset_exact_deduplication`; exact duplicates are dropped by default) and point "
+                            f"`path` at {stem}.dedup.jsonl")
     if rl:
         _preference_recipe(config, rl_ports, out)
     return out
