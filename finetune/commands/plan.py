@@ -12,6 +12,7 @@ model. Its step count is exact, from the tokenized pairs (KTO: two examples per 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from finetune.commands.args import add_overrides
@@ -126,8 +127,11 @@ def _steps_line(recipe, world_size: int) -> str:
 
     prepared = build_dataset(recipe, load_tokenizer(recipe))
     train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
-    check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size,
-                     step_unit(recipe, prepared))
+    few = check_batch_fits(prepared.stats["train"]["examples"], recipe.micro_batch_size,
+                           recipe.gradient_accumulation_steps, world_size, step_unit(recipe),
+                           train["examples"] if prepared.stats.get("packing", {}).get("train") else None)
+    if few:
+        print(f"warning: {few}", file=sys.stderr)
     total = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                             world_size, recipe.num_epochs, recipe.max_steps)
     per_epoch = optimizer_steps(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,

@@ -34,22 +34,28 @@ def dataloader_batches(num_examples: int, micro_batch_size: int, world_size: int
     return math.ceil(num_examples / (micro_batch_size * world_size))
 
 
-def check_batch_fits(rows: int, micro_batch_size: int, gradient_accumulation_steps: int, world_size: int,
-                     unit: str = "examples") -> None:
-    """DataError when one optimizer step asks for more `unit`s (examples, packed rows, pairs) than the training
-    split holds: the Trainer would run it anyway, one short step an epoch with a micro batch as large as the
-    whole split, which is never what such a recipe meant (micro_batch_size read as the global batch)."""
+def check_batch_fits(examples: int, micro_batch_size: int, gradient_accumulation_steps: int, world_size: int,
+                     unit: str = "examples", rows: int | None = None) -> str | None:
+    """DataError when one optimizer step asks for more `unit`s (examples, pairs) than the training split holds:
+    the Trainer would run it anyway, one short step an epoch with the whole split in one micro batch, which is
+    never what such a recipe meant (micro_batch_size read as the global batch). With packing (`rows`: the packed
+    rows), a step larger than the rows but not than the examples is a warning, returned: the rows are hard to
+    foresee, and a packed micro batch only holds what there is."""
     from finetune.errors import DataError
 
     per_step = micro_batch_size * gradient_accumulation_steps * world_size
-    if 0 < rows < per_step:
-        processes = f" x {world_size} processes" if world_size > 1 else ""
+    formula = (f"micro_batch_size {micro_batch_size} x gradient_accumulation_steps {gradient_accumulation_steps}"
+               + (f" x {world_size} processes" if world_size > 1 else "") + f" = {per_step:,}")
+    if 0 < examples < per_step:
         raise DataError(
-            f"one optimizer step takes micro_batch_size {micro_batch_size} x gradient_accumulation_steps "
-            f"{gradient_accumulation_steps}{processes} = {per_step:,} {unit}, but the training split holds "
-            f"{rows:,}: every epoch would be one short step. Lower micro_batch_size / gradient_accumulation_steps "
-            f"(or global_batch_size) to at most {rows:,} {unit} a step, or add data"
+            f"one optimizer step takes {formula} {'packed rows' if rows is not None else unit}, but the training "
+            f"split holds {examples:,} {unit}: every epoch would be one short step. Lower micro_batch_size / "
+            f"gradient_accumulation_steps (or global_batch_size) to at most {examples:,} a step, or add data"
         )
+    if rows is not None and 0 < rows < per_step:
+        return (f"one optimizer step takes {formula} packed rows and the training split packs into {rows:,}: each "
+                f"epoch is one step; for more steps lower micro_batch_size / gradient_accumulation_steps")
+    return None
 
 
 def steps_per_epoch(batches_per_process: int, gradient_accumulation_steps: int) -> int:

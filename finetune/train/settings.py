@@ -62,21 +62,22 @@ class Resolved:
                 "device": self.device, "optimizer": self.optimizer}
 
 
-def step_unit(recipe, prepared) -> str:
-    """What a micro batch holds: packed rows, pairs (a preference method), or examples."""
-    if prepared.stats.get("packing", {}).get("train"):
-        return "packed rows"
+def step_unit(recipe) -> str:
+    """What the training split counts: pairs (a paired preference method), or examples."""
     return "examples" if recipe.method in ("sft", "kto") else "pairs"
 
 
 def plan_numbers(recipe, prepared, world_size: int) -> dict:
     """The numbers printed before the first step and recorded in run.json."""
+    from finetune.log import get_logger
     from finetune.plan.steps import check_batch_fits, optimizer_steps
 
     train = prepared.stats["train"]
     rows = len(prepared.train)  # what the Trainer iterates: examples, or packed rows with sample_packing
-    check_batch_fits(rows, recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size,
-                     step_unit(recipe, prepared))
+    few = check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
+                           world_size, step_unit(recipe), rows if prepared.stats.get("packing", {}).get("train") else None)
+    if few:
+        get_logger().warning(few)
     examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size
     steps_per_epoch = optimizer_steps(rows, recipe.micro_batch_size,
                                       recipe.gradient_accumulation_steps, world_size, 1, None)
