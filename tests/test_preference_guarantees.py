@@ -217,6 +217,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run_and_reuses_the_r
         run_training(load_recipe(recipe))
     aside.rename(tables[0])
 
+    first = adapter(out / "checkpoints" / f"step-{total - 3}")
     resumed = run_training(load_recipe(recipe))
     assert resumed["resumed_from"] == str(out / "checkpoints" / f"step-{total - 3}")
     assert resumed["preference"]["reference_pass_s"] is None  # read from the cache, not recomputed
@@ -226,5 +227,4 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run_and_reuses_the_r
         assert loss_b == pytest.approx(loss_a, abs=1e-6), step
         assert norm_b == pytest.approx(norm_a, abs=1e-6), step
     assert max_difference(adapter(tmp_path / "reference"), adapter(out)) <= 1e-6
-    first = adapter(out / "checkpoints" / f"step-{total - 3}")
     assert any(not torch.equal(first[k], v) for k, v in adapter(out).items())  # it trained after the resume

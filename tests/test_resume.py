@@ -65,6 +65,7 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert saved == [f"step-{total - 3}"] and read_marker(out / "checkpoints" / saved[0])["step"] == total - 3
 
+    first = adapter(out / "checkpoints" / f"step-{total - 3}")
     resumed = run_training(load_recipe(recipe))  # resume: auto (the default)
     assert resumed["resumed_from"] == str(out / "checkpoints" / f"step-{total - 3}")
     assert not (out / LOCK_FILE).exists()
@@ -79,8 +80,10 @@ def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp
     worst = max((final_ref[k] - final_res[k]).abs().max().item() for k in final_ref)
     assert worst <= 1e-6, worst
     # the adapters moved: equal final weights are not equal because nothing trained
-    first = adapter(out / "checkpoints" / f"step-{total - 3}")
     assert any(not torch.equal(first[k], final_res[k]) for k in first)
+    # the finished run keeps a checkpoint of its last step (rotation dropped the interval one), the final weights
+    last = adapter(out / "checkpoints" / f"step-{total}")
+    assert all(torch.equal(last[k], final_res[k]) for k in last)
 
 
 def test_resume_false_starts_over_and_a_changed_recipe_is_refused(make_recipe, tmp_path):
@@ -141,3 +144,16 @@ def test_a_changed_training_setting_is_refused_and_a_finished_run_has_nothing_le
     longer = run_training(load_recipe(recipe, ["max_steps=3"]))
     assert longer["resumed_from"].endswith("step-2") and longer["steps"] == 3
     assert json.loads(run_json.read_text())["learning_rate"] == 1e-3
+
+
+def test_training_longer_continues_from_the_finished_step_not_the_last_interval_checkpoint(make_recipe, tmp_path):
+    """Issue 25.8: with `checkpoint_interval`, the last step had no checkpoint of its own, so raising max_steps
+    resumed from the interval checkpoint before it, retrained the steps after it under the new schedule and
+    replaced the finished model. A finished run keeps a resumable checkpoint of its last step."""
+    recipe = make_recipe("completion", n=8, adapter="lora", lora_r=2, max_steps=3, micro_batch_size=2,
+                         checkpoint_interval=2)
+    done = run_training(load_recipe(recipe))
+    assert done["steps"] == 3
+    assert "step-3" in [p.name for p in (tmp_path / "out" / "checkpoints").iterdir()]  # (rotation keeps the newest)
+    longer = run_training(load_recipe(recipe, ["max_steps=4"]))
+    assert longer["resumed_from"].endswith("step-3") and longer["steps"] == 4  # one new step, none retrained

@@ -41,6 +41,10 @@ class CheckpointCallback(TrainerCallback):
         step = state.global_step
         if (self.interval and step % self.interval == 0) or self._is_export(step):
             control.should_save = True
+        if self.interval and control.should_training_stop and not self.interrupt.fired:
+            # the last step: a finished run keeps a checkpoint of it, so training longer (a higher max_steps or
+            # num_epochs) continues from here instead of retraining the steps after the last interval
+            control.should_save = True
         self._stage(args, state, control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
