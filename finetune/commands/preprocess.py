@@ -1,4 +1,8 @@
-"""Tokenize and cache a recipe's datasets; print counts and, with --show N, decoded examples."""
+"""Tokenize and cache a recipe's datasets; print counts and, with --show N, decoded examples.
+
+A preference recipe (`method: dpo`...) shows each pair's prompt, chosen and rejected response (KTO: prompt,
+completion and label) as the model reads them, the supervised response tokens in [[ ]]: exactly one BOS, the
+assistant header at the end of the prompt, the end-of-turn token inside the response."""
 
 from __future__ import annotations
 
@@ -32,6 +36,38 @@ def marked(tokenizer, input_ids: list[int], labels: list[int]) -> str:
     return "".join(out)
 
 
+def show_preference(tokenizer, store, n: int) -> None:
+    """The first n training items of a preference store: prompt, then each response marked as supervised."""
+    for item in range(min(n, store.n_train)):
+        sequences = store.sequences(item)
+        prompt = sequences[0][0]
+        names = [f"completion, {'desirable' if store.labels[item] else 'undesirable'} (label "
+                 f"{str(store.labels[item]).lower()})"] if store.unpaired else ["chosen", "rejected"]
+        sizes = ", ".join(f"{name.split(',')[0]} {len(response)}" for name, (_, response) in zip(names, sequences))
+        print(f"\n--- {'example' if store.unpaired else 'pair'} {item} (prompt {len(prompt)} tokens; {sizes}; "
+              "supervised in [[ ]]) ---")
+        print(f"[prompt]\n{tokenizer.decode(prompt)}")
+        for name, (_, response) in zip(names, sequences):
+            print(f"[{name}]\n{marked(tokenizer, response, response)}")
+
+
+def _preference_counts(recipe, s: dict) -> None:
+    unit = "examples" if recipe.method == "kto" else "pairs"
+    print(f"records: {s['records']}; dropped: {s['dropped_too_long']} over sequence_len {recipe.sequence_len}, "
+          f"{s['dropped_response_too_long']} whose response leaves no room for the prompt; prompts truncated from "
+          f"their start: {s['truncated']}")
+    for where in s.get("dropped_listed", []):
+        print(f"  dropped: {where}")
+    for name in ("train", "eval"):
+        part = s[name]
+        labels = f" ({part['desirable']} desirable, {part['undesirable']} undesirable)" if "desirable" in part else ""
+        print(f"{name}: {part['examples']} {unit}{labels}, {part['tokens']:,} tokens, "
+              f"{part['supervised_tokens']:,} response tokens (supervised)")
+    for name, packed in s.get("packing", {}).items():
+        print(f"{name}: packed into {packed['rows']:,} rows of {packed['sequence_len']:,} tokens "
+              f"({100 * packed['efficiency']:.0f}% filled)")
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
@@ -41,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
     prepared = build_dataset(recipe, tokenizer)
     s = prepared.stats
     print(f"cache: {prepared.cache_path}{' (reused)' if prepared.reused else ' (built)'}")
+    if recipe.method != "sft":
+        _preference_counts(recipe, s)
+        show_preference(tokenizer, prepared.store, args.show)
+        return 0
     print(f"records: {s['records']}; dropped: {s['dropped_too_long']} over sequence_len {recipe.sequence_len}, "
           f"{s['dropped_no_supervised_tokens']} with no supervised tokens; truncated: {s['truncated']}")
     for name in ("train", "eval"):
