@@ -10,6 +10,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import math
 import re
 import subprocess
 import sys
@@ -104,6 +105,27 @@ def test_cpu_quickstart_runs_on_smollm2(tmp_path):
     assert run["steps"] == 2
     assert (out / "loss_curve.png").stat().st_size > 0
     assert (out / "merged" / "config.json").is_file() and not (out / "merged" / "adapter_config.json").exists()
+
+
+def test_cpu_sft_then_dpo_runs_and_dpo_starts_from_the_sft_model(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    execute("cpu_sft_then_dpo", tmp_path, timeout=600, WORKDIR=str(tmp_path / "w"), N_SFT=16, N_PAIRS=16,
+            VAL_SET_SIZE=4, SFT_STEPS=2, DPO_STEPS=2, MICRO_BATCH_SIZE=2, SEQUENCE_LEN=96, MAX_NEW_TOKENS=4)
+    work = tmp_path / "w"
+    run = json.loads((work / "dpo_out" / "run.json").read_text())
+    assert run["method"] == "dpo" and run["steps"] == 2
+    # the reference is the SFT model the run starts from: policy == reference at the first step, so the loss is
+    # log 2 exactly (no dropout); a reference from the bare base would put it elsewhere
+    first = next(e for e in run["log_history"] if "loss" in e)
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert run["preference"]["reference_pass_s"] is not None
+    assert {"eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen"} <= set(run["preference"]["eval_metrics"])
+    sft = load_file(str(work / "sft_out" / "adapter_model.safetensors"))
+    dpo = load_file(str(work / "dpo_out" / "adapter_model.safetensors"))
+    assert sft.keys() == dpo.keys() and any(not torch.equal(sft[k], dpo[k]) for k in sft)  # DPO moved the adapter
+    assert (work / "dpo_out" / "loss_curve.png").stat().st_size > 0
 
 
 # --- the GPU notebook, without a GPU -------------------------------------------------------------------------
