@@ -121,3 +121,31 @@ def test_prompt_is_the_chat_template_with_a_generation_prompt(trained):
     text = tokenizer.decode(encode_prompt(tokenizer, messages, use_template=True))
     assert text == "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n"
     assert tokenizer.decode(encode_prompt(tokenizer, messages, use_template=False)) == "hello"
+
+
+def test_a_run_on_instruction_records_is_served_the_alpaca_prompt_it_trained_with(make_recipe, capsys, trained):
+    """Issue 25.4: after training on instruction records, generate, chat and the export's Modelfile rendered the
+    tokenizer's chat template, a format the model never saw, without a word."""
+    from finetune.contract import alpaca_prompt
+    from finetune.model.inference import encode_prompt, load_for_inference, served_format, served_format_of
+    from finetune.model.ollama import modelfile
+
+    recipe = make_recipe("instruction", n=8, adapter="lora", lora_r=2, max_steps=1, micro_batch_size=4)
+    run_training(load_recipe(recipe))
+    assert served_format_of(str(recipe))[0] == "alpaca"
+    assert served_format_of(str(trained["lora"]))[0] == "chat"  # a run on chat records keeps its template
+    capsys.readouterr()
+    assert cli_main(["generate", str(recipe), "--prompt", "Name a river.", "--max-new-tokens", "3",
+                     "--system", "Be brief."]) == 0
+    err = capsys.readouterr().err
+    assert "prompt format: alpaca (the run trained on instruction records" in err and "--system is not used" in err
+    # the prompt's tokens are exactly the ones training put before an instruction's response
+    _, tokenizer = load_for_inference(str(recipe))
+    ids = encode_prompt(tokenizer, [{"role": "user", "content": "Name a river."}], True, "alpaca")
+    assert ids == tokenizer(alpaca_prompt({"instruction": "Name a river."}), add_special_tokens=True)["input_ids"]
+    # a merged model has no run.json: the merge records the format beside it
+    assert cli_main(["merge", str(recipe)]) == 0
+    assert served_format(recipe.parent / "out" / "merged")[0] == "alpaca"
+    text = modelfile("m.gguf", tokenizer, 4096, "alpaca")
+    assert 'TEMPLATE """Below is an instruction' in text and "### Instruction:\n{{ .Prompt }}\n\n### Response:\n" in text
+    assert "<|im_start|>" not in text

@@ -1,4 +1,5 @@
-"""Chat with the trained model: one message a line on stdin, the reply on stdout (chat template applied).
+"""Chat with the trained model: one message a line on stdin, the reply on stdout, in the prompt format the run
+trained with (the chat template; the alpaca prompt for a run on instruction records, one message at a time).
 
     finetune chat recipe.yml
     echo "hello" | finetune chat outputs/run
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from finetune.commands.generate import add_generation_arguments, first_messages
+from finetune.commands.generate import add_generation_arguments, first_messages, prompt_format
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from finetune.model.inference import load_for_inference, reply
 
     model, tokenizer = load_for_inference(args.target, args.overrides)
+    fmt = prompt_format(args)  # alpaca: each message is prompted on its own, as the run's instructions were
     interactive = sys.stdin.isatty()
     if interactive:
         print("chat: /reset starts over, /exit or Ctrl-D quits", file=sys.stderr)
@@ -45,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         if not line:
             continue
         messages.append({"role": "user", "content": line})
-        answer = reply(model, tokenizer, messages, args.max_new_tokens, args.temperature, use_template=not args.raw)
+        answer = reply(model, tokenizer, messages, args.max_new_tokens, args.temperature, use_template=fmt != "raw",
+                       prompt_format=fmt)
         messages.append({"role": "assistant", "content": answer})
         print(f"assistant> {answer}" if interactive else answer, flush=True)
     return 0

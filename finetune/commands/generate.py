@@ -31,10 +31,26 @@ def first_messages(args: argparse.Namespace) -> list[dict]:
     return [{"role": "system", "content": args.system}] if args.system else []
 
 
+def prompt_format(args: argparse.Namespace) -> str:
+    """The format the run trained with (or --raw), said once on stderr, so nobody is served another silently."""
+    import sys
+
+    from finetune.model.inference import served_format_of
+
+    if args.raw:
+        return "raw"
+    name, why = served_format_of(args.target, args.overrides)
+    system = "; --system is not used: the alpaca prompt has no system message" if name == "alpaca" and args.system else ""
+    print(f"prompt format: {name} ({why}){system}", file=sys.stderr)
+    return name
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.model.inference import load_for_inference, reply
 
     model, tokenizer = load_for_inference(args.target, args.overrides)
+    fmt = prompt_format(args)
     messages = first_messages(args) + [{"role": "user", "content": args.prompt}]
-    print(reply(model, tokenizer, messages, args.max_new_tokens, args.temperature, use_template=not args.raw))
+    print(reply(model, tokenizer, messages, args.max_new_tokens, args.temperature, use_template=fmt != "raw",
+                prompt_format=fmt))
     return 0

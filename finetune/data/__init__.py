@@ -71,8 +71,13 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 
 
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
-    examples, outcome = [], Counter()
-    shaped = (_sft_record(path, item) for shape, path in files for item in read_records(path, shape))
+    examples, outcome, formats = [], Counter(), Counter()
+
+    def counted(item):
+        formats[item[0]] += 1
+        return item
+
+    shaped = (counted(_sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -89,7 +94,7 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
             f"{recipe.sequence_len}, {outcome['no_supervised_tokens']} with no supervised tokens; check the data "
             "and `sequence_len` / `train_on_inputs`"
         )
-    return examples, dict(outcome)
+    return examples, {**outcome, "formats": dict(formats)}
 
 
 def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
@@ -179,6 +184,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         "dropped_too_long": outcome.get("too_long", 0),
         "dropped_no_supervised_tokens": outcome.get("no_supervised_tokens", 0),
         "truncated": outcome.get("truncated", 0),
+        "formats": outcome.get("formats", {}),  # records per shape: the prompt format inference must use
         "train": split_stats(train),
         "eval": split_stats(held),
     }

@@ -77,7 +77,7 @@ def check_quant(quant: str) -> None:
         raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
 
 
-def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
+def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format: str = "chat") -> Exported:
     """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
     import gguf
 
@@ -114,7 +114,7 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str) -> Exported:
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
-    modelfile = write_modelfile(out, tokenizer, config.max_position_embeddings)
+    modelfile = write_modelfile(out, tokenizer, config.max_position_embeddings, prompt_format)
     return Exported(out, modelfile, out.stat().st_size, len(tensors), pre)
 
 
@@ -128,5 +128,7 @@ def export(trained, out: Path, quant: str) -> Exported:
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
     check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
+    from finetune.model.inference import served_format
+
     model = load_model(trained, tokenizer)
-    return write_gguf(model, tokenizer, out, quant, name=out.stem)
+    return write_gguf(model, tokenizer, out, quant, name=out.stem, prompt_format=served_format(trained.folder)[0])

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from finetune.contract import alpaca_prompt
 from finetune.model.merge import Trained, load_adapter_model, locate
+
+# How a prompt is written for the model: the format the run trained with. A run on instruction records learned
+# the alpaca prompt, one on completion text plain continuation; rendering their prompts with the tokenizer's chat
+# template instead serves a format the model never saw.
+FORMAT_FILE = "prompt_format.json"  # beside a merged model, which has no run.json
 
 
 def device():
@@ -30,6 +39,11 @@ def load_for_inference(target: str, overrides: list[str] = ()):
     return model, tokenizer
 
 
+def served_format_of(target: str, overrides: list[str] = ()) -> tuple[str, str]:
+    """served_format of what a recipe / folder holds (finetune.model.merge.locate)."""
+    return served_format(locate(target, overrides).folder)
+
+
 def base_settings(recipe) -> tuple[str, object]:
     """(dtype name, quantization config or None) for the base under an adapter."""
     if recipe is None:
@@ -41,9 +55,38 @@ def base_settings(recipe) -> tuple[str, object]:
     return precision, get_quantization_config(recipe, torch_dtype(precision))
 
 
-def encode_prompt(tokenizer, messages: list[dict], use_template: bool) -> list[int]:
-    """Token ids for the conversation so far, ending where the assistant's reply starts."""
-    if use_template and tokenizer.chat_template:
+def served_format(folder: str | Path) -> tuple[str, str]:
+    """("chat" | "alpaca" | "raw", why) for the model in `folder`: from its run.json (the record shapes the run
+    trained on, `data.formats`), or the prompt_format.json a merge wrote; "chat" when neither says."""
+    folder = Path(folder)
+    if (folder / FORMAT_FILE).is_file():
+        saved = json.loads((folder / FORMAT_FILE).read_text())
+        return saved["format"], saved["why"]
+    try:
+        run = json.loads((folder / "run.json").read_text())
+    except (OSError, ValueError):
+        return "chat", f"no run.json in {folder} says what the run trained on: the tokenizer's chat template"
+    if run.get("method", "sft") != "sft":
+        return "chat", f"a {run['method']} run: its pairs' prompts, through the chat template"
+    formats = set((run.get("data") or {}).get("formats") or ())
+    if not formats:
+        return "chat", "run.json does not record the record shapes (an older run): the tokenizer's chat template"
+    if "chat" in formats:
+        mixed = " (and instruction records, whose alpaca prompt --raw can write by hand)" if "instruction" in formats else ""
+        return "chat", f"the run trained on chat records{mixed}: the chat template"
+    if "instruction" in formats:
+        return "alpaca", "the run trained on instruction records: the alpaca prompt it learned"
+    return "raw", "the run trained on completion text: plain continuation"
+
+
+def encode_prompt(tokenizer, messages: list[dict], use_template: bool, prompt_format: str = "chat") -> list[int]:
+    """Token ids for the conversation so far, ending where the assistant's reply starts, in the format the run
+    trained with: the chat template, the alpaca prompt of the last user message (exactly as training encodes an
+    instruction's prompt), or (`use_template` False, or "raw") the messages' text."""
+    if use_template and prompt_format == "alpaca":
+        last = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        return tokenizer(alpaca_prompt({"instruction": last}), add_special_tokens=True)["input_ids"]
+    if use_template and prompt_format == "chat" and tokenizer.chat_template:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     text = "\n".join(m["content"] for m in messages)
@@ -59,11 +102,11 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 
 def reply(model, tokenizer, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-          use_template: bool = True) -> str:
+          use_template: bool = True, prompt_format: str = "chat") -> str:
     """The model's answer to `messages` (greedy when temperature is 0), without the prompt."""
     import torch
 
-    ids = encode_prompt(tokenizer, messages, use_template)
+    ids = encode_prompt(tokenizer, messages, use_template, prompt_format)
     input_ids = torch.tensor([ids], device=next(model.parameters()).device)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     stop = stop_token_ids(model, tokenizer)

@@ -104,6 +104,14 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
     return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer
 
 
+def _keep_prompt_format(run_folder: Path, merged_folder: Path) -> None:
+    """The merged model has no run.json: record the prompt format its run trained with beside it."""
+    from finetune.model.inference import FORMAT_FILE, served_format
+
+    name, why = served_format(run_folder)
+    (merged_folder / FORMAT_FILE).write_text(json.dumps({"format": name, "why": why}) + "\n")
+
+
 def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
     """Write base + adapter as one HF model folder (weights, config, tokenizer), atomically."""
     if not trained.is_adapter:
@@ -116,6 +124,7 @@ def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
     try:
         merged.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        _keep_prompt_format(trained.folder, tmp)
         honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -54,12 +54,27 @@ def chatml_system_default(tokenizer) -> str | None:
     return None
 
 
-def modelfile(gguf_name: str, tokenizer, context_length: int) -> str:
+def _alpaca_go() -> str:
+    """The alpaca prompt (no input section) with Ollama's {{ .Prompt }} where the instruction goes."""
+    from finetune.contract import ALPACA_NO_INPUT
+
+    return ALPACA_NO_INPUT.replace("{instruction}", "{{ .Prompt }}")
+
+
+def modelfile(gguf_name: str, tokenizer, context_length: int, prompt_format: str = "chat") -> str:
+    """`prompt_format`: what the run trained with (finetune.model.inference.served_format): the chat template,
+    the alpaca prompt, or plain continuation."""
     stem = gguf_name.removesuffix(".gguf")
     lines = [f"# ollama create NAME -f {stem}.Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
-    system = chatml_system_default(tokenizer) if tokenizer.chat_template else None
+    system = chatml_system_default(tokenizer) if tokenizer.chat_template and prompt_format == "chat" else None
     stops = []
-    if system is not None:
+    if prompt_format == "alpaca":
+        lines += ["# the run trained on instruction records: the alpaca prompt, not the chat template",
+                  f'TEMPLATE """{_alpaca_go()}"""']
+    elif prompt_format == "raw":
+        lines += ["# the run trained on completion text: plain continuation, not the chat template",
+                  'TEMPLATE """{{ .Prompt }}"""']
+    elif system is not None:
         lines.append(f'TEMPLATE """{CHATML_GO}"""')
         if system:
             lines.append(f'SYSTEM """{system}"""')
@@ -78,8 +93,8 @@ def modelfile_path(gguf_path: Path) -> Path:
     return gguf_path.with_suffix(".Modelfile")
 
 
-def write_modelfile(gguf_path: Path, tokenizer, context_length: int) -> Path:
+def write_modelfile(gguf_path: Path, tokenizer, context_length: int, prompt_format: str = "chat") -> Path:
     """The Modelfile beside the GGUF, written whole (temp file in the same folder, then rename)."""
     path = modelfile_path(gguf_path)
-    write_text_atomic(path, modelfile(gguf_path.name, tokenizer, context_length))
+    write_text_atomic(path, modelfile(gguf_path.name, tokenizer, context_length, prompt_format))
     return path
