@@ -147,5 +147,6 @@ def test_a_run_on_instruction_records_is_served_the_alpaca_prompt_it_trained_wit
     assert cli_main(["merge", str(recipe)]) == 0
     assert served_format(recipe.parent / "out" / "merged")[0] == "alpaca"
     text = modelfile("m.gguf", tokenizer, 4096, "alpaca")
-    assert 'TEMPLATE """Below is an instruction' in text and "### Instruction:\n{{ .Prompt }}\n\n### Response:\n" in text
+    assert 'TEMPLATE """Below is an instruction' in text
+    assert "### Instruction:\n{{ .Prompt }}\n\n### Response:\n" in text
     assert "<|im_start|>" not in text

@@ -121,7 +121,8 @@ def test_cpu_sft_then_dpo_runs_and_dpo_starts_from_the_sft_model(tmp_path):
     first = next(e for e in run["log_history"] if "loss" in e)
     assert first["loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert run["preference"]["reference_pass_s"] is not None
-    assert {"eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen"} <= set(run["preference"]["eval_metrics"])
+    metrics = set(run["preference"]["eval_metrics"])
+    assert {"eval_rewards/accuracies", "eval_rewards/margins", "eval_logps/chosen"} <= metrics
     sft = load_file(str(work / "sft_out" / "adapter_model.safetensors"))
     dpo = load_file(str(work / "dpo_out" / "adapter_model.safetensors"))
     assert sft.keys() == dpo.keys() and any(not torch.equal(sft[k], dpo[k]) for k in sft)  # DPO moved the adapter

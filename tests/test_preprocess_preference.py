@@ -75,4 +75,5 @@ def test_preprocess_shows_kto_examples_with_their_labels(tmp_path, tiny_model_di
     assert (f"train: {train['examples']} examples ({train['desirable']} desirable, {train['undesirable']} "
             "undesirable)") in out
     assert re.search(r"train: packed into \d+ rows of 96 tokens \(\d+% filled\)", out)
-    assert out.count("--- example ") == 2 and re.search(r"\[completion, (un)?desirable \(label (true|false)\)\]\n\[\[", out)
+    assert out.count("--- example ") == 2
+    assert re.search(r"\[completion, (un)?desirable \(label (true|false)\)\]\n\[\[", out)

@@ -40,7 +40,9 @@ def prompt_format(args: argparse.Namespace) -> str:
     if args.raw:
         return "raw"
     name, why = served_format_of(args.target, args.overrides)
-    system = "; --system is not used: the alpaca prompt has no system message" if name == "alpaca" and args.system else ""
+    system = ""
+    if name == "alpaca" and args.system:
+        system = "; --system is not used: the alpaca prompt has no system message"
     print(f"prompt format: {name} ({why}){system}", file=sys.stderr)
     return name
 

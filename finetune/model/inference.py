@@ -72,7 +72,7 @@ def served_format(folder: str | Path) -> tuple[str, str]:
     if not formats:
         return "chat", "run.json does not record the record shapes (an older run): the tokenizer's chat template"
     if "chat" in formats:
-        mixed = " (and instruction records, whose alpaca prompt --raw can write by hand)" if "instruction" in formats else ""
+        mixed = " (and instruction records, whose alpaca prompt --raw can take)" if "instruction" in formats else ""
         return "chat", f"the run trained on chat records{mixed}: the chat template"
     if "instruction" in formats:
         return "alpaca", "the run trained on instruction records: the alpaca prompt it learned"

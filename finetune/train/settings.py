@@ -74,8 +74,9 @@ def plan_numbers(recipe, prepared, world_size: int) -> dict:
 
     train = prepared.stats["train"]
     rows = len(prepared.train)  # what the Trainer iterates: examples, or packed rows with sample_packing
+    packed_rows = rows if prepared.stats.get("packing", {}).get("train") else None
     few = check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
-                           world_size, step_unit(recipe), rows if prepared.stats.get("packing", {}).get("train") else None)
+                           world_size, step_unit(recipe), packed_rows)
     if few:
         get_logger().warning(few)
     examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size
