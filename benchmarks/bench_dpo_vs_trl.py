@@ -177,10 +177,11 @@ def run_side(side: str, model_path: str, data: Path, cache_dir: str, trl_batch: 
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - started
+    (work / "stderr.log").write_text(proc.stderr)  # the side's own log, for a breakdown afterwards
     if proc.returncode != 0:
         raise SystemExit(f"{side} failed:\n{proc.stderr[-4000:]}")
     result = json.loads(out.read_text())
-    result["wall_s"] = wall
+    result["wall_s"], result["log"] = wall, str(work / "stderr.log")
     result["loop_s"] = result["train_runtime_s"] - (result["reference_s"] or 0.0 if side == "finetune" else 0.0)
     return result
 
@@ -222,7 +223,7 @@ def main() -> None:
                   f"(reference {r['reference_s'] or 0:5.1f} s, loop {r['loop_s']:6.1f} s)  steps {r['steps']:3d}  "
                   f"pairs {r['pairs']} ({r['pairs'] / r['steps']:.2f}/step)  tokens {r['tokens']}  "
                   f"loss first {r['losses'][0]:.4f} last {r['losses'][-1]:.4f} mean {r['mean_loss']:.4f}  {extra}  "
-                  f"load {os.getloadavg()[0]:.1f}")
+                  f"load {os.getloadavg()[0]:.1f}  log {r['log']}")
         ft, trl = results["finetune"], results["trl"]
         wall, loop = trl["wall_s"] / ft["wall_s"], trl["loop_s"] / ft["loop_s"]
         ref = (trl["reference_s"] / ft["reference_s"]) if ft["reference_s"] and trl["reference_s"] else float("nan")
