@@ -127,7 +127,8 @@ def test_a_run_on_instruction_records_is_served_the_alpaca_prompt_it_trained_wit
     """Issue 25.4: after training on instruction records, generate, chat and the export's Modelfile rendered the
     tokenizer's chat template, a format the model never saw, without a word."""
     from finetune.contract import alpaca_prompt
-    from finetune.model.inference import encode_prompt, load_for_inference, served_format, served_format_of
+    from finetune.model.inference import encode_prompt, load_for_inference, served_format_of
+    from finetune.model.prompt_format import served_format
     from finetune.model.ollama import modelfile
 
     recipe = make_recipe("instruction", n=8, adapter="lora", lora_r=2, max_steps=1, micro_batch_size=4)

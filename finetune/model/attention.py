@@ -33,7 +33,6 @@ def model_class(recipe):
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from finetune.errors import ModelError
     from finetune.model.loader import resolve_model_path
 
     try:

@@ -128,7 +128,7 @@ def export(trained, out: Path, quant: str) -> Exported:
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
     check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
-    from finetune.model.inference import served_format
+    from finetune.model.prompt_format import served_format
 
     model = load_model(trained, tokenizer)
     return write_gguf(model, tokenizer, out, quant, name=out.stem, prompt_format=served_format(trained.folder)[0])

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from finetune.contract import alpaca_prompt
 from finetune.model.merge import Trained, load_adapter_model, locate
-
-# How a prompt is written for the model: the format the run trained with. A run on instruction records learned
-# the alpaca prompt, one on completion text plain continuation; rendering their prompts with the tokenizer's chat
-# template instead serves a format the model never saw.
-FORMAT_FILE = "prompt_format.json"  # beside a merged model, which has no run.json
+from finetune.model.prompt_format import served_format
 
 
 def device():
@@ -53,30 +46,6 @@ def base_settings(recipe) -> tuple[str, object]:
 
     precision = resolve_precision(recipe)
     return precision, get_quantization_config(recipe, torch_dtype(precision))
-
-
-def served_format(folder: str | Path) -> tuple[str, str]:
-    """("chat" | "alpaca" | "raw", why) for the model in `folder`: from its run.json (the record shapes the run
-    trained on, `data.formats`), or the prompt_format.json a merge wrote; "chat" when neither says."""
-    folder = Path(folder)
-    if (folder / FORMAT_FILE).is_file():
-        saved = json.loads((folder / FORMAT_FILE).read_text())
-        return saved["format"], saved["why"]
-    try:
-        run = json.loads((folder / "run.json").read_text())
-    except (OSError, ValueError):
-        return "chat", f"no run.json in {folder} says what the run trained on: the tokenizer's chat template"
-    if run.get("method", "sft") != "sft":
-        return "chat", f"a {run['method']} run: its pairs' prompts, through the chat template"
-    formats = set((run.get("data") or {}).get("formats") or ())
-    if not formats:
-        return "chat", "run.json does not record the record shapes (an older run): the tokenizer's chat template"
-    if "chat" in formats:
-        mixed = " (and instruction records, whose alpaca prompt --raw can take)" if "instruction" in formats else ""
-        return "chat", f"the run trained on chat records{mixed}: the chat template"
-    if "instruction" in formats:
-        return "alpaca", "the run trained on instruction records: the alpaca prompt it learned"
-    return "raw", "the run trained on completion text: plain continuation"
 
 
 def encode_prompt(tokenizer, messages: list[dict], use_template: bool, prompt_format: str = "chat") -> list[int]:

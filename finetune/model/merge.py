@@ -106,7 +106,7 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
 
 def _keep_prompt_format(run_folder: Path, merged_folder: Path) -> None:
     """The merged model has no run.json: record the prompt format its run trained with beside it."""
-    from finetune.model.inference import FORMAT_FILE, served_format
+    from finetune.model.prompt_format import FORMAT_FILE, served_format
 
     name, why = served_format(run_folder)
     (merged_folder / FORMAT_FILE).write_text(json.dumps({"format": name, "why": why}) + "\n")

@@ -62,7 +62,7 @@ def _alpaca_go() -> str:
 
 
 def modelfile(gguf_name: str, tokenizer, context_length: int, prompt_format: str = "chat") -> str:
-    """`prompt_format`: what the run trained with (finetune.model.inference.served_format): the chat template,
+    """`prompt_format`: what the run trained with (finetune.model.prompt_format.served_format): the chat template,
     the alpaca prompt, or plain continuation."""
     stem = gguf_name.removesuffix(".gguf")
     lines = [f"# ollama create NAME -f {stem}.Modelfile && ollama run NAME", f"FROM ./{gguf_name}"]
