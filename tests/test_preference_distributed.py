@@ -198,17 +198,22 @@ class _Lengths:
         return self.lengths[item]
 
 
-@pytest.mark.parametrize("items, world, batch_items", [(33, 2, 2), (5, 4, 2), (3, 4, 8), (64, 3, 5), (1, 2, 1)])
-def test_every_process_runs_as_many_reference_batches_and_the_shares_cover_every_item(items, world, batch_items):
-    """What keeps the reference pass from hanging: the same number of forwards on every process."""
+@pytest.mark.parametrize("items, world, budget", [(33, 2, 200), (5, 4, 100), (3, 4, 1000), (64, 3, 300), (1, 2, 1),
+                                                  (40, 2, 60)])
+def test_every_process_runs_as_many_reference_batches_and_the_shares_cover_every_item(items, world, budget):
+    """What keeps the reference pass from hanging: the same number of forwards on every process. A forward holds
+    at most `budget` padded token slots (items x the longest), or one item longer than that."""
     from finetune.train.reference import my_batches
 
     store = _Lengths(random.Random(items).choices(range(5, 90), k=items))
-    shares = [my_batches(store, batch_items, rank, world) for rank in range(world)]
+    shares = [my_batches(store, budget, rank, world) for rank in range(world)]
     assert len({len(share) for share in shares}) == 1
-    assert all(1 <= len(batch) <= batch_items for share in shares for batch in share)
+    for batch in (batch for share in shares for batch in share):
+        assert len(batch) == 1 or len(batch) * max(store.length(i) for i in batch) <= budget
     scored = [item for share in shares for batch in share for item in batch]
     assert set(scored) == set(range(items))
+    if budget >= 300 and items >= 8 * world:  # items are batched, not scored one by one
+        assert max(len(batch) for share in shares for batch in share) > 1
 
 
 @pytest.mark.parametrize("zero3", [False, True])

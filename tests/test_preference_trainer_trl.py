@@ -53,7 +53,7 @@ def _ours(tmp_path, model_dirs, method, packed, **settings):
     store = prepared.store
     collator = PreferenceCollator(store, pad_token_id=0)
     ref_model = _load(reference).eval()
-    table = compute_table(ref_model, ref_model.get_output_embeddings(), collator, store, 3, lambda b: b, False, 0, 1)
+    table = compute_table(ref_model, ref_model.get_output_embeddings(), collator, store, 256, lambda b: b, False, 0, 1)
     model = _load(policy)
     args = TrainingArguments(output_dir=str(tmp_path / "ours"), report_to="none", use_cpu=True)
     trainer = PreferenceTrainer(model=model, args=args, objective=Objective(recipe), store=store,

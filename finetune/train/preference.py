@@ -32,12 +32,12 @@ log = get_logger(__name__)
 
 class PreferenceTrainer(Trainer):
     def __init__(self, *args, objective, store, head, full_logits, reference=None, reference_path=None,
-                 reference_batch_items: int = 8, reference_collator=None, **kwargs):
+                 reference_batch_tokens: int = 4096, reference_collator=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.reference_collator = reference_collator or self.data_collator  # unwrapped: not counted as training
         self.objective, self.store, self.head, self.full_logits = objective, store, head, full_logits
         self.reference, self.reference_path = reference, reference_path
-        self.reference_batch_items = reference_batch_items
+        self.reference_batch_tokens = reference_batch_tokens
         self.reference_seconds = None  # how long the reference pass took (None: read from the cache / not needed)
         self.loss_is_scaled_for_ga = True  # compute_loss normalizes over the whole step itself
         self._sums = {"train": {}, "eval": {}}
@@ -95,7 +95,7 @@ class PreferenceTrainer(Trainer):
         started = time.time()
         log.info(f"reference log-probs: one no-grad pass over {len(self.store):,} "
                  f"{'examples' if self.store.unpaired else 'pairs'} with the model as it starts")
-        table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_items,
+        table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_tokens,
                               self._prepare_inputs, self.full_logits, self.accelerator.process_index,
                               self.accelerator.num_processes)
         self.reference_seconds = time.time() - started

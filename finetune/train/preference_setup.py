@@ -31,7 +31,8 @@ def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> b
                  "cross-attention)")
     from accelerate.utils import send_to_device
 
-    items = [{UNPACKED: [i]} for i in range(min(2, len(collator.store)))]
+    store = collator.store  # the probe needs any two items: the shortest two cost the least
+    items = [{UNPACKED: [i]} for i in sorted(range(len(store)), key=store.length)[:2]]
     batch = send_to_device(collator(items), next(model.parameters()).device)
     head = base_causal_lm(model).get_output_embeddings()
     if head is not None and probe_gathered_head(model, head, batch):
@@ -65,13 +66,15 @@ def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object
 
 def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict:
     """PreferenceTrainer's own arguments; `reference` is reference_for's answer."""
+    from finetune.data.preference_rows import row_capacity
     from finetune.model import base_causal_lm
     from finetune.train.preference_objective import Objective
 
     table, path = reference
+    budget = recipe.micro_batch_size * row_capacity(recipe, prepared.store)  # a training micro batch's tokens
     return {"objective": Objective(recipe), "store": prepared.store, "full_logits": built.full_logits,
             "head": base_causal_lm(built.model).get_output_embeddings(), "reference": table,
-            "reference_path": path, "reference_batch_items": recipe.micro_batch_size,
+            "reference_path": path, "reference_batch_tokens": budget,
             "reference_collator": built.collator}
 
 

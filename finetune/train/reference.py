@@ -90,22 +90,35 @@ def save_table(path: Path, table) -> None:
         raise
 
 
-def my_batches(store, batch_items: int, rank: int, world: int) -> list[list[int]]:
-    """This process's share of the items, in batches of similar length; every process gets as many batches
-    (ZeRO-3 needs every process in every forward pass), the short ones repeating their last item."""
+def my_batches(store, budget_tokens: int, rank: int, world: int) -> list[list[int]]:
+    """This process's share of the items, in batches of similar length holding at most `budget_tokens` token
+    slots (items x the longest item; at least one item); every process gets as many batches (ZeRO-3 needs every
+    process in every forward pass), the short lists repeating their last item."""
     order = sorted(range(len(store)), key=store.length)
-    mine = order[rank::world] or order[:1]
-    per_process = -(-len(order) // world)
-    count = -(-per_process // batch_items)
-    batches = [mine[i:i + batch_items] for i in range(0, len(mine), batch_items)]
+    shares = [order[r::world] or order[:1] for r in range(world)]
+    per_rank = [_fill(share, store, budget_tokens) for share in shares]
+    batches, count = per_rank[rank], max(len(b) for b in per_rank)
     while len(batches) < count:
         batches.append(batches[-1][-1:])
     return batches
 
 
-def compute_table(model, head, collator, store, batch_items: int, prepare, full_logits: bool, rank: int, world: int):
+def _fill(items: list[int], store, budget_tokens: int) -> list[list[int]]:
+    """Consecutive items (sorted by length) into batches of at most `budget_tokens` padded token slots."""
+    batches, current = [], []
+    for item in items:  # ascending length: the item being added is the batch's longest
+        if current and (len(current) + 1) * store.length(item) > budget_tokens:
+            batches.append(current)
+            current = []
+        current.append(item)
+    return batches + ([current] if current else [])
+
+
+def compute_table(model, head, collator, store, budget_tokens: int, prepare, full_logits: bool, rank: int, world: int):
     """(items, 2) fp32 log-probs, on CPU, identical on every process: a pair's chosen and rejected response, or
-    a KTO example's completion and its KL partner's completion after its prompt."""
+    a KTO example's completion and its KL partner's completion after its prompt. A forward holds at most
+    `budget_tokens` token slots (the run passes what a training micro batch holds: no gradients are kept here,
+    so this fits wherever training fits)."""
     import torch
 
     from finetune.model.sequence_logps import response_logps
@@ -115,7 +128,7 @@ def compute_table(model, head, collator, store, batch_items: int, prepare, full_
     model.eval()
     try:
         with torch.no_grad():
-            for items in my_batches(store, batch_items, rank, world):
+            for items in my_batches(store, budget_tokens, rank, world):
                 batch = prepare(collator([{UNPACKED: [i]} for i in items]))
                 logps = response_logps(model, head, batch, full_logits)
                 if store.unpaired:

@@ -145,8 +145,12 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     items = "examples" if prepared.store is None or prepared.store.unpaired else "pairs"
     if settings.lr_plan is not None:
         log.info(f"learning_rate auto: {settings.lr_plan.describe()}")
+    per_step = f"{numbers['examples_per_step']} {items}"
+    if stats.get("packing", {}).get("train"):  # a micro batch counts packed rows, each holding several items
+        per_step = (f"{numbers['examples_per_step']} packed row{'s' if numbers['examples_per_step'] != 1 else ''} "
+                    f"(~{stats['train']['examples'] / numbers['steps_per_epoch']:.1f} {items})")
     log.info(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
-             f"{numbers['examples_per_step']} {items} = ~{numbers['tokens_per_step']:.0f} tokens "
+             f"{per_step} = ~{numbers['tokens_per_step']:.0f} tokens "
              f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")
     for split_name, packed in stats.get("packing", {}).items():
