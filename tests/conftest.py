@@ -14,6 +14,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist (the README's `-n 2`), each worker gets its share of the cores: two workers each using
+# every core for torch's intra-op threads oversubscribe the machine and run slower than one.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    _share = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(_share)
 
 from tiny import WORDS, build_tiny_model  # noqa: E402
 

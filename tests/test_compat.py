@@ -121,6 +121,9 @@ def test_tqdm_monitor_interval_zero_starts_no_monitor_thread():
     from tqdm import tqdm
 
     saved = tqdm.monitor_interval
+    if tqdm.monitor is not None:  # a bar of an earlier test in this process started one: not this test's doing
+        tqdm.monitor.exit()
+        tqdm.monitor = None
     try:
         compat.disable_tqdm_monitor(tqdm)
         with tqdm(total=2, disable=False, file=open("/dev/null", "w")) as bar:

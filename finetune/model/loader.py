@@ -61,10 +61,13 @@ def convert_gguf(gguf: Path, cache_dir: str) -> Path:
         model.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
         honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
-        if target.exists():
-            shutil.rmtree(tmp)
-        else:
+        try:
             os.replace(tmp, target)
+        except OSError:
+            # Another process (a parallel run, a test worker) converted the same file first: keep its folder.
+            if not (target / "config.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
