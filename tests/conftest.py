@@ -23,6 +23,16 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
 from tiny import WORDS, build_tiny_model  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _default_log_level():
+    """Every test starts at the CLI's default verbosity: a `--quiet` run in one test file would otherwise silence
+    the log lines a later file in the same process (a pytest-xdist worker) asserts on."""
+    from finetune import log
+
+    log.configure()
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
