@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from finetune.errors import RecipeError
 from finetune.port import axolotl
 from finetune.recipe import DatasetSpec, Recipe
+from finetune.recipe_parts import RECORD_TYPES, looks_like_hub_id
 from finetune.recipe_checks import deepspeed_problems, location_problems, resolve_deepspeed
 from finetune.recipe_method import method_problems
 
@@ -180,7 +181,10 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
         if isinstance(getattr(recipe, key), str):
             setattr(recipe, key, _resolve(getattr(recipe, key), base))
     for ds in recipe.datasets:
-        ds.path = _resolve(ds.path, base)
+        resolved = _resolve(ds.path, base)
+        # a hub dataset id (`tatsu-lab/alpaca`) stays one unless a file or folder of that name is there
+        if os.path.exists(resolved) or not (ds.type in RECORD_TYPES and looks_like_hub_id(ds.path)):
+            ds.path = resolved
         if getattr(ds, "slop_file", None):
             ds.slop_file = _resolve(ds.slop_file, base)
     if recipe.deepspeed is not None:

@@ -5,11 +5,39 @@ name here, so `from finetune.recipe import DatasetSpec` stays the way to reach i
 
 from __future__ import annotations
 
+import re
+from pathlib import PurePath
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat", "preference", "unpaired")
+# What a records dataset's `map:` may name: the raw sources' record fields, and the conversation (the field of
+# turns, the keys of a turn's role and text). finetune/ingest/record_map.py reads records by them.
+FLAT_MAP_FIELDS = ("text", "instruction", "input", "output", "system", "user", "assistant")
+CONVERSATION_MAP_FIELDS = ("messages", "role", "content")
+RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+RECORDS_SUFFIXES = (".jsonl", ".json", ".parquet", ".arrow")
+
+
+def looks_like_hub_id(path: str) -> bool:
+    """`tatsu-lab/alpaca`, `squad`: at most one slash, not absolute, no records file extension."""
+    return bool(_HUB_ID.match(path)) and PurePath(path).suffix.lower() not in RECORDS_SUFFIXES
+
+
+def records_map_problems(mapping: dict) -> list[str]:
+    """Problems with a records dataset's `map:`, one sentence each."""
+    problems = [f"`map` cannot name `{field}` for records: it maps record fields ({', '.join(RECORDS_MAP_FIELDS)}) "
+                "to the data's fields" for field in mapping if field not in RECORDS_MAP_FIELDS]
+    conversation = set(mapping) & set(CONVERSATION_MAP_FIELDS)
+    flat = set(mapping) & set(FLAT_MAP_FIELDS) - {"system"}
+    if conversation and flat:
+        problems.append(f"`map` mixes a conversation ({', '.join(sorted(conversation))}) with flat fields "
+                        f"({', '.join(sorted(flat))}); map one record shape")
+    return problems
 
 
 # What changing a setting changes. Every field of Recipe and DatasetSpec carries `affects` in its metadata
@@ -51,7 +79,10 @@ class DatasetSpec(Strict):
 
     path: str = Field(
         description=(
-            "A JSONL or JSON file of records (relative paths are relative to the recipe file). For a raw source "
+            "Records: a JSONL, JSON, parquet or arrow file; a folder laid out like a hub dataset (parquet/arrow/JSON "
+            "shards); a `save_to_disk` folder; or a Hugging Face hub dataset id (`tatsu-lab/alpaca`, with `name`, "
+            "`split`, `revision`, `data_files`; docs/data-sources.md). Relative paths are relative to the recipe "
+            "file. For a raw source "
             "type: an HTML file, folder or glob; a CSV/TSV file (.gz/.bz2/.zip too); a SQL dump; a SQLite file; "
             "a database URL (`type: database`); or a records file to clean (`type: records`)."
         ),
@@ -77,11 +108,41 @@ class DatasetSpec(Strict):
     map: dict[str, str] | None = Field(
         None,
         description=(
-            "Raw sources: record field -> column (CSV/SQL/database), a `{column}` template, or a CSS selector "
-            "(HTML). Fields: text | instruction, input, output | system, user, assistant. "
-            "E.g. {instruction: question, output: answer}. Default: columns already named like record fields."
+            "Record field -> column (CSV/SQL/database, and records datasets), a `{column}` template, or a CSS "
+            "selector (HTML). Fields: text | instruction, input, output | system, user, assistant; records also "
+            "take the conversation: `messages` (the field of turns), `role` and `content` (the keys of a turn), "
+            "`system` (a field that becomes a system turn). E.g. {instruction: question, output: answer}; "
+            "{messages: conversations, role: from, content: value}. Default: fields already named like record "
+            "fields; sharegpt (`conversations` of from/value turns) is read as it is."
         ),
         json_schema_extra=affects(INGEST),
+    )
+    # --- records datasets: where and how to read them (docs/data-sources.md) ---
+    roles: dict[str, Literal["system", "user", "assistant"]] | None = Field(  # type: ignore[valid-type]
+        None,
+        description=(
+            "Records: a turn's role name in the data -> ours, e.g. {human: user, gpt: assistant, bot: assistant}. "
+            "human, gpt, system, user and assistant are known without it; any other role is an error naming "
+            "the record."
+        ),
+        json_schema_extra=affects(CONTENT),
+    )
+    name: str | None = Field(
+        None, description="Records from a hub id or a hub-shaped folder: the dataset's config name.",
+        json_schema_extra=affects(CONTENT),
+    )
+    split: str = Field(
+        "train", description="Records from a hub id, a hub-shaped folder or a save_to_disk folder: the split read.",
+        json_schema_extra=affects(CONTENT),
+    )
+    revision: str | None = Field(
+        None, description="Records from a hub id: a branch, tag or commit (default: the main branch, resolved "
+                          "to its commit for the cache key).",
+        json_schema_extra=affects(CONTENT),
+    )
+    data_files: str | list[str] | None = Field(
+        None, description="Records from a hub id or a hub-shaped folder: which files (globs) to read.",
+        json_schema_extra=affects(CONTENT),
     )
     template: str | None = Field(
         None, description='Raw sources: completion text from a template of columns, e.g. "{title}\\n\\n{body}".',
@@ -169,8 +230,14 @@ class DatasetSpec(Strict):
         only = {"table": ("sql", "sqlite", "database"), "query": ("sqlite", "database"), "sql_dialect": ("sql",),
                 "html_mode": ("html",), "html_split_level": ("html",), "delimiter": ("csv",),
                 "map": ("html", "csv", "sql", "sqlite", "database"), "template": ("csv", "sql", "sqlite", "database")}
+        records_keys = ("map", "roles", "name", "split", "revision", "data_files")
         for name in sorted(self.model_fields_set - {"path", "type"}):
             allowed = only.get(name)
+            if name in records_keys[1:] and self.type not in RECORD_TYPES:
+                raise ValueError(f"`{name}` applies to records datasets (type: {', '.join(RECORD_TYPES)}), "
+                                 f"not to `type: {self.type}`")
+            if self.type in RECORD_TYPES and name in records_keys:
+                continue
             if self.type in RECORD_TYPES:
                 raise ValueError(f"`{name}` applies to raw sources only; for a records file to be cleaned use "
                                  f"`type: records`, or set `type:` to html, csv, sql, sqlite or database")
@@ -179,6 +246,9 @@ class DatasetSpec(Strict):
                                  f"{', '.join(allowed)}")
         if self.map and self.template:
             raise ValueError("give either `map` or `template`, not both")
+        if self.type in RECORD_TYPES and self.map:
+            for problem in records_map_problems(self.map):
+                raise ValueError(problem)
         if self.type == "database" and not (self.query or self.table):
             raise ValueError("`type: database` needs `query: SELECT ...` or `table: NAME`")
         if self.max_chars is not None and self.max_chars < self.min_chars:

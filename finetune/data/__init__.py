@@ -42,12 +42,18 @@ def prepared_root(recipe) -> Path:
 
 
 def record_files(recipe) -> list[tuple[str, str]]:
-    """(shape, JSONL path) per dataset entry; raw sources (HTML, CSV, SQL...) are ingested first."""
+    """(shape, JSONL path) per dataset entry; raw sources (HTML, CSV, SQL...) are ingested first, and records
+    that are not a plain JSONL/JSON file of our field names (parquet, arrow, folders, hub ids, `map:`) are read
+    into canonical records first (finetune/ingest/records_source.py)."""
+    from finetune.ingest.records_source import materialize_records, plain_records_file
+
     files = []
     for spec in recipe.datasets:
-        if spec.type in RECORD_TYPES:
+        if spec.type in RECORD_TYPES and plain_records_file(spec):
             require_records_file(spec.path)
             files.append((spec.type, spec.path))
+        elif spec.type in RECORD_TYPES:
+            files.append((spec.type, str(materialize_records(spec, recipe.cache_dir))))
         else:
             from finetune.ingest.source import materialize
 

@@ -180,6 +180,8 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
     out, first = [], None  # first: (where, shape) of the file's first record
     for where, record in iter_json_objects(path):
         rec_shape = shape
+        if isinstance(record, dict) and "conversations" in record and "messages" not in record:
+            record = _sharegpt(path, where, record)
         if shape == "auto":
             rec_shape = detect_shape(record) if isinstance(record, dict) else None
             if rec_shape is None:
@@ -198,6 +200,16 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
     if not out:
         raise DataError(f"`{path}` holds no records; it is empty")
     return out
+
+
+def _sharegpt(path, where: str, record: dict) -> dict:
+    """A sharegpt record ({conversations: [{from, value}]}, roles human/gpt) as a chat record."""
+    from finetune.ingest.record_map import record_mapper
+
+    mapped, why = record_mapper(None, None, list(record), str(path))(record, where)
+    if mapped is None:
+        raise DataError(f"`{path}` {where}: {why}")
+    return mapped
 
 
 def _mixed(path, where: str, shape: str, first_where: str, first_shape: str) -> str:

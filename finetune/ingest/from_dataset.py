@@ -1,0 +1,116 @@
+"""A records dataset's `path` as `datasets` takes it: a records file (JSONL, JSON, parquet, arrow), a folder laid
+out like a hub dataset (parquet/arrow/JSON shards, a dataset card), a `save_to_disk` folder, or a hub dataset
+id (with `name`, `split`, `revision`, `data_files`). Loading goes through `datasets.load_dataset` /
+`load_from_disk`; this module only says which, and what identifies the data:
+
+  local file or folder   the content hash of every file in it (names relative to it, bytes)
+  hub dataset id         the id, config, files and the revision resolved to a commit sha
+
+No torch here: ingestion never imports the training stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from finetune.errors import DataError
+from finetune.recipe_parts import looks_like_hub_id
+
+FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
+SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at a folder's top
+
+
+def source_kind(path: str) -> str:
+    """`file`, `saved` (a save_to_disk folder), `folder` (hub-shaped) or `hub`; DataError when it is none."""
+    p = Path(path)
+    if p.is_file():
+        if p.suffix.lower() not in FILE_BUILDERS:
+            raise DataError(f"`{path}`: a records file is .jsonl, .json, .parquet or .arrow; for a raw source "
+                            "(HTML, CSV, SQL) set the dataset's `type:` to it")
+        return "file"
+    if p.is_dir():
+        return "saved" if any((p / m).is_file() for m in SAVED_MARKERS) else "folder"
+    if looks_like_hub_id(path):
+        return "hub"
+    raise DataError(f"no data at `{path}`; check the dataset path in the recipe (a records file, a folder of "
+                    "parquet/arrow/JSON shards, a save_to_disk folder, or a hub dataset id like `tatsu-lab/alpaca`)")
+
+
+def local_digest(path: str) -> str:
+    """The content hash of a local file or of every file under a folder (names relative to it), `.cache` and
+    hidden folders aside (datasets writes its own cache there)."""
+    digest = hashlib.sha256()
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file() and not any(
+        part.startswith(".") for part in f.relative_to(p).parts))
+    for f in files:
+        h = hashlib.sha256()
+        with open(f, "rb") as fh:
+            while block := fh.read(1 << 20):
+                h.update(block)
+        digest.update(f"{f.relative_to(p) if f != p else f.name}:{h.hexdigest()}\n".encode())
+    return digest.hexdigest()
+
+
+def offline_message(spec, why: str) -> str:
+    local = "data/" + spec.path.split("/")[-1]
+    return (f"no file or folder `{spec.path}` is here (relative to the recipe), and as a Hugging Face hub dataset "
+            f"id it cannot be fetched: the hub cannot be reached ({why}); download it "
+            f"where the hub is reachable: `huggingface-cli download --repo-type dataset {spec.path} --local-dir "
+            f"{local}` (with `--revision` for a revision), copy the folder here, and set the dataset's `path: {local}` "
+            "(parquet/arrow/JSON shards or a save_to_disk folder are read as they are)")
+
+
+def resolve_hub_revision(spec) -> str:
+    """The commit sha the hub id (at `revision`) points to now; DataError saying how to get the files when offline."""
+    from huggingface_hub.constants import HF_HUB_OFFLINE
+
+    if HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        raise DataError(offline_message(spec, "HF_HUB_OFFLINE is set"))
+    from huggingface_hub import HfApi
+
+    try:
+        return HfApi().dataset_info(spec.path, revision=spec.revision).sha
+    except Exception as exc:  # connection, unknown repo, gated: one message, nothing written
+        raise DataError(offline_message(spec, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")) from None
+
+
+def identity(spec, kind: str, revision: str | None = None) -> str:
+    """What identifies the data of a records source, for the cache key: the hub commit, or the content hash."""
+    where = {"name": spec.name, "split": spec.split, "data_files": spec.data_files}
+    if kind == "hub":
+        return f"hub:{spec.path}@{revision}:{where}"
+    return f"{kind}:{local_digest(spec.path)}:{where}"
+
+
+def load_rows(spec, kind: str, revision: str | None = None):
+    """The dataset's rows (a `datasets.Dataset`) for the spec's split; DataError naming what is missing."""
+    import datasets
+
+    datasets.utils.logging.disable_progress_bar()
+    datasets.utils.logging.set_verbosity_error()
+    try:
+        if kind == "saved":
+            loaded = datasets.load_from_disk(spec.path)
+            if isinstance(loaded, datasets.DatasetDict):
+                if spec.split not in loaded:
+                    raise DataError(f"`{spec.path}` has the splits {', '.join(loaded)}, not `{spec.split}`; set the "
+                                    "dataset's `split:` to one of them")
+                loaded = loaded[spec.split]
+            return loaded
+        if kind == "file":
+            builder = FILE_BUILDERS[Path(spec.path).suffix.lower()]
+            return datasets.load_dataset(builder, data_files=spec.path, split="train")
+        return datasets.load_dataset(spec.path, name=spec.name, split=spec.split, data_files=spec.data_files,
+                                     revision=revision if kind == "hub" else None)
+    except DataError:
+        raise
+    except ValueError as exc:  # an unknown split or config: datasets says which exist
+        raise DataError(f"`{spec.path}` cannot be loaded as asked (name: {spec.name}, split: {spec.split}, "
+                        f"data_files: {spec.data_files}): {str(exc).splitlines()[0][:400]}") from None
+    except Exception as exc:
+        raise DataError(f"`{spec.path}` cannot be read as a dataset ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:400] if str(exc) else ''}); a records dataset is JSONL, JSON, "
+                        "parquet or arrow files, a save_to_disk folder, or a hub dataset id") from None

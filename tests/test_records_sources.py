@@ -1,0 +1,182 @@
+"""Records datasets beyond a JSONL file of our field names: sharegpt read as it is, `map:` / `roles:` field
+mappings, parquet and arrow files, hub-shaped folders, save_to_disk folders, and a hub id offline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from finetune.data import build_dataset
+from finetune.errors import DataError, RecipeError
+from finetune.recipe_load import load_recipe
+from tests.conftest import make_records, write_jsonl
+
+
+def sharegpt(n: int, human="human", gpt="gpt", key="conversations") -> list[dict]:
+    return [{key: [{"from": human, "value": m["content"]} if m["role"] == "user" else
+                   {"from": gpt, "value": m["content"]} for m in r["messages"]], "id": i}
+            for i, r in enumerate(make_records("chat", n))]
+
+
+def alpaca_rows(n: int) -> list[dict]:
+    return [{"question": r["instruction"], "context": r["input"], "answer": r["output"]}
+            for r in make_records("instruction", n)]
+
+
+def recipe_with(tmp_path, tiny_model_dir, **dataset) -> object:
+    recipe = {"base_model": str(tiny_model_dir), "datasets": [dataset], "sequence_len": 256, "micro_batch_size": 4,
+              "num_epochs": 1, "learning_rate": 1e-3, "output_dir": "out", "cache_dir": "cache", "report_to": ["none"]}
+    path = tmp_path / "recipe.yml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    return load_recipe(path)
+
+
+def write_parquet(path, rows: list[dict]):
+    from datasets import Dataset
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Dataset.from_list(rows).to_parquet(str(path))
+    return path
+
+
+def test_sharegpt_jsonl_reads_as_it_is(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_jsonl(tmp_path / "sg.jsonl", sharegpt(8))
+    prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path="sg.jsonl"), tiny_tokenizer)
+    assert prepared.stats["records"] == 8 and prepared.stats["formats"] == {"chat": 8}
+
+
+def test_conversation_mapping_and_roles(tmp_path, tiny_model_dir, tiny_tokenizer, capsys):
+    rows = [{"dialog": [{"speaker": t["from"].replace("human", "me").replace("gpt", "bot"), "text": t["value"]}
+                        for t in r["conversations"]], "sys": "Be brief."} for r in sharegpt(6)]
+    write_jsonl(tmp_path / "d.jsonl", rows)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="d.jsonl", type="chat",
+                         map={"messages": "dialog", "role": "speaker", "content": "text", "system": "sys"},
+                         roles={"me": "user", "bot": "assistant"})
+    prepared = build_dataset(recipe, tiny_tokenizer)
+    assert prepared.stats["records"] == 6 and prepared.stats["formats"] == {"chat": 6}
+    assert "records " in capsys.readouterr().err  # the report line: read / mapped
+    written = next((tmp_path / "cache" / "ingested").glob("records-*.jsonl")).read_text().splitlines()
+    first = json.loads(written[0])["messages"]
+    assert [m["role"] for m in first] == ["system", "user", "assistant", "user", "assistant"]
+    assert first[1]["content"] == rows[0]["dialog"][0]["text"]
+
+
+def test_a_role_the_mapping_does_not_cover_is_one_error_naming_the_record(tmp_path, tiny_model_dir, tiny_tokenizer):
+    rows = sharegpt(3)
+    rows[2]["conversations"][1]["from"] = "bot"
+    write_jsonl(tmp_path / "sg.jsonl", rows)
+    with pytest.raises(DataError, match=r"line 3: conversations\[1\] has the role 'bot'.*`roles: \{bot: assistant\}`"):
+        build_dataset(recipe_with(tmp_path, tiny_model_dir, path="sg.jsonl"), tiny_tokenizer)
+    rows_ok = recipe_with(tmp_path, tiny_model_dir, path="sg.jsonl", roles={"bot": "assistant"})
+    assert build_dataset(rows_ok, tiny_tokenizer).stats["records"] == 3
+
+
+def test_parquet_file_with_instruction_mapping_counts_what_it_drops(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                     capsys):
+    rows = alpaca_rows(10)
+    rows[4]["answer"] = ""
+    write_parquet(tmp_path / "qa.parquet", rows)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="qa.parquet", type="instruction",
+                         map={"instruction": "question", "input": "context", "output": "answer"})
+    prepared = build_dataset(recipe, tiny_tokenizer)
+    assert prepared.stats["records"] == 9 and prepared.stats["formats"] == {"instruction": 9}
+    err = capsys.readouterr().err
+    assert "10 read, 9 mapped, 1 dropped (1 unmapped, e.g. row 5: `output` is empty" in err
+    report = json.loads(next((tmp_path / "cache" / "ingested").glob("*.report.json")).read_text())
+    assert report["records_read"] == 10 and report["dropped"] == {"unmapped": 1}
+
+
+def test_a_mapped_column_that_is_not_there_is_named(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_parquet(tmp_path / "qa.parquet", alpaca_rows(3))
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="qa.parquet", map={"instruction": "prompt", "output": "answer"})
+    with pytest.raises(DataError, match="column `prompt` .* does not exist; columns are: question, context, answer"):
+        build_dataset(recipe, tiny_tokenizer)
+
+
+def test_hub_shaped_parquet_folder_with_a_card_and_splits(tmp_path, tiny_model_dir, tiny_tokenizer):
+    folder = tmp_path / "slimorca"
+    write_parquet(folder / "data" / "train-00000-of-00002.parquet", sharegpt(6))
+    write_parquet(folder / "data" / "train-00001-of-00002.parquet", sharegpt(4))
+    write_parquet(folder / "data" / "test-00000-of-00001.parquet", sharegpt(3))
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# A dataset card\n")
+    prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path="slimorca"), tiny_tokenizer)
+    assert prepared.stats["records"] == 10 and prepared.stats["formats"] == {"chat": 10}
+    test_split = recipe_with(tmp_path, tiny_model_dir, path="slimorca", split="test")
+    assert build_dataset(test_split, tiny_tokenizer).stats["records"] == 3
+
+
+def test_a_folder_of_jsonl_shards(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_jsonl((tmp_path / "data").mkdir() or tmp_path / "data" / "part-1.jsonl", make_records("completion", 5))
+    prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path="data", type="completion"), tiny_tokenizer)
+    assert prepared.stats["records"] == 5
+
+
+def test_save_to_disk_folder_and_an_arrow_file(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from datasets import Dataset, DatasetDict
+
+    DatasetDict({"train": Dataset.from_list(make_records("instruction", 7)),
+                 "validation": Dataset.from_list(make_records("instruction", 2))}).save_to_disk(str(tmp_path / "saved"))
+    assert build_dataset(recipe_with(tmp_path, tiny_model_dir, path="saved"), tiny_tokenizer).stats["records"] == 7
+    with pytest.raises(DataError, match="has the splits train, validation, not `test`"):
+        build_dataset(recipe_with(tmp_path, tiny_model_dir, path="saved", split="test"), tiny_tokenizer)
+    arrow = next((tmp_path / "saved" / "validation").glob("*.arrow"))
+    prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path=str(arrow)), tiny_tokenizer)
+    assert prepared.stats["records"] == 2
+
+
+def test_a_changed_parquet_file_is_never_read_from_a_stale_cache(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_parquet(tmp_path / "d.parquet", make_records("completion", 6))
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="d.parquet")
+    first = build_dataset(recipe, tiny_tokenizer)
+    assert build_dataset(recipe, tiny_tokenizer).reused
+    write_parquet(tmp_path / "d.parquet", make_records("completion", 9, seed=1))
+    again = build_dataset(recipe, tiny_tokenizer)
+    assert not again.reused and again.key != first.key and again.stats["records"] == 9
+
+
+def test_a_hub_id_offline_says_how_to_get_the_files_and_writes_nothing(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                        monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="tatsu-lab/alpaca", type="instruction")
+    assert recipe.datasets[0].path == "tatsu-lab/alpaca"  # an id, not resolved to a path beside the recipe
+    with pytest.raises(DataError, match=r"huggingface-cli download --repo-type dataset tatsu-lab/alpaca "
+                                        r"--local-dir data/alpaca.*`path: data/alpaca`"):
+        build_dataset(recipe, tiny_tokenizer)
+    assert not (tmp_path / "cache" / "ingested").exists() and not (tmp_path / "cache" / "prepared").exists()
+
+
+def test_the_hub_id_path_asks_for_the_resolved_revision(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """Up to where the network is needed: the commit the id resolves to keys the data, and load_dataset is asked
+    for that commit, with the recipe's name, split and data_files."""
+    import datasets
+    from huggingface_hub import HfApi
+
+    from finetune.ingest import from_dataset
+
+    monkeypatch.setattr(from_dataset, "resolve_hub_revision", lambda spec: "c0ffee" + (spec.revision or ""))
+    asked = []
+
+    def fake_load(path, **kwargs):
+        asked.append((path, kwargs))
+        return datasets.Dataset.from_list(alpaca_rows(4))
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="org/qa", name="main", split="train[:4]",
+                         data_files=["a.parquet"], map={"instruction": "question", "output": "answer"})
+    assert build_dataset(recipe, tiny_tokenizer).stats["records"] == 4
+    assert asked == [("org/qa", {"name": "main", "split": "train[:4]", "data_files": ["a.parquet"],
+                                 "revision": "c0ffee"})]
+    assert HfApi  # the real resolver asks HfApi().dataset_info(id, revision).sha
+
+
+@pytest.mark.parametrize("dataset, needle", [
+    ({"path": "d.jsonl", "map": {"prompt": "q"}}, "`map` cannot name `prompt` for records"),
+    ({"path": "d.jsonl", "map": {"messages": "c", "output": "a"}}, "mixes a conversation"),
+    ({"path": "d.csv", "type": "csv", "roles": {"bot": "assistant"}}, "`roles` applies to records datasets"),
+    ({"path": "d.jsonl", "roles": {"bot": "robot"}}, "robot"),
+])
+def test_bad_mapping_keys_are_recipe_errors(tmp_path, tiny_model_dir, dataset, needle):
+    with pytest.raises(RecipeError, match=needle):
+        recipe_with(tmp_path, tiny_model_dir, **dataset)
