@@ -118,11 +118,11 @@ def test_missing_data_file(make_recipe, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("shape", ["completion", "auto"])
-def test_a_folder_as_a_records_path_says_it_is_a_folder_and_what_is_in_it(make_recipe, tiny_tokenizer, tmp_path,
-                                                                           shape):
+def test_a_folder_without_records_files_says_what_is_in_it(make_recipe, tiny_tokenizer, tmp_path, shape):
+    """A folder of JSONL/parquet shards is a dataset (tests/test_records_sources.py); one of HTML pages is not."""
     (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "part-1.jsonl").write_text('{"text": "a"}\n')
-    with pytest.raises(DataError, match=r"`[^`]*data` is a folder, not a records file: .*\(part-1.jsonl is in it\)"
+    (tmp_path / "data" / "page.html").write_text("<p>a</p>")
+    with pytest.raises(DataError, match=r"`[^`]*data` is a folder with no records files \(page.html is in it\)"
                                         r".*`type: html`"):
         prepare(make_recipe("completion"), tiny_tokenizer, "datasets.0.path=data", f"datasets.0.type={shape}")
 

@@ -31,7 +31,16 @@ def source_kind(path: str) -> str:
                             "(HTML, CSV, SQL) set the dataset's `type:` to it")
         return "file"
     if p.is_dir():
-        return "saved" if any((p / m).is_file() for m in SAVED_MARKERS) else "folder"
+        if any((p / m).is_file() for m in SAVED_MARKERS):
+            return "saved"
+        if not any(f.suffix.lower() in FILE_BUILDERS for f in p.rglob("*") if f.is_file()):
+            inside = sorted(f.name for f in p.iterdir())[:5]
+            listing = f" ({', '.join(inside)} {'is' if len(inside) == 1 else 'are'} in it)" if inside else " (it is empty)"
+            raise DataError(f"`{path}` is a folder with no records files{listing}: a records dataset's folder holds "
+                            ".parquet, .arrow, .jsonl or .json files (as on the hub) or is a save_to_disk folder; "
+                            "for a folder of HTML, CSV or SQL sources set the entry's `type` to the source "
+                            "(e.g. `type: html`)")
+        return "folder"
     if looks_like_hub_id(path):
         return "hub"
     raise DataError(f"no data at `{path}`; check the dataset path in the recipe (a records file, a folder of "

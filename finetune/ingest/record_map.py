@@ -42,7 +42,8 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     A flat mapping (instruction/input/output, text, system/user/assistant): the raw sources' mapper, its
     columns checked up front against `columns`."""
     role_names = {**ROLE_ALIASES, **(roles or {})}
-    if is_conversation(mapping) or (not mapping and SHAREGPT_FIELD in columns and "messages" not in columns):
+    sharegpt = SHAREGPT_FIELD in columns and not {"messages", "chosen", "rejected", "completion"} & set(columns)
+    if is_conversation(mapping) or (not mapping and sharegpt):
         field = (mapping or {}).get("messages") or (SHAREGPT_FIELD if "messages" not in (mapping or {}) and
                                                     SHAREGPT_FIELD in columns else "messages")
         if columns and field not in columns:

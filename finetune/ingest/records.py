@@ -180,7 +180,7 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
     out, first = [], None  # first: (where, shape) of the file's first record
     for where, record in iter_json_objects(path):
         rec_shape = shape
-        if isinstance(record, dict) and "conversations" in record and "messages" not in record:
+        if isinstance(record, dict) and "conversations" in record and detect_shape(record) is None:
             record = _sharegpt(path, where, record)
         if shape == "auto":
             rec_shape = detect_shape(record) if isinstance(record, dict) else None
