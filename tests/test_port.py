@@ -66,8 +66,8 @@ def test_port_explains_the_dropped_keys(tmp_path, capsys):
     assert main(["port", str(ASSETS / "mistral-qlora.yml"), "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     text = _flat(out.read_text())
-    assert "mhenrichsen/alpaca_2k_test` looks like a Hugging Face dataset id" in text
-    assert "download the dataset(s) mhenrichsen/alpaca_2k_test" in printed
+    assert "mhenrichsen/alpaca_2k_test` looks like a Hugging Face dataset id: finetune loads it from the hub" in text
+    assert "the dataset(s) mhenrichsen/alpaca_2k_test are read from the Hugging Face hub when training" in printed
     assert re.search(r"^# tokenizer_type: LlamaTokenizer \^ dropped, not needed: transformers' Auto", text, re.M)
     assert re.search(r"^# tf32: false \^ dropped, not in finetune: TF32", text, re.M)
     assert "# from axolotl `bf16: auto`\nprecision: auto" in out.read_text()
@@ -93,7 +93,8 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
     assert "lr_scheduler" not in recipe and "optimizer" not in recipe
     text = _flat(out.read_text())
     assert "# lr_scheduler: one_cycle" in text and "# optimizer: lion_8bit" in text
-    assert "ShareGPT `conversations` with from/value" in text and "datasets[0].conversation" in text
+    assert "sharegpt records ({conversations: [{from, value}]}, roles human/gpt) are read as they are" in text
+    assert "datasets[0].conversation" in text
 
     (tmp_path / "ds3.json").write_text("{}")  # a DeepSpeed JSON of one's own next to the recipe is kept as it is
     src.write_text(src.read_text().replace("deepspeed_configs/zero3_bf16.json", "ds3.json"))

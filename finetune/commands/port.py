@@ -86,8 +86,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _before_training(ported) -> None:
     if ported.hub_paths:
-        print(f"before training, download the dataset(s) {', '.join(ported.hub_paths)} and point `path` at the "
-              "files (see the comments in the recipe)")
+        print(f"the dataset(s) {', '.join(ported.hub_paths)} are read from the Hugging Face hub when training: the "
+              "hub must be reachable then, or download them first and point `path` at the folder (see the comments "
+              "in the recipe)")
     for edit in ported.data_edits:
         print(f"before training, convert the records of {edit}")
     for step in ported.todo:

@@ -210,26 +210,19 @@ def online_rl(value) -> str:
 
 # --- inside a `datasets:` entry ---------------------------------------------------------------------------------
 
-_RENAME_FIELDS = "not in finetune: records files use fixed field names; rename the field in the file"
 _ALPACA_PROMPT = "not in finetune: `type: instruction` renders the alpaca prompt as it is"
 
 DATASET_KEYS: dict[str, AxolotlKey] = {
-    "ds_type": AxolotlKey("not needed: the file's extension (.jsonl / .json) says"),
-    "data_files": AxolotlKey("not in finetune: give the file itself as `path`"),
-    "split": AxolotlKey("not needed: `path` is one file; the eval split comes from `val_set_size`"),
-    "name": AxolotlKey("not in finetune: hub dataset configs are not loaded; download the file, give its `path`"),
-    "revision": AxolotlKey("not needed: `path` is a local file"),
-    "trust_remote_code": AxolotlKey("not needed: `path` is a local file"),
+    "ds_type": AxolotlKey("not needed: `datasets` reads the files by their extension (JSONL, JSON, parquet, arrow)"),
+    "trust_remote_code": AxolotlKey("not in finetune: hub datasets are read from their data files (parquet, JSON, "
+                                    "arrow), never by running a loading script"),
     "shards": AxolotlKey("not in finetune: shard the file yourself"),
-    "field_messages": AxolotlKey(_RENAME_FIELDS + " to `messages`"),
-    "message_property_mappings": AxolotlKey(_RENAME_FIELDS + "s to `role` and `content`"),
-    "message_field_role": AxolotlKey(_RENAME_FIELDS + " to `role`"),
-    "message_field_content": AxolotlKey(_RENAME_FIELDS + " to `content`"),
-    "field_instruction": AxolotlKey(_RENAME_FIELDS + " to `instruction`"),
-    "field_input": AxolotlKey(_RENAME_FIELDS + " to `input`"),
-    "field_output": AxolotlKey(_RENAME_FIELDS + " to `output`"),
-    "field_system": AxolotlKey(_RENAME_FIELDS),
-    "field": AxolotlKey(_RENAME_FIELDS),
+    "field_system": AxolotlKey("not in finetune for instruction records: they have no system field (the alpaca "
+                               "prompt is fixed); a chat dataset's `field_system` becomes `map: {system: ...}`"),
+    **{key: AxolotlKey(f"finetune's `map: {{{ours}: FIELD}}` in the dataset entry") for key, ours in (
+        ("field_messages", "messages"), ("message_field_role", "role"), ("message_field_content", "content"),
+        ("field_instruction", "instruction"), ("field_input", "input"), ("field_output", "output"), ("field", "text"))},
+    "message_property_mappings": AxolotlKey("finetune's `map: {role: KEY, content: KEY}` in the dataset entry"),
     "system_prompt": AxolotlKey(_ALPACA_PROMPT),
     "system_format": AxolotlKey(_ALPACA_PROMPT),
     "format": AxolotlKey(_ALPACA_PROMPT),
@@ -254,9 +247,45 @@ DATASET_TYPES = {
     "chat_template": ("chat", "{messages: [{role, content}]} records rendered with `chat_template`"),
     "completion": ("completion", "{text} records"),
     "pretrain": ("completion", "{text} records"),
-    "sharegpt": ("chat", "finetune reads {messages: [{role, content}]}: ShareGPT `conversations` with from/value "
-                         "must be converted to that shape"),
+    "sharegpt": ("chat", "sharegpt records ({conversations: [{from, value}]}, roles human/gpt) are read as they are"),
 }
+
+# axolotl's dataset field keys -> the finetune `map:` field they set (finetune/ingest/record_map.py)
+FIELD_MAP = {"field_messages": "messages", "message_field_role": "role", "message_field_content": "content",
+             "field_instruction": "instruction", "field_input": "input", "field_output": "output", "field": "text"}
+_OUR_ROLES = ("system", "user", "assistant")
+
+
+def dataset_map(key: str, value, dataset_type) -> tuple[dict, str]:
+    """The `map:` entries an axolotl dataset field key sets, and a note for what does not port ("" when all does).
+    `dataset_type` is the ported `type` (a chat dataset's `field_system` is a system turn)."""
+    if key == "message_property_mappings" and isinstance(value, dict):
+        mapped = {ours: theirs for ours, theirs in value.items() if ours in ("role", "content") and ours != theirs}
+        rest = sorted(set(value) - {"role", "content"})
+        return mapped, (f"{', '.join(rest)}: dropped, finetune's chat turns carry a role and content only" if rest else "")
+    if key == "field_system" and dataset_type == "chat":
+        return {"system": value}, ""
+    if key in FIELD_MAP and isinstance(value, str):
+        return ({FIELD_MAP[key]: value} if value != FIELD_MAP[key] else {}), ""
+    return {}, f"dropped: `{key}: {value}` has no finetune `map:` equivalent"
+
+
+def dataset_roles(value) -> tuple[dict, str]:
+    """axolotl's `roles:` ({user: [human, user], assistant: [gpt]}: ours -> theirs) as finetune's `roles:` (theirs ->
+    ours), leaving out the names finetune knows already; a note for a role finetune has no turn for."""
+    known = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
+    if not isinstance(value, dict):
+        return {}, f"dropped: `roles` is not a mapping ({value!r})"
+    out, unknown = {}, []
+    for ours, names in value.items():
+        if ours not in _OUR_ROLES:
+            unknown.append(str(ours))
+            continue
+        for name in [names] if isinstance(names, str) else names or []:
+            if known.get(name) != ours:
+                out[str(name)] = ours
+    return out, (f"roles {', '.join(unknown)}: dropped, finetune's turns are system, user and assistant" if unknown
+                 else "")
 
 
 def dataset_type(value) -> tuple[str | None, str]:

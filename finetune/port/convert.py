@@ -100,9 +100,12 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
             result["path"] = value
             if isinstance(value, str) and not _LOCAL_SUFFIXES.search(value) and not (source_dir / value).exists():
                 out.hub_paths.append(value)
-                out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id; finetune reads "
-                         f"local files: download it (huggingface-cli download --repo-type dataset {value} "
-                         "--local-dir data/) and point `path` at the JSONL/JSON file")
+                out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id: finetune loads it "
+                         "from the hub with `datasets` when training; where the hub cannot be reached, download it "
+                         f"(huggingface-cli download --repo-type dataset {value} --local-dir data/) and point `path` "
+                         "at the folder")
+        elif records is None and key in _MAPPED_KEYS and value is not None:
+            _mapped_key(where, key, value, spec, result, out)
         elif records is not None and key in preference_records.LAYOUT_KEYS:
             out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, "
                      f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
@@ -118,6 +121,30 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
     if records is not None and "type" not in spec:
         _preference_type(where, spec, records, result, out)
     return result
+
+
+_MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system", "roles")
+
+
+def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out: Ported) -> None:
+    """axolotl's field keys become `map:` entries, its `roles:` (ours -> theirs) finetune's (theirs -> ours)."""
+    ported_type = axolotl.dataset_type(spec.get("type"))[0] if "type" in spec else None
+    if key == "roles":
+        roles, note = axolotl.dataset_roles(value)
+        if roles:
+            result["roles"] = {**result.get("roles", {}), **roles}
+    elif key == "field_system" and ported_type != "chat":
+        out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+        return
+    else:
+        mapped, note = axolotl.dataset_map(key, value, ported_type)
+        if mapped:
+            result["map"] = {**result.get("map", {}), **mapped}
+    said = "roles" if key == "roles" else "map"
+    if said in result:
+        out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}`" + (f"; {note}" if note else ""))
+    else:
+        out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
 
 
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
