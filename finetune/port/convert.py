@@ -130,9 +130,9 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
     """axolotl's field keys become `map:` entries, its `roles:` (ours -> theirs) finetune's (theirs -> ours)."""
     ported_type = axolotl.dataset_type(spec.get("type"))[0] if "type" in spec else None
     if key == "roles":
-        roles, note = axolotl.dataset_roles(value)
-        if roles:
-            result["roles"] = {**result.get("roles", {}), **roles}
+        mapped, note = axolotl.dataset_roles(value)
+        if mapped:
+            result["roles"] = {**result.get("roles", {}), **mapped}
     elif key == "field_system" and ported_type != "chat":
         out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
         return
@@ -141,8 +141,9 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
         if mapped:
             result["map"] = {**result.get("map", {}), **mapped}
     said = "roles" if key == "roles" else "map"
-    if said in result:
-        out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}`" + (f"; {note}" if note else ""))
+    if mapped:
+        out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}: {_inline(mapped)}`"
+                 + (f"; {note}" if note else ""))
     else:
         out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
 
