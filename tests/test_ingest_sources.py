@@ -426,3 +426,24 @@ def test_dump_without_table_lists_every_table_and_its_rows_at_the_cli(tmp_path):
     assert "\n  t12  12 rows\n" in proc.stderr and "\n  a     3 rows\n" in proc.stderr  # a: rows at both ends
     assert "\n  c     3 rows\n" in proc.stderr and proc.stderr.rstrip().endswith("\n  t1    1 row")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_dump_without_table_lists_the_tables_even_when_the_first_ones_columns_do_not_map(tmp_path):
+    """A real dump's first table is rarely the data (users, migrations...): with no mapping that fits its columns,
+    the answer is still the list of tables with their rows, not that one table's columns (issue 22 item 5)."""
+    lines = ["CREATE TABLE migrations (id int, version text);", "INSERT INTO migrations VALUES (1,'v1');"]
+    lines += ["CREATE TABLE posts (instruction text, output text);",
+              "INSERT INTO posts VALUES ('q1','a1'),('q2','a2');"]
+    lines += [f"INSERT INTO t{i} VALUES " + ",".join(f"({j},'r')" for j in range(i)) + ";" for i in range(1, 4)]
+    (tmp_path / "dump.sql").write_text("\n".join(lines) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "finetune.cli", "ingest", str(tmp_path / "dump.sql"),
+                           "-o", str(tmp_path / "o.jsonl")], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "has rows for 5 tables; choose one with --table" in proc.stderr, proc.stderr
+    assert "\n  posts       2 rows\n" in proc.stderr and "\n  migrations  1 row" in proc.stderr
+    assert "version" not in proc.stderr  # not the first table's columns
+    assert not (tmp_path / "o.jsonl").exists()
+    # one table whose columns do not map: that table's columns, as before
+    (tmp_path / "one.sql").write_text("\n".join(lines[:2]) + "\n")
+    with pytest.raises(DataError, match="has columns id, version; say which become the record"):
+        ingest([str(tmp_path / "one.sql")], tmp_path / "o.jsonl", IngestOptions())

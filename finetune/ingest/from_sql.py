@@ -48,6 +48,9 @@ class _Dump:
         # counted, nothing more is yielded, and the end of the dump raises one error listing them all.
         self.census = False
         self.rows_per_table: Counter = Counter()
+        # Without --table, the first table's columns may not map (a real dump often starts with users or
+        # migrations): that turns the read into a census too, and is said only when the dump has one table.
+        self.mapping_error: DataError | None = None
 
     def wanted(self, table: str, line: int) -> bool:
         if table not in self.tables_with_rows:
@@ -62,6 +65,8 @@ class _Dump:
             self.rows_per_table[table] += n
 
     def census_error(self) -> DataError:
+        if self.mapping_error is not None and len(self.rows_per_table) == 1:
+            return self.mapping_error
         by_rows = sorted(self.rows_per_table.items(), key=lambda kv: -kv[1])  # stable: ties in dump order
         width, digits = max(len(table) for table, _ in by_rows), len(f"{by_rows[0][1]:,}")
         listing = "\n".join(f"  {table.ljust(width)}  {n:>{digits},} row{'s' * (n != 1)}" for table, n in by_rows)
@@ -74,8 +79,14 @@ class _Dump:
         cols = cols or [str(i) for i in range(1, width + 1)]
         key = tuple(cols)
         if key not in self.mappers:
-            self.mappers[key] = build_mapper(self.opts.mapping, self.opts.template, cols,
-                                             f"`{self.path}` table `{table}`", self.opts.unescape_html)
+            try:
+                self.mappers[key] = build_mapper(self.opts.mapping, self.opts.template, cols,
+                                                 f"`{self.path}` table `{table}`", self.opts.unescape_html)
+            except DataError as exc:
+                if self.opts.table is not None:
+                    raise
+                self.census, self.mapping_error = True, exc  # list the tables at the end of the dump
+                return
         mapper = self.mappers[key]
         for values in rows:
             self.row_count += 1
