@@ -57,7 +57,8 @@ def test_conversation_mapping_and_roles(tmp_path, tiny_model_dir, tiny_tokenizer
     prepared = build_dataset(recipe, tiny_tokenizer)
     assert prepared.stats["records"] == 6 and prepared.stats["formats"] == {"chat": 6}
     assert "records " in capsys.readouterr().err  # the report line: read / mapped
-    written = next((tmp_path / "cache" / "ingested").glob("records-*.jsonl")).read_text().splitlines()
+    written = next(p for p in (tmp_path / "cache" / "ingested").glob("records-*.jsonl")
+                   if ".rejects" not in p.name).read_text().splitlines()
     first = json.loads(written[0])["messages"]
     assert [m["role"] for m in first] == ["system", "user", "assistant", "user", "assistant"]
     assert first[1]["content"] == rows[0]["dialog"][0]["text"]
@@ -86,6 +87,8 @@ def test_parquet_file_with_instruction_mapping_counts_what_it_drops(tmp_path, ti
     assert "10 read, 9 mapped, 1 dropped (1 unmapped, e.g. row 5: `output` is empty" in err
     report = json.loads(next((tmp_path / "cache" / "ingested").glob("*.report.json")).read_text())
     assert report["records_read"] == 10 and report["dropped"] == {"unmapped": 1}
+    [reject] = [json.loads(line) for line in open(report["rejects"])]
+    assert reject["where"].endswith("qa.parquet row 5") and reject["record"]["answer"] == ""
 
 
 def test_a_mapped_column_that_is_not_there_is_named(tmp_path, tiny_model_dir, tiny_tokenizer):
@@ -167,7 +170,8 @@ def test_the_hub_id_path_asks_for_the_resolved_revision(tmp_path, tiny_model_dir
                          data_files=["a.parquet"], map={"instruction": "question", "output": "answer"})
     assert build_dataset(recipe, tiny_tokenizer).stats["records"] == 4
     assert asked == [("org/qa", {"name": "main", "split": "train[:4]", "data_files": ["a.parquet"],
-                                 "revision": "c0ffee"})]
+                                 "revision": "c0ffee", "cache_dir": str(tmp_path / "cache" / "datasets"),
+                                 "download_mode": None})]
     assert HfApi  # the real resolver asks HfApi().dataset_info(id, revision).sha
 
 

@@ -94,8 +94,12 @@ def identity(spec, kind: str, revision: str | None = None) -> str:
     return f"{kind}:{local_digest(spec.path)}:{where}"
 
 
-def load_rows(spec, kind: str, revision: str | None = None):
-    """The dataset's rows (a `datasets.Dataset`) for the spec's split; DataError naming what is missing."""
+def load_rows(spec, kind: str, revision: str | None = None, cache_dir: str | None = None):
+    """The dataset's rows (a `datasets.Dataset`) for the spec's split; DataError naming what is missing.
+
+    `datasets` keeps its arrow copy under `cache_dir` (the recipe's), not the user's home. A local source is
+    prepared afresh: this runs only when its content hash is new, and datasets' own key for local files is
+    their paths and modification times, which an in-place edit can keep."""
     import datasets
 
     datasets.utils.logging.disable_progress_bar()
@@ -109,11 +113,14 @@ def load_rows(spec, kind: str, revision: str | None = None):
                                     "dataset's `split:` to one of them")
                 loaded = loaded[spec.split]
             return loaded
+        fresh = None if kind == "hub" else "force_redownload"
         if kind == "file":
             builder = FILE_BUILDERS[Path(spec.path).suffix.lower()]
-            return datasets.load_dataset(builder, data_files=spec.path, split="train")
+            return datasets.load_dataset(builder, data_files=spec.path, split="train", cache_dir=cache_dir,
+                                         download_mode=fresh)
         return datasets.load_dataset(spec.path, name=spec.name, split=spec.split, data_files=spec.data_files,
-                                     revision=revision if kind == "hub" else None)
+                                     revision=revision if kind == "hub" else None, cache_dir=cache_dir,
+                                     download_mode=fresh)
     except DataError:
         raise
     except ValueError as exc:  # an unknown split or config: datasets says which exist

@@ -29,6 +29,7 @@ from finetune.ingest.records import checked_record, detect_shape, iter_json_obje
 
 RECORDS_FORMAT = 1  # bump when the mapping changes what it writes for the same input
 JSON_SUFFIXES = (".jsonl", ".json")
+MAX_REJECTS = 10_000  # dropped records kept in the rejects file; past that, counted only
 
 
 def plain_records_file(spec) -> bool:
@@ -38,14 +39,14 @@ def plain_records_file(spec) -> bool:
             and not (spec.model_fields_set & {"name", "split", "revision", "data_files"}))
 
 
-def _rows(spec, kind: str, revision: str | None):
+def _rows(spec, kind: str, revision: str | None, cache_dir: Path):
     """(column names, iterator of (where, row))."""
     if kind == "json":
         items = iter_json_objects(spec.path)
         first = next(items, None)
         columns = list(first[1]) if first and isinstance(first[1], dict) else []
         return columns, (item for part in ([first] if first else [], items) for item in part)
-    rows = from_dataset.load_rows(spec, kind, revision)
+    rows = from_dataset.load_rows(spec, kind, revision, str(cache_dir / "datasets"))
     return list(rows.column_names), ((f"row {i}", row) for i, row in enumerate(rows, start=1))
 
 
@@ -62,22 +63,24 @@ def materialize_records(spec, cache_dir: str) -> Path:
     revision = from_dataset.resolve_hub_revision(spec) if kind == "hub" else None
     identity = from_dataset.identity(spec, "file" if kind == "json" else kind, revision)
     out = Path(cache_dir) / "ingested" / f"records-{records_key(spec, identity)}.jsonl"
-    report_path = out.with_suffix(".report.json")
+    rejects_path, report_path = out.with_suffix(".rejects.jsonl"), out.with_suffix(".report.json")
     reused = out.is_file() and report_path.is_file()
     if reused:
         report = json.loads(report_path.read_text(encoding="utf-8"))
     else:
-        report = _write(spec, kind, revision, out, report_path)
+        report = _write(spec, (kind, revision, Path(cache_dir)), out, rejects_path, report_path)
     print(records_summary(report, reused), file=sys.stderr)
     return out
 
 
-def _write(spec, kind: str, revision: str | None, out: Path, report_path: Path) -> dict:
-    columns, rows = _rows(spec, kind, revision)
+def _write(spec, source: tuple, out: Path, rejects_path: Path, report_path: Path) -> dict:
+    """Map every row; the kept records to `out`, each dropped one to `rejects_path` with where and why."""
+    columns, rows = _rows(spec, *source)
     mapper = record_mapper(spec.map, spec.roles, columns, spec.path)
     dropped, first_drop, counts = Counter(), {}, Counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_file(out)
+    rejects: list[dict] = []
     try:
         with open(fd, "w", encoding="utf-8") as fh:
             for where, row in rows:
@@ -92,11 +95,13 @@ def _write(spec, kind: str, revision: str | None, out: Path, report_path: Path) 
                 if record is None:
                     dropped[reason] += 1
                     first_drop.setdefault(reason, f"{where}: {why}")
+                    if len(rejects) < MAX_REJECTS:
+                        rejects.append({"where": f"{spec.path} {where}", "reason": reason, "detail": why, "record": row})
                     continue
                 counts["mapped"] += 1
                 fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         report = {"source": spec.path, "records_read": counts["read"], "records_mapped": counts["mapped"],
-                  "dropped": dict(dropped), "first_dropped": first_drop}
+                  "dropped": dict(dropped), "first_dropped": first_drop, "rejects": str(rejects_path)}
         if not counts["mapped"]:
             raise DataError(f"`{spec.path}`: none of its {counts['read']:,} records could be used"
                             + (f" ({_reasons(report)})" if counts["read"] else "")
@@ -105,6 +110,8 @@ def _write(spec, kind: str, revision: str | None, out: Path, report_path: Path) 
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    rejects_path.write_text("".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rejects),
+                            encoding="utf-8")
     report_path.write_text(json.dumps(report, indent=2), encoding="utf-8")  # written last: marks completion
     return report
 
@@ -118,4 +125,4 @@ def records_summary(report: dict, reused: bool) -> str:
     line = (f"records {report['source']}{' (cached)' if reused else ''}: {report['records_read']:,} read, "
             f"{report['records_mapped']:,} mapped")
     total = sum(report["dropped"].values())
-    return line + (f", {total:,} dropped ({_reasons(report)})" if total else "")
+    return line + (f", {total:,} dropped ({_reasons(report)}); rejects: {report['rejects']}" if total else "")
