@@ -87,6 +87,12 @@ def test_parquet_file_with_instruction_mapping_counts_what_it_drops(tmp_path, ti
     assert "10 read, 9 mapped, 1 dropped (1 unmapped, e.g. row 5: `output` is empty" in err
     report = json.loads(next((tmp_path / "cache" / "ingested").glob("*.report.json")).read_text())
     assert report["records_read"] == 10 and report["dropped"] == {"unmapped": 1}
+    from finetune.cli import main
+
+    assert main(["preprocess", str(tmp_path / "recipe.yml"), "--show", "0"]) == 0
+    assert f"  {tmp_path / 'qa.parquet'}: 9 records (read 10, kept 9, 1 unmapped)" in capsys.readouterr().out
+    assert prepared.stats["sources"] == [{"path": str(tmp_path / "qa.parquet"), "records": 9, "read": 10, "kept": 9,
+                                          "dropped": {"unmapped": 1}}]
     [reject] = [json.loads(line) for line in open(report["rejects"])]
     assert reject["where"].endswith("qa.parquet row 5") and reject["record"]["answer"] == ""
 

@@ -83,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"records: {s['records']}; dropped: {s['dropped_too_long']} over sequence_len {recipe.sequence_len}, "
           f"{s['dropped_no_supervised_tokens']} with no supervised tokens; truncated: {s['truncated']}")
+    for source in s.get("sources", []):  # per `datasets:` entry; read/kept/dropped where it was read into records
+        read = (f" (read {source['read']:,}, kept {source['kept']:,}"
+                + "".join(f", {n:,} {why}" for why, n in source["dropped"].items()) + ")") if "read" in source else ""
+        print(f"  {source['path']}: {source['records']:,} records{read}")
     for name in ("train", "eval"):
         part = s[name]
         print(f"{name}: {part['examples']} examples, {part['tokens']:,} tokens, "

@@ -6,6 +6,7 @@ build_dataset(recipe, tokenizer) is the one entry point; the trainer only ever s
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from collections import Counter
@@ -77,13 +78,14 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
 
 
 def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
-    examples, outcome, formats = [], Counter(), Counter()
+    examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
-    def counted(item):
+    def counted(path, item):
         formats[item[0]] += 1
+        per_file[path] += 1
         return item
 
-    shaped = (counted(_sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
+    shaped = (counted(path, _sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -100,7 +102,7 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
             f"{recipe.sequence_len}, {outcome['no_supervised_tokens']} with no supervised tokens; check the data "
             "and `sequence_len` / `train_on_inputs`"
         )
-    return examples, {**outcome, "formats": dict(formats)}
+    return examples, {**outcome, "formats": dict(formats), "per_file": dict(per_file)}
 
 
 def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
@@ -116,6 +118,22 @@ def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
             "set `method: dpo` (or ipo, orpo, simpo: docs/preference.md), or point the dataset at SFT records"
         )
     return item
+
+
+def source_counts(recipe, files: list[tuple[str, str]], per_file: dict) -> list[dict]:
+    """Per `datasets:` entry: the records the data stage read, and where the entry was read into records first
+    (a raw source, or records mapped from parquet, a folder, a hub id...), what that read, kept and dropped."""
+    out = []
+    for spec, (_, path) in zip(recipe.datasets, files):
+        entry = {"path": spec.path, "records": per_file.get(path, 0)}
+        report = Path(path).with_name(Path(path).name.removesuffix(".jsonl") + ".report.json")
+        if path != spec.path and report.is_file():
+            counts = json.loads(report.read_text(encoding="utf-8"))
+            entry.update(read=counts.get("records_read", counts.get("records_in")),
+                         kept=counts.get("records_mapped", counts.get("records_out")),
+                         dropped=counts.get("dropped", {}))
+        out.append(entry)
+    return out
 
 
 def split(examples: list[Example], recipe) -> tuple[list[Example], list[Example]]:
@@ -191,6 +209,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         "dropped_no_supervised_tokens": outcome.get("no_supervised_tokens", 0),
         "truncated": outcome.get("truncated", 0),
         "formats": outcome.get("formats", {}),  # records per shape: the prompt format inference must use
+        "sources": source_counts(recipe, files, outcome.get("per_file", {})),
         "train": split_stats(train),
         "eval": split_stats(held),
     }

@@ -99,7 +99,8 @@ def record_problem(record: object, shape: str) -> str | None:
             if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
                 return f'messages[{i}] needs "role" and "content" (a string)'
             if msg.get("role") not in ROLES:
-                return f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)}"
+                return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)} (in a recipe, "
+                        f"the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
             if msg["role"] == "assistant" and not msg["content"].strip():
                 return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
                         "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
