@@ -190,3 +190,26 @@ def test_the_hub_id_path_asks_for_the_resolved_revision(tmp_path, tiny_model_dir
 def test_bad_mapping_keys_are_recipe_errors(tmp_path, tiny_model_dir, dataset, needle):
     with pytest.raises(RecipeError, match=needle):
         recipe_with(tmp_path, tiny_model_dir, **dataset)
+
+
+def test_hub_options_where_they_mean_nothing_are_an_error(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_parquet(tmp_path / "d.parquet", make_records("completion", 3))
+    with pytest.raises(DataError, match="`split: test` does not apply to a single file"):
+        build_dataset(recipe_with(tmp_path, tiny_model_dir, path="d.parquet", split="test"), tiny_tokenizer)
+    with pytest.raises(DataError, match="`revision: v1` does not apply to a single file .* works with hub ids"):
+        build_dataset(recipe_with(tmp_path, tiny_model_dir, path="d.parquet", revision="v1"), tiny_tokenizer)
+
+
+def test_preference_pairs_from_parquet_read_as_they_are(tmp_path):
+    """Preference records go through the same reader: a parquet file of sharegpt-style pairs comes out canonical."""
+    from finetune.ingest.records import read_records
+    from finetune.ingest.records_source import materialize_records
+    from finetune.recipe import DatasetSpec
+
+    pairs = [{"conversations": [{"from": "human", "value": f"q{i}"}], "chosen": {"from": "gpt", "value": f"yes {i}"},
+              "rejected": {"from": "gpt", "value": f"no {i}"}} for i in range(3)]
+    write_parquet(tmp_path / "pairs.parquet", pairs)
+    out = materialize_records(DatasetSpec(path=str(tmp_path / "pairs.parquet")), str(tmp_path / "cache"))
+    read = read_records(out)
+    assert [shape for shape, _ in read] == ["preference"] * 3
+    assert read[0][1]["chosen"][-1] == {"role": "assistant", "content": "yes 0"}

@@ -72,11 +72,30 @@ def offline_message(spec, why: str) -> str:
             "(parquet/arrow/JSON shards or a save_to_disk folder are read as they are)")
 
 
-def resolve_hub_revision(spec) -> str:
-    """The commit sha the hub id (at `revision`) points to now; DataError saying how to get the files when offline."""
+def check_options(spec, kind: str) -> None:
+    """DataError for a hub option where it means nothing: a setting is never silently ignored."""
+    applies = {"name": ("hub", "folder"), "data_files": ("hub", "folder"), "revision": ("hub",),
+               "split": ("hub", "folder", "saved")}
+    what = {"file": "a single file (one split)", "json": "a single file (one split)", "saved": "a save_to_disk folder",
+            "folder": "a local folder"}
+    for key, kinds in applies.items():
+        value = getattr(spec, key)
+        if kind not in kinds and value is not None and not (key == "split" and value == "train"):
+            raise DataError(f"`{spec.path}`: `{key}: {value}` does not apply to {what[kind]}; it works with "
+                            f"{' and '.join({'hub': 'hub ids', 'folder': 'hub-shaped folders', 'saved': 'save_to_disk folders'}[k] for k in kinds)}")
+
+
+def _offline() -> bool:
     from huggingface_hub.constants import HF_HUB_OFFLINE
 
-    if HF_HUB_OFFLINE or os.environ.get("HF_DATASETS_OFFLINE") == "1":
+    truthy = ("1", "true", "yes", "on")
+    return bool(HF_HUB_OFFLINE) or any(os.environ.get(name, "").lower() in truthy
+                                       for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def resolve_hub_revision(spec) -> str:
+    """The commit sha the hub id (at `revision`) points to now; DataError saying how to get the files when offline."""
+    if _offline():
         raise DataError(offline_message(spec, "HF_HUB_OFFLINE is set"))
     from huggingface_hub import HfApi
 

@@ -60,6 +60,7 @@ def materialize_records(spec, cache_dir: str) -> Path:
     """The canonical records of one records dataset as a cached JSONL file; the report said on stderr."""
     p = Path(spec.path)
     kind = "json" if p.is_file() and p.suffix.lower() in JSON_SUFFIXES else from_dataset.source_kind(spec.path)
+    from_dataset.check_options(spec, kind)
     revision = from_dataset.resolve_hub_revision(spec) if kind == "hub" else None
     identity = from_dataset.identity(spec, "file" if kind == "json" else kind, revision)
     out = Path(cache_dir) / "ingested" / f"records-{records_key(spec, identity)}.jsonl"
