@@ -36,7 +36,12 @@ ALPACA_NO_INPUT = (
 
 
 def alpaca_prompt(record: dict) -> str:
-    """The prompt of an instruction record: with the input section only when `input` holds some text."""
+    """The prompt of an instruction record: with the input section only when `input` holds some text. A record's
+    `system` text, when it has one, replaces the opening sentence ("Below is an instruction..."), as axolotl's
+    alpaca `field_system` / `system_prompt` do."""
     if (record.get("input") or "").strip():
-        return ALPACA_WITH_INPUT.format(instruction=record["instruction"], input=record["input"])
-    return ALPACA_NO_INPUT.format(instruction=record["instruction"])
+        prompt = ALPACA_WITH_INPUT.format(instruction=record["instruction"], input=record["input"])
+    else:
+        prompt = ALPACA_NO_INPUT.format(instruction=record["instruction"])
+    system = (record.get("system") or "").strip()
+    return f"{system}\n\n{prompt.split(chr(10) * 2, 1)[1]}" if system else prompt

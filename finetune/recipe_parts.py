@@ -111,7 +111,8 @@ class DatasetSpec(Strict):
             "Record field -> column (CSV/SQL/database, and records datasets), a `{column}` template, or a CSS "
             "selector (HTML). Fields: text | instruction, input, output | system, user, assistant; records also "
             "take the conversation: `messages` (the field of turns), `role` and `content` (the keys of a turn), "
-            "`system` (a field that becomes a system turn). E.g. {instruction: question, output: answer}; "
+            "`system` (a field that becomes a system turn; in instruction data it replaces the alpaca prompt's "
+            "opening sentence). E.g. {instruction: question, output: answer}; "
             "{messages: conversations, role: from, content: value}. Default: fields already named like record "
             "fields; sharegpt (`conversations` of from/value turns) is read as it is."
         ),

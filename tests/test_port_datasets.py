@@ -164,11 +164,10 @@ datasets:
                     "map": {"messages": "dialog", "role": "speaker", "content": "text", "system": "sys"},
                     "roles": {"me": "user", "bot": "assistant"}}
     assert qa == {"path": "org/qa", "type": "instruction",
-                  "map": {"instruction": "question", "input": "context", "output": "answer"}}
+                  "map": {"instruction": "question", "input": "context", "output": "answer", "system": "sys"}}
     flat = re.sub(r"\n#\s+", " ", text)
     assert "datasets[0].field_messages: dialog -> `map: {messages: dialog}`" in flat
     assert "roles tool: dropped, finetune's turns are system, user and assistant" in flat
-    assert "datasets[1].field_system: sys: dropped, not in finetune for instruction records" in flat
     assert "datasets[0].ds_type: parquet: dropped, not needed" in flat
 
 

@@ -213,3 +213,19 @@ def test_preference_pairs_from_parquet_read_as_they_are(tmp_path):
     read = read_records(out)
     assert [shape for shape, _ in read] == ["preference"] * 3
     assert read[0][1]["chosen"][-1] == {"role": "assistant", "content": "yes 0"}
+
+
+def test_a_system_column_of_instruction_data_replaces_the_alpaca_preamble(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from finetune.contract import alpaca_prompt
+
+    assert alpaca_prompt({"instruction": "Add 2 and 2.", "system": "You are a calculator."}) == (
+        "You are a calculator.\n\n### Instruction:\nAdd 2 and 2.\n\n### Response:\n")
+    assert alpaca_prompt({"instruction": "Hi", "input": "x", "system": " "}).startswith("Below is an instruction")
+    rows = [{**r, "sys": "You are terse." if i % 2 else ""} for i, r in enumerate(alpaca_rows(6))]
+    write_parquet(tmp_path / "qa.parquet", rows)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="qa.parquet", type="instruction",
+                         map={"instruction": "question", "input": "context", "output": "answer", "system": "sys"})
+    prepared = build_dataset(recipe, tiny_tokenizer)
+    assert prepared.stats["formats"] == {"instruction": 6}
+    texts = [tiny_tokenizer.decode(ids) for ids in prepared.train["input_ids"]]
+    assert sum("You are terse." in t for t in texts) == 3 and sum("Below is an instruction" in t for t in texts) == 3

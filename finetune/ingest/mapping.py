@@ -3,8 +3,8 @@
 A mapping value is a column name, or a template when it contains `{column}` placeholders:
   instruction=question               {"instruction": row["question"], "output": ...}
   output="{answer}\n\nSource: {url}" a template for one field
-Record fields: `text` (completion); `instruction`, `input`, `output` (instruction); `system`, `user`,
-`assistant` (one chat turn each). With no mapping, columns named like record fields are used as they are.
+Record fields: `text` (completion); `instruction`, `input`, `output` (instruction, with `system` replacing the
+alpaca prompt's opening sentence); `system`, `user`, `assistant` (one chat turn each). With no mapping, columns named like record fields are used as they are.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def mapping_shape(fields: list[str]) -> str:
         raise DataError(f"cannot map to `{unknown[0]}`: record fields are {', '.join(ALL_FIELDS)}")
     shapes = {s for s, group in (("completion", COMPLETION_FIELDS), ("instruction", INSTRUCTION_FIELDS),
                                  ("chat", CHAT_FIELDS)) if set(fields) & set(group)}
+    if shapes == {"instruction", "chat"} and not {"user", "assistant"} & set(fields):
+        shapes = {"instruction"}  # instruction data with a system column: it replaces the alpaca preamble
     if len(shapes) != 1:
         raise DataError(f"the mapped fields {', '.join(fields)} mix record shapes; map to one of: text | "
                         "instruction, input, output | system, user, assistant")
@@ -115,7 +117,8 @@ def to_record(shape: str, values: dict) -> dict:
     if shape == "completion":
         return {"text": values["text"]}
     if shape == "instruction":
-        return {"instruction": values["instruction"], "input": values.get("input", ""), "output": values["output"]}
+        record = {"instruction": values["instruction"], "input": values.get("input", ""), "output": values["output"]}
+        return {**record, "system": values["system"]} if values.get("system", "").strip() else record
     messages = [{"role": "system", "content": values["system"]}] if values.get("system", "").strip() else []
     messages += [{"role": "user", "content": values["user"]}, {"role": "assistant", "content": values["assistant"]}]
     return {"messages": messages}

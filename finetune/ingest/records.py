@@ -2,7 +2,7 @@
 
 JSONL, one object a line, in one of five shapes:
   completion   {"text": ...}
-  instruction  {"instruction": ..., "input": ... (optional), "output": ...}
+  instruction  {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
   chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
   preference   {"prompt": ..., "chosen": ..., "rejected": ...}, in any form finetune/ingest/preference.py accepts
   unpaired     {"prompt": ..., "completion": ..., "label": true | false} (KTO)
@@ -89,6 +89,8 @@ def record_problem(record: object, shape: str) -> str | None:
                 return f'an instruction record needs "{key}" as a string'
         if not isinstance(record.get("input", ""), (str, type(None))):
             return '"input" must be a string when present'
+        if not isinstance(record.get("system", ""), (str, type(None))):
+            return '"system" must be a string when present'
         if not record["output"].strip():
             return '"output" is empty: nothing to supervise'
     elif shape == "chat":

@@ -217,8 +217,8 @@ DATASET_KEYS: dict[str, AxolotlKey] = {
     "trust_remote_code": AxolotlKey("not in finetune: hub datasets are read from their data files (parquet, JSON, "
                                     "arrow), never by running a loading script"),
     "shards": AxolotlKey("not in finetune: shard the file yourself"),
-    "field_system": AxolotlKey("not in finetune for instruction records: they have no system field (the alpaca "
-                               "prompt is fixed); a chat dataset's `field_system` becomes `map: {system: ...}`"),
+    "field_system": AxolotlKey("finetune's `map: {system: FIELD}` in the dataset entry (a chat dataset's system "
+                               "turn; an instruction dataset's replacement for the alpaca prompt's opening sentence)"),
     **{key: AxolotlKey(f"finetune's `map: {{{ours}: FIELD}}` in the dataset entry") for key, ours in (
         ("field_messages", "messages"), ("message_field_role", "role"), ("message_field_content", "content"),
         ("field_instruction", "instruction"), ("field_input", "input"), ("field_output", "output"), ("field", "text"))},
@@ -256,14 +256,13 @@ FIELD_MAP = {"field_messages": "messages", "message_field_role": "role", "messag
 _OUR_ROLES = ("system", "user", "assistant")
 
 
-def dataset_map(key: str, value, dataset_type) -> tuple[dict, str]:
-    """The `map:` entries an axolotl dataset field key sets, and a note for what does not port ("" when all does).
-    `dataset_type` is the ported `type` (a chat dataset's `field_system` is a system turn)."""
+def dataset_map(key: str, value) -> tuple[dict, str]:
+    """The `map:` entries an axolotl dataset field key sets, and a note for what does not port ("" when all does)."""
     if key == "message_property_mappings" and isinstance(value, dict):
         mapped = {ours: theirs for ours, theirs in value.items() if ours in ("role", "content") and ours != theirs}
         rest = sorted(set(value) - {"role", "content"})
         return mapped, (f"{', '.join(rest)}: dropped, finetune's chat turns carry a role and content only" if rest else "")
-    if key == "field_system" and dataset_type == "chat":
+    if key == "field_system" and isinstance(value, str):
         return {"system": value}, ""
     if key in FIELD_MAP and isinstance(value, str):
         return ({FIELD_MAP[key]: value} if value != FIELD_MAP[key] else {}), ""

@@ -128,16 +128,12 @@ _MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system",
 
 def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out: Ported) -> None:
     """axolotl's field keys become `map:` entries, its `roles:` (ours -> theirs) finetune's (theirs -> ours)."""
-    ported_type = axolotl.dataset_type(spec.get("type"))[0] if "type" in spec else None
     if key == "roles":
         mapped, note = axolotl.dataset_roles(value)
         if mapped:
             result["roles"] = {**result.get("roles", {}), **mapped}
-    elif key == "field_system" and ported_type != "chat":
-        out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
-        return
     else:
-        mapped, note = axolotl.dataset_map(key, value, ported_type)
+        mapped, note = axolotl.dataset_map(key, value)
         if mapped:
             result["map"] = {**result.get("map", {}), **mapped}
     said = "roles" if key == "roles" else "map"
