@@ -183,8 +183,7 @@ def test_the_hub_id_path_asks_for_the_resolved_revision(tmp_path, tiny_model_dir
                          data_files=["a.parquet"], map={"instruction": "question", "output": "answer"})
     assert build_dataset(recipe, tiny_tokenizer).stats["records"] == 4
     assert asked == [("org/qa", {"name": "main", "split": "train[:4]", "data_files": ["a.parquet"],
-                                 "revision": "c0ffee", "cache_dir": str(tmp_path / "cache" / "datasets"),
-                                 "download_mode": None})]
+                                 "revision": "c0ffee", "cache_dir": None, "download_mode": None})]
     assert HfApi  # the real resolver asks HfApi().dataset_info(id, revision).sha
 
 

@@ -116,7 +116,8 @@ def identity(spec, kind: str, revision: str | None = None) -> str:
 def load_rows(spec, kind: str, revision: str | None = None, cache_dir: str | None = None):
     """The dataset's rows (a `datasets.Dataset`) for the spec's split; DataError naming what is missing.
 
-    `datasets` keeps its arrow copy under `cache_dir` (the recipe's), not the user's home. A local source is
+    `datasets` keeps its arrow copy of a local source under `cache_dir` (the recipe's), not the user's home; a
+    hub dataset stays in the Hugging Face cache. A local source is
     prepared afresh: this runs only when its content hash is new, and datasets' own key for local files is
     their paths and modification times, which an in-place edit can keep."""
     import datasets
@@ -137,9 +138,10 @@ def load_rows(spec, kind: str, revision: str | None = None, cache_dir: str | Non
             builder = FILE_BUILDERS[Path(spec.path).suffix.lower()]
             return datasets.load_dataset(builder, data_files=spec.path, split="train", cache_dir=cache_dir,
                                          download_mode=fresh)
+        # a hub dataset stays in the user's Hugging Face cache, shared by every project, like a hub model
         return datasets.load_dataset(spec.path, name=spec.name, split=spec.split, data_files=spec.data_files,
-                                     revision=revision if kind == "hub" else None, cache_dir=cache_dir,
-                                     download_mode=fresh)
+                                     revision=revision if kind == "hub" else None,
+                                     cache_dir=None if kind == "hub" else cache_dir, download_mode=fresh)
     except DataError:
         raise
     except ValueError as exc:  # an unknown split or config: datasets says which exist
