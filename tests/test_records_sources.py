@@ -235,3 +235,12 @@ def test_a_system_column_of_instruction_data_replaces_the_alpaca_preamble(tmp_pa
     assert prepared.stats["formats"] == {"instruction": 6}
     texts = [tiny_tokenizer.decode(ids) for ids in prepared.train["input_ids"]]
     assert sum("You are terse." in t for t in texts) == 3 and sum("Below is an instruction" in t for t in texts) == 3
+
+
+def test_a_jsonl_field_absent_from_the_first_record_can_still_be_mapped(tmp_path, tiny_model_dir, tiny_tokenizer):
+    rows = alpaca_rows(4)
+    del rows[0]["context"]  # JSONL has no schema: an optional field may be missing from some records
+    write_jsonl(tmp_path / "qa.jsonl", rows)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="qa.jsonl",
+                         map={"instruction": "question", "input": "context", "output": "answer"})
+    assert build_dataset(recipe, tiny_tokenizer).stats["formats"] == {"instruction": 4}

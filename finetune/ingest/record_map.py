@@ -44,8 +44,8 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     role_names = {**ROLE_ALIASES, **(roles or {})}
     sharegpt = SHAREGPT_FIELD in columns and not {"messages", "chosen", "rejected", "completion"} & set(columns)
     if is_conversation(mapping) or (not mapping and sharegpt):
-        field = (mapping or {}).get("messages") or (SHAREGPT_FIELD if "messages" not in (mapping or {}) and
-                                                    SHAREGPT_FIELD in columns else "messages")
+        default = SHAREGPT_FIELD if SHAREGPT_FIELD in columns and "messages" not in columns else "messages"
+        field = (mapping or {}).get("messages") or default
         if columns and field not in columns:
             raise DataError(f"`{source}`: the conversation field `{field}` (map: messages) is not in the records; "
                             f"their fields are: {', '.join(columns[:20])}")

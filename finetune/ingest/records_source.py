@@ -16,6 +16,7 @@ No torch here: ingestion never imports the training stack.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 from collections import Counter
@@ -29,6 +30,7 @@ from finetune.ingest.records import checked_record, detect_shape, iter_json_obje
 
 RECORDS_FORMAT = 1  # bump when the mapping changes what it writes for the same input
 JSON_SUFFIXES = (".jsonl", ".json")
+COLUMNS_FROM = 1000  # JSONL records whose keys are a records file's fields, for checking a mapping up front
 MAX_REJECTS = 10_000  # dropped records kept in the rejects file; past that, counted only
 
 
@@ -41,11 +43,11 @@ def plain_records_file(spec) -> bool:
 
 def _rows(spec, kind: str, revision: str | None, cache_dir: Path):
     """(column names, iterator of (where, row))."""
-    if kind == "json":
+    if kind == "json":  # fields: those of the first records (JSONL has no schema; an optional field may be absent)
         items = iter_json_objects(spec.path)
-        first = next(items, None)
-        columns = list(first[1]) if first and isinstance(first[1], dict) else []
-        return columns, (item for part in ([first] if first else [], items) for item in part)
+        head = list(itertools.islice(items, COLUMNS_FROM))
+        columns = list(dict.fromkeys(key for _, row in head if isinstance(row, dict) for key in row))
+        return columns, itertools.chain(head, items)
     rows = from_dataset.load_rows(spec, kind, revision, str(cache_dir / "datasets"))
     return list(rows.column_names), ((f"row {i}", row) for i, row in enumerate(rows, start=1))
 
