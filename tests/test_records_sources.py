@@ -244,3 +244,14 @@ def test_a_jsonl_field_absent_from_the_first_record_can_still_be_mapped(tmp_path
     recipe = recipe_with(tmp_path, tiny_model_dir, path="qa.jsonl",
                          map={"instruction": "question", "input": "context", "output": "answer"})
     assert build_dataset(recipe, tiny_tokenizer).stats["formats"] == {"instruction": 4}
+
+
+def test_a_folder_of_arrow_shards(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from datasets import Dataset
+
+    Dataset.from_list(sharegpt(5)).save_to_disk(str(tmp_path / "saved"))
+    (tmp_path / "shards" / "data").mkdir(parents=True)
+    for arrow in (tmp_path / "saved").glob("*.arrow"):  # the arrow files alone, without save_to_disk's state.json
+        (tmp_path / "shards" / "data" / "train-00000-of-00001.arrow").write_bytes(arrow.read_bytes())
+    prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path="shards"), tiny_tokenizer)
+    assert prepared.stats["formats"] == {"chat": 5}
