@@ -255,3 +255,21 @@ def test_a_folder_of_arrow_shards(tmp_path, tiny_model_dir, tiny_tokenizer):
         (tmp_path / "shards" / "data" / "train-00000-of-00001.arrow").write_bytes(arrow.read_bytes())
     prepared = build_dataset(recipe_with(tmp_path, tiny_model_dir, path="shards"), tiny_tokenizer)
     assert prepared.stats["formats"] == {"chat": 5}
+
+
+def test_a_hub_id_the_hub_does_not_answer_for_is_one_message(tmp_path, tiny_model_dir, tiny_tokenizer, monkeypatch):
+    """Online, a failed lookup (no such dataset, gated, no connection) is the same one message, nothing written."""
+    from huggingface_hub import HfApi
+
+    from finetune.ingest import from_dataset
+
+    def refuse(self, repo_id, revision=None):
+        raise ConnectionError("Failed to resolve 'huggingface.co'")
+
+    monkeypatch.setattr(from_dataset, "_offline", lambda: False)
+    monkeypatch.setattr(HfApi, "dataset_info", refuse)
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="data/train")  # a missing folder reads as a hub id
+    with pytest.raises(DataError, match=r"no file or folder `data/train` is here .* asking the hub for it failed "
+                                        r"\(ConnectionError: Failed to resolve 'huggingface.co'\); download it"):
+        build_dataset(recipe, tiny_tokenizer)
+    assert not (tmp_path / "cache" / "ingested").exists()

@@ -66,7 +66,7 @@ def local_digest(path: str) -> str:
 def offline_message(spec, why: str) -> str:
     local = "data/" + spec.path.split("/")[-1]
     return (f"no file or folder `{spec.path}` is here (relative to the recipe), and as a Hugging Face hub dataset "
-            f"id it cannot be fetched: the hub cannot be reached ({why}); download it "
+            f"id it cannot be fetched: {why}; download it "
             f"where the hub is reachable: `huggingface-cli download --repo-type dataset {spec.path} --local-dir "
             f"{local}` (with `--revision` for a revision), copy the folder here, and set the dataset's `path: {local}` "
             "(parquet/arrow/JSON shards or a save_to_disk folder are read as they are)")
@@ -96,13 +96,15 @@ def _offline() -> bool:
 def resolve_hub_revision(spec) -> str:
     """The commit sha the hub id (at `revision`) points to now; DataError saying how to get the files when offline."""
     if _offline():
-        raise DataError(offline_message(spec, "HF_HUB_OFFLINE is set"))
+        raise DataError(offline_message(spec, "the hub cannot be reached (HF_HUB_OFFLINE is set)"))
     from huggingface_hub import HfApi
 
     try:
         return HfApi().dataset_info(spec.path, revision=spec.revision).sha
     except Exception as exc:  # connection, unknown repo, gated: one message, nothing written
-        raise DataError(offline_message(spec, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")) from None
+        first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise DataError(offline_message(spec, f"asking the hub for it failed ({type(exc).__name__}: {first_line})")) \
+            from None
 
 
 def identity(spec, kind: str, revision: str | None = None) -> str:
