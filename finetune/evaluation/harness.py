@@ -47,12 +47,12 @@ def _absolute_data_files(config: dict, folder: Path) -> dict:
 
 def task_configs(folder: Path) -> dict[str, dict]:
     """{task name: its config} for every task YAML (a file with a `task:` name) under `folder`."""
-    from lm_eval.utils import load_yaml_config
+    from finetune.compat import lm_eval_load_yaml
 
     found = {}
     for path in sorted(folder.rglob("*.y*ml")):
         try:
-            config = load_yaml_config(yaml_path=str(path))
+            config = lm_eval_load_yaml(path)
         except Exception as exc:  # a broken YAML or a !function that does not import: say which file
             raise FinetuneError(f"cannot read the lm-eval task file `{path}`: {exc}") from None
         if isinstance(config, dict) and isinstance(config.get("task"), str):

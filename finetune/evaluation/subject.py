@@ -59,15 +59,24 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
                 f"`{trained.folder}` holds a model but no run.json says which recipe trained it (its data, its "
                 "eval split, its format); pass the recipe instead: `finetune eval RECIPE.yml`"
             )
-        from finetune.recipe import Recipe
-
-        recipe = Recipe.model_validate(run["recipe"])  # validated when it trained; its paths are absolute
+        recipe = recorded_recipe(run["recipe"])
     if trained.is_adapter:
         base = trained.base_source
     else:
         base = run.get("base_model_path") or resolve_model_path(recipe.base_model, recipe.cache_dir)
     name, why = served_format(trained.folder)
     return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run)
+
+
+def recorded_recipe(data: dict):
+    """The Recipe run.json records (a full dump, validated when it trained; its paths absolute). A dataset entry's
+    raw-source options are dumped with their defaults, which a records entry refuses as set: keep what differs."""
+    from finetune.recipe import DatasetSpec, Recipe
+
+    defaults = {name: field.default for name, field in DatasetSpec.model_fields.items() if not field.is_required()}
+    datasets = [{k: v for k, v in spec.items() if k in ("path", "type") or defaults.get(k, object()) != v}
+                for spec in data.get("datasets", [])]
+    return Recipe.model_validate({**data, "datasets": datasets})
 
 
 def find_gguf(subject: Subject, given: str | None) -> Path | None:
