@@ -204,3 +204,42 @@ def test_the_eval_section_is_strict(run):
     recipe.pop("eval")
     path.write_text(yaml.safe_dump(recipe))
     assert load_recipe(path).eval is None  # nothing runs unless asked
+
+
+def test_a_dpo_run_reports_reward_accuracy_on_its_held_out_pairs(tmp_path, tiny_model_dir, capsys):
+    """Chosen answers all start "yes good", rejected ones "no bad": after a few DPO steps the tuned model,
+    against the base as reference, rewards the chosen answer of every held-out pair."""
+    import random
+
+    from conftest import sentence
+
+    rng = random.Random(3)
+    pairs = [{"prompt": sentence(rng), "chosen": " yes good " + sentence(rng), "rejected": " no bad " + sentence(rng)}
+             for _ in range(40)]
+    write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    recipe = {"base_model": str(tiny_model_dir), "method": "dpo", "rl_beta": 0.5, "adapter": "lora", "lora_r": 8,
+              "datasets": [{"path": "pairs.jsonl", "type": "preference"}], "val_set_size": 8, "max_steps": 8,
+              "micro_batch_size": 8, "learning_rate": 2e-2, "output_dir": "out", "cache_dir": "cache",
+              "report_to": ["none"], "logging_steps": 4}
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe))
+    assert cli_main(["train", str(tmp_path / "recipe.yml")]) == 0
+    assert not (tmp_path / "out" / "eval").exists()  # no `eval:` section: nothing ran
+    capsys.readouterr()
+    assert cli_main(["eval", str(tmp_path / "recipe.yml"), "--generations", "1", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("reward accuracy 1.00 on 8 held-out pairs")
+    pref = _report(tmp_path / "out")["preference"]
+    assert pref["reward"]["pairs"] == 8 and pref["reward"]["beta"] == 0.5
+    assert pref["reward"]["reward_accuracy"] == 1.0 and pref["reward"]["reward_margin"] > 0
+    assert pref["log_prob"]["tuned"]["logp_margin"] > pref["log_prob"]["base"]["logp_margin"]
+
+
+def test_reward_metrics_of_the_reference_itself_are_zero():
+    from finetune.evaluation.preference import reward_metrics
+
+    logps = [(-3.0, -4.0), (-5.0, -2.0)]
+    same = reward_metrics(logps, logps, beta=0.1)
+    assert same["reward_accuracy"] == 0.0 and same["reward_margin"] == 0.0
+    # pair 1: chosen up by 1 nat (reward +0.1), pair 2: chosen down by 1 nat (-0.1); rejected unchanged
+    moved = reward_metrics([(-2.0, -4.0), (-6.0, -2.0)], logps, beta=0.1)
+    assert moved["reward_accuracy"] == 0.5 and moved["reward_margin"] == pytest.approx(0.0)
+    assert moved["chosen_reward"] == pytest.approx(0.0) and moved["rejected_reward"] == 0.0
