@@ -7,6 +7,7 @@ report.png (base vs tuned per metric), each written whole or not at all; and the
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from finetune.atomic import temp_file, write_text_atomic
@@ -125,8 +126,6 @@ def plot(report: dict, path: Path) -> None:
         ax.margins(y=0.2)
     fig.tight_layout()
     fd, tmp = temp_file(path)
-    import os
-
     try:
         with os.fdopen(fd, "wb") as fh:
             fig.savefig(fh, format="png", dpi=100)

@@ -62,7 +62,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         report["preference"] = _preference(models, held, subject.recipe)
     elif spec.heldout_loss:
         report["heldout"] = _heldout(models, held, sides)
-    if spec.generations:
+    if spec.generations and held.records:  # (KTO's unpaired items have no records to take prompts from)
         from finetune.evaluation.generation import generation_checks
 
         report["generation"] = generation_checks(
