@@ -243,3 +243,24 @@ def test_reward_metrics_of_the_reference_itself_are_zero():
     moved = reward_metrics([(-2.0, -4.0), (-6.0, -2.0)], logps, beta=0.1)
     assert moved["reward_accuracy"] == 0.5 and moved["reward_margin"] == pytest.approx(0.0)
     assert moved["chosen_reward"] == pytest.approx(0.0) and moved["rejected_reward"] == 0.0
+
+
+def test_a_full_fine_tune_is_compared_with_the_base_it_started_from(tmp_path, make_recipe, capsys):
+    """No adapter: the base is loaded from where the run started; an instruction run is prompted with the
+    alpaca prompt it trained with."""
+    from finetune.train import run_training
+
+    path = make_recipe("instruction", n=24, val_set_size=8, max_steps=6, micro_batch_size=8, learning_rate=3e-3)
+    run_training(load_recipe(path))
+    capsys.readouterr()
+    assert cli_main(["eval", str(path.parent / "out"), "--generations", "1", "--max-new-tokens", "4"]) == 0
+    report = _report(path.parent / "out")
+    sides = report["heldout"]["sides"]
+    assert not report["adapter"] and sides["tuned"]["loss"] < sides["base"]["loss"]
+    assert report["prompt_format"].startswith("alpaca")
+    assert report["generation"]["prompts"][0]["prompt"].startswith("Below is an instruction")
+
+
+def test_compare_with_a_run_never_evaluated_is_refused(run, tmp_path, capsys):
+    err = _refused(["eval", str(run / "out"), "--compare", str(tmp_path)], capsys)
+    assert "no evaluation report" in err and f"finetune eval {tmp_path}" in err

@@ -50,6 +50,11 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     from finetune.model.merge import locate
     from finetune.model.prompt_format import served_format
 
+    from finetune.model.merge import is_recipe_path
+
+    if overrides and not is_recipe_path(target):
+        raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
+                            "(`finetune eval RECIPE.yml --set ...`) or drop --set")
     trained = locate(target, overrides)  # ModelError: no adapter or model there
     run = _run_json(trained.folder)
     recipe = recipe or trained.recipe
@@ -141,8 +146,10 @@ class Models:
 
 
 def _load(source, **kwargs):
+    import torch
     from transformers import AutoModelForCausalLM
 
+    kwargs.setdefault("dtype", torch.float32)  # fp32, like an adapter's base here: models compared, not precisions
     try:
         return AutoModelForCausalLM.from_pretrained(str(source), **kwargs)
     except (OSError, ValueError) as exc:
@@ -151,9 +158,7 @@ def _load(source, **kwargs):
 
 def load_gguf(path: Path, tokenizer):
     """A GGUF export, dequantized by transformers (gguf_file=), grown to the run's vocabulary if needed."""
-    import torch
-
-    model = _load(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = _load(path.parent, gguf_file=path.name)
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         raise ModelError(f"`{path}` has {model.get_input_embeddings().num_embeddings} token embeddings, the run's "
                          f"tokenizer {len(tokenizer)}: it is not an export of this run")
