@@ -105,8 +105,7 @@ def run_tasks(models, side_names: list[str], configs: list[dict], limit: int | N
     per_side = {}
     for name in side_names:
         with models.side(name) as model:
-            lm = HFLM(pretrained=model, tokenizer=models.tokenizer, batch_size=BATCH_SIZE,
-                      max_length=getattr(models.subject.recipe, "sequence_len", None))
+            lm = HFLM(pretrained=model, tokenizer=models.tokenizer, batch_size=BATCH_SIZE)
             results = simple_evaluate(model=lm, tasks=[dict(c) for c in configs], limit=limit,
                                       apply_chat_template=chat_template, log_samples=False, bootstrap_iters=0,
                                       task_manager=TaskManager(include_defaults=False), verbosity="WARNING")

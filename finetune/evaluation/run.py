@@ -45,12 +45,15 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     other = read_other(compare) if compare else None
     gguf = find_gguf(subject, spec.gguf)
     held = None
-    models = Models(subject, gguf)
-    if spec.heldout_loss or spec.generations:
+    from finetune.model.merge import saved_tokenizer
+
+    tokenizer = saved_tokenizer(subject.folder)
+    if spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
         from finetune.evaluation.heldout import heldout_data
 
-        held = heldout_data(subject, models.tokenizer, spec.data)
+        held = heldout_data(subject, tokenizer, spec.data)
         log.info(f"evaluating on {len(held.examples)} held-out examples: {held.source}")
+    models = Models(subject, gguf, tokenizer)
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
         f"{subject.base_source}", "adapter": subject.is_adapter, "method": subject.recipe.method,
@@ -62,7 +65,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         report["preference"] = _preference(models, held, subject.recipe)
     elif spec.heldout_loss:
         report["heldout"] = _heldout(models, held, sides)
-    if spec.generations and held.records:  # (KTO's unpaired items have no records to take prompts from)
+    if spec.generations and held and held.records:  # (KTO's unpaired items have no records to take prompts from)
         from finetune.evaluation.generation import generation_checks
 
         report["generation"] = generation_checks(

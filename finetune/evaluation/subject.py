@@ -103,11 +103,11 @@ def device():
 class Models:
     """The run's tokenizer and its models, base and tuned (and a GGUF export when given), one at a time."""
 
-    def __init__(self, subject: Subject, gguf: Path | None = None):
+    def __init__(self, subject: Subject, gguf: Path | None = None, tokenizer=None):
         from finetune.model.merge import Trained, load_adapter_model, saved_tokenizer
 
         self.subject, self.gguf = subject, gguf
-        self.tokenizer = saved_tokenizer(subject.folder)
+        self.tokenizer = tokenizer or saved_tokenizer(subject.folder)
         self._base = None
         if subject.is_adapter:
             trained = Trained(subject.folder, True, subject.base_source, subject.recipe)
