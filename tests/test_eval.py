@@ -264,3 +264,21 @@ def test_a_full_fine_tune_is_compared_with_the_base_it_started_from(tmp_path, ma
 def test_compare_with_a_run_never_evaluated_is_refused(run, tmp_path, capsys):
     err = _refused(["eval", str(run / "out"), "--compare", str(tmp_path)], capsys)
     assert "no evaluation report" in err and f"finetune eval {tmp_path}" in err
+
+
+def test_the_verdict_says_when_the_tuned_answers_never_end(run, tmp_path, capsys, monkeypatch):
+    """End to end: the run's model with its stop tokens' logits forced to -inf never ends an answer."""
+    from finetune.evaluation import subject
+    from finetune.model.inference import stop_token_ids
+
+    loaded = subject.Models.__init__
+
+    def broken(self, *args, **kwargs):
+        loaded(self, *args, **kwargs)
+        _stop_logit(self.tuned, stop_token_ids(self.tuned, self.tokenizer), float("-inf"))
+
+    monkeypatch.setattr(subject.Models, "__init__", broken)
+    assert cli_main(["eval", str(run / "out"), "--no-heldout-loss", "--generations", "2", "--max-new-tokens", "5",
+                     "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.startswith("2 of 2 tuned answers never ended")
+    assert (tmp_path / "report.md").read_text().count("never ended") >= 2
