@@ -17,6 +17,7 @@ from finetune.errors import FinetuneError
 
 SHIPPED_TASKS = Path(__file__).resolve().parent.parent / "eval_tasks"
 BATCH_SIZE = 8  # requests per forward pass
+NOT_METRICS = ("alias", "sample_len", "sample_count")  # lm-eval's bookkeeping beside the scores
 
 
 def require_lm_eval() -> None:
@@ -89,7 +90,7 @@ def _metrics(results: dict) -> dict:
     out = {}
     for task, values in results.get("results", {}).items():
         out[task] = {key.split(",")[0]: value for key, value in values.items()
-                     if isinstance(value, (int, float)) and "stderr" not in key and key != "alias"}
+                     if isinstance(value, (int, float)) and "stderr" not in key and key not in NOT_METRICS}
     return out
 
 

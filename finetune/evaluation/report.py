@@ -57,7 +57,10 @@ def verdict(report: dict) -> str:
         parts.append(f"reward accuracy {reward['reward_accuracy']:.2f} on {reward['pairs']} held-out pairs "
                      f"(margin {reward['reward_margin']:+.4f})")
     if "gguf" in sides and "tuned" in sides:
-        parts.append(f"GGUF drift {sides['gguf']['loss'] - sides['tuned']['loss']:+.4f} in held-out loss")
+        prompts = (report.get("generation") or {}).get("prompts") or []
+        same = sum(row["gguf"]["answer"] == row["tuned"]["answer"] for row in prompts if "gguf" in row)
+        answers = f", {same} of {len(prompts)} answers the same as the tuned model's" if prompts else ""
+        parts.append(f"GGUF drift {sides['gguf']['loss'] - sides['tuned']['loss']:+.4f} in held-out loss{answers}")
     gen = (report.get("generation") or {}).get("summary", {}).get("tuned")
     if gen:
         bad = [f"{gen['never_ended']} of {gen['answers']} tuned answers never ended" if gen["never_ended"] else "",
