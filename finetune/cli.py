@@ -26,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "plan": ("finetune.commands.plan", "memory and steps plan for a recipe or a model config"),
     "targets": ("finetune.commands.targets", "list a model's modules LoRA can target, with parameter counts"),
     "merge": ("finetune.commands.merge", "merge a trained LoRA adapter into its base model"),
+    "eval": ("finetune.commands.eval", "evaluate a trained run: base vs tuned held-out loss, answers, lm-eval tasks"),
     "chat": ("finetune.commands.chat", "chat with the trained model"),
     "generate": ("finetune.commands.generate", "generate a reply to one prompt with the trained model"),
     "curves": ("finetune.commands.curves", "re-render loss_curve.png and re-diagnose a finished run"),

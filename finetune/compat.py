@@ -5,7 +5,7 @@ against the installed versions, that what each one relies on still exists and st
 for, so an upgrade that moves it fails there (by name) instead of somewhere deep in a training run.
 
 Checked against: transformers 5.23.0, peft 0.21.2, accelerate 1.15.0, deepspeed 0.19.8, bitsandbytes 0.50.2,
-tqdm 4.70.1, torch 2.13.0. Nothing heavy is imported at module level (ingestion imports this module and
+tqdm 4.70.1, torch 2.13.0, lm-eval 0.4.13. Nothing heavy is imported at module level (ingestion imports this module and
 never imports torch).
 """
 
@@ -82,6 +82,21 @@ def zero3_partitioned(module) -> bool:
     """Whether DeepSpeed ZeRO-3 partitions this module's weights (DeepSpeed 0.19 marks each such parameter
     with `ds_id`; its hooks gather a weight for the module's forward and free it right after)."""
     return any(hasattr(param, "ds_id") for param in module.parameters(recurse=False))
+
+
+# --- lm-eval (the optional `eval` extra) ------------------------------------------------------------------
+
+def lm_eval_load_yaml(path):
+    """One lm-eval task YAML as a dict, with its `include:` merged and its `!function` tags resolved relative to
+    the file, as lm-eval's own TaskManager reads it. lm-eval 0.4.13 keeps this in the private module
+    lm_eval.tasks._yaml_loader (`load_yaml`; 0.4.8 had it as lm_eval.utils.load_yaml_config)."""
+    try:
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:  # lm-eval < 0.4.10
+        from lm_eval.utils import load_yaml_config
+
+        return load_yaml_config(yaml_path=str(path))
+    return load_yaml(path)
 
 
 # --- tqdm ------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from finetune.recipe_parts import (  # noqa: F401  (re-exported: finetune.recipe
     TOKENS,
     TRAIN,
     DatasetSpec,
+    EvalSpec,
     Strict,
     affects,
     field_affects,
@@ -466,6 +467,16 @@ class Recipe(Strict):
             "Write into an output_dir that holds files finetune did not write (your notes, another tool's model). "
             "Off: such a folder is refused before anything is written. A folder of an earlier finetune run needs "
             "no switch: it follows `resume`."
+        ),
+        json_schema_extra=affects(),
+    )
+
+    # --- after training ----------------------------------------------------------------------------
+    eval: EvalSpec | None = Field(
+        None,
+        description=(
+            "Evaluate when training ends (held-out loss, generation checks, lm-eval tasks; docs/evaluation.md), "
+            "results in run.json and output_dir/eval/. Absent: nothing runs. `eval: {}` runs the default checks."
         ),
         json_schema_extra=affects(),
     )

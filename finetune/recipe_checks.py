@@ -91,6 +91,38 @@ def location_problems(recipe, recipe_dir: Path) -> list[str]:
     return problems
 
 
+# --- eval: (finetune/evaluation) ----------------------------------------------------------------------
+
+LM_EVAL_INSTALL = "pip install 'finetune[eval]'  (or: pip install 'lm-eval>=0.4.8,<0.5')"
+
+
+def lm_eval_missing() -> bool:
+    """lm-evaluation-harness is an optional extra; asked without importing it (it pulls in torch)."""
+    import importlib.util
+
+    return importlib.util.find_spec("lm_eval") is None
+
+
+def eval_problems(recipe) -> list[str]:
+    """The `eval:` section: files that must exist, and lm-eval installed when tasks are asked."""
+    spec = recipe.eval
+    if spec is None:
+        return []
+    problems = []
+    if spec.data and not Path(spec.data).is_file():
+        problems.append(f"`eval.data`: no records file at `{spec.data}`; check the path, or remove the key to use "
+                        "the eval split")
+    if spec.tasks_dir and not Path(spec.tasks_dir).is_dir():
+        problems.append(f"`eval.tasks_dir`: no folder at `{spec.tasks_dir}`; point it at a folder of lm-eval task "
+                        "YAML files (docs/evaluation.md)")
+    if spec.gguf and not Path(spec.gguf).is_file():
+        problems.append(f"`eval.gguf`: no file at `{spec.gguf}`; export one first (`finetune export RECIPE --gguf`)")
+    if (spec.tasks or spec.tasks_dir) and lm_eval_missing():
+        problems.append(f"`eval.tasks` asks for lm-eval benchmarks, but lm-evaluation-harness is not installed: "
+                        f"{LM_EVAL_INSTALL}; or remove `eval.tasks` / `eval.tasks_dir`")
+    return problems
+
+
 # --- the DeepSpeed JSON ---------------------------------------------------------------------------
 
 

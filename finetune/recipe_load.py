@@ -13,9 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
 from finetune.port import axolotl
-from finetune.recipe import DatasetSpec, Recipe
+from finetune.recipe import DatasetSpec, EvalSpec, Recipe
+from finetune.recipe_checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
 from finetune.recipe_parts import RECORD_TYPES, looks_like_hub_id
-from finetune.recipe_checks import deepspeed_problems, location_problems, resolve_deepspeed
 from finetune.recipe_method import method_problems
 
 # Keys whose values are filesystem paths, resolved relative to the recipe file's folder.
@@ -67,6 +67,8 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
             continue
         if model is Recipe and part == "datasets":
             model = DatasetSpec
+        elif model is Recipe and part == "eval":
+            model = EvalSpec
         else:
             return None
     return model
@@ -191,6 +193,10 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
         recipe.deepspeed = resolve_deepspeed(recipe.deepspeed, base)
     if isinstance(recipe.resume, str) and recipe.resume != "auto":
         recipe.resume = _resolve(recipe.resume, base)
+    if recipe.eval is not None:
+        for key in ("data", "tasks_dir", "gguf"):
+            if getattr(recipe.eval, key):
+                setattr(recipe.eval, key, _resolve(getattr(recipe.eval, key), base))
 
 
 def _resolve_model_paths(data: dict, base: Path) -> None:
@@ -306,6 +312,7 @@ def recipe_from_dict(data: dict, base_dir: Path, source: str = "recipe", lines: 
     _resolve_paths(recipe, base_dir)
     problems = cross_checks(recipe, explicit, world_size or world_size_from_env())
     problems += location_problems(recipe, base_dir)
+    problems += eval_problems(recipe)
     if problems:
         raise RecipeError(problems, source)
     return recipe

@@ -131,3 +131,12 @@ def test_tqdm_monitor_interval_zero_starts_no_monitor_thread():
             assert tqdm.monitor is None
     finally:
         tqdm.monitor_interval = saved
+
+
+def test_lm_eval_load_yaml_merges_an_include_relative_to_the_file(tmp_path):
+    pytest.importorskip("lm_eval")
+    (tmp_path / "base.yaml").write_text("output_type: multiple_choice\ndoc_to_text: '{{q}}'\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "task.yaml").write_text("include: base.yaml\ntask: mine\ndoc_to_text: '{{question}}'\n")
+    config = compat.lm_eval_load_yaml(tmp_path / "task.yaml")
+    assert config == {"output_type": "multiple_choice", "doc_to_text": "{{question}}", "task": "mine"}

@@ -2,7 +2,7 @@
 
     shared base   finetune.{recipe, recipe_load, recipe_checks, errors, redact, log, compat, contract, ...}
                   (any top-level module but cli.py); imports only the base, and nothing heavy at import time
-    ingest < data < model < train < commands (and cli.py, on top); ingestion never reaches torch
+    ingest < data < model < train < evaluation < commands (and cli.py, on top); ingestion never reaches torch
     plan/         beside the stages: pure math, imports only the base and plan/
     __main__      entry points: may import the CLI (`python -m finetune.train` is `finetune train`)
 
@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "finetune"
 
-STAGES = ("ingest", "data", "model", "train", "commands")  # the pipeline order, earliest first
+STAGES = ("ingest", "data", "model", "train", "evaluation", "commands")  # the pipeline order, earliest first
 BASE_RANK, TOP_RANK = 0, len(STAGES)  # cli.py sits with commands, on top
 # An entry point (`__main__`) may import the CLI it shares its code with: `python -m finetune.train` is
 # `finetune train`.

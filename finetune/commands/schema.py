@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from finetune.recipe import DatasetSpec, Recipe, field_affects
+from finetune.recipe import DatasetSpec, EvalSpec, Recipe, field_affects
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,13 @@ def recipe_markdown() -> str:
         "## `datasets` entries",
         "",
         *_table(DatasetSpec),
+        "",
+        "## `eval` keys",
+        "",
+        "What `finetune eval` checks, and what runs when training ends if the recipe has an `eval:` section",
+        "(docs/evaluation.md).",
+        "",
+        *_table(EvalSpec),
         "",
     ]
     return "\n".join(lines)

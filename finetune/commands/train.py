@@ -45,4 +45,18 @@ def run(args: argparse.Namespace) -> int:
         run_training(recipe)
     except NothingToTrain as done:  # not a mistake: the run is already finished, and nothing was written
         get_logger(__name__).info(str(done))  # the main process says so
+        return 0
+    if recipe.eval is not None and int(os.environ.get("RANK", "0") or 0) == 0:
+        evaluate_trained(recipe)
     return 0
+
+
+def evaluate_trained(recipe) -> None:
+    """The recipe's `eval:` checks once training ends (main process only): report in output_dir/eval, a summary
+    in run.json. Nothing runs without an `eval:` section."""
+    from finetune.evaluation import evaluate_after_training
+
+    log = get_logger(__name__)
+    log.info("evaluating the trained run (the recipe's `eval:` section)")
+    report = evaluate_after_training(recipe)
+    log.info(f"evaluation: {report['verdict']}; report in {report['report_dir']}")

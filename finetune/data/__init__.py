@@ -77,7 +77,10 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
     return Example(example.input_ids[:n], example.labels[:n]), "truncated"
 
 
-def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Example], dict]:
+def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None
+                 ) -> tuple[list[Example], dict]:
+    """Every record of `files` -> Examples, fitted to sequence_len. `records`: a list that receives the
+    (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split)."""
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
     def counted(path, item):
@@ -87,7 +90,7 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
 
     shaped = (counted(path, _sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
-    for _, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
+    for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
         example, what = fit_length(encoded, recipe)
         if example is not None and example.supervised_tokens == 0:
@@ -96,6 +99,8 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[
             outcome[what] += 1
         if example is not None:
             examples.append(example)
+            if records is not None:
+                records.append(item)
     if not examples:
         raise DataError(
             f"no usable examples: {outcome['records']} records, {outcome['too_long']} over sequence_len "

@@ -1,0 +1,116 @@
+"""The lm-evaluation-harness bridge: local task folders, run on the adapter without merging, fully offline.
+
+lm-eval's HFLM takes a model object (`pretrained=model`): the PeftModel as it is (the base is the same model
+with its adapter disabled), so no merge is needed. Tasks are lm-eval task YAML files in a folder, with their
+data in local files (`dataset_path: json`, `dataset_kwargs: {data_files: ...}`); a relative data file is
+relative to the YAML file (lm-eval itself would read it relative to the current folder). finetune ships one
+example task, `tiny_facts` (finetune/eval_tasks/tiny_facts/), always available by name.
+
+lm-eval is an optional extra (`pip install finetune[eval]`): imported here only, when tasks are asked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finetune.errors import FinetuneError
+
+SHIPPED_TASKS = Path(__file__).resolve().parent.parent / "eval_tasks"
+BATCH_SIZE = 8  # requests per forward pass
+NOT_METRICS = ("alias", "sample_len", "sample_count")  # lm-eval's bookkeeping beside the scores
+
+
+def require_lm_eval() -> None:
+    from finetune.recipe_checks import LM_EVAL_INSTALL, lm_eval_missing
+
+    if lm_eval_missing():
+        raise FinetuneError(f"lm-eval tasks were asked for, but lm-evaluation-harness is not installed: "
+                            f"{LM_EVAL_INSTALL}; or run without --tasks / --tasks-dir")
+
+
+def _absolute_data_files(config: dict, folder: Path) -> dict:
+    """The task's local data files made absolute, relative to the YAML's folder."""
+    kwargs = dict(config.get("dataset_kwargs") or {})
+    files = kwargs.get("data_files")
+
+    def resolve(value):
+        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+            return str((folder / value).resolve())
+        return value
+
+    if isinstance(files, dict):
+        kwargs["data_files"] = {split: ([resolve(v) for v in f] if isinstance(f, list) else resolve(f))
+                                for split, f in files.items()}
+    elif files is not None:
+        kwargs["data_files"] = [resolve(v) for v in files] if isinstance(files, list) else resolve(files)
+    return {**config, "dataset_kwargs": kwargs} if kwargs else config
+
+
+def task_configs(folder: Path) -> dict[str, dict]:
+    """{task name: its config} for every task YAML (a file with a `task:` name) under `folder`."""
+    from finetune.compat import lm_eval_load_yaml
+
+    found = {}
+    for path in sorted(folder.rglob("*.y*ml")):
+        try:
+            config = lm_eval_load_yaml(path)
+        except Exception as exc:  # a broken YAML or a !function that does not import: say which file
+            raise FinetuneError(f"cannot read the lm-eval task file `{path}`: {exc}") from None
+        if isinstance(config, dict) and isinstance(config.get("task"), str):
+            found[config["task"]] = _absolute_data_files(config, path.parent)
+    return found
+
+
+def chosen_tasks(names: list[str], tasks_dir: str | None) -> list[dict]:
+    """The configs of the tasks to run: `names` from the shipped tasks and `tasks_dir`, or every task in
+    `tasks_dir` when no names are given."""
+    require_lm_eval()
+    local = {}
+    if tasks_dir:
+        local = task_configs(Path(tasks_dir))
+        if not local:
+            raise FinetuneError(
+                f"no lm-eval task in `{tasks_dir}`: no YAML file there has a `task:` name. A task folder holds a "
+                "task YAML (task, dataset_path: json, dataset_kwargs.data_files, output_type, doc_to_text, ...) "
+                "and its local data file; see docs/evaluation.md, section \"Adding a local task\", or the example "
+                f"in {SHIPPED_TASKS / 'tiny_facts'}"
+            )
+    available = {**task_configs(SHIPPED_TASKS), **local}
+    wanted = list(names) or sorted(local)
+    unknown = [name for name in wanted if name not in available]
+    if unknown:
+        where = f" or in `{tasks_dir}`" if tasks_dir else " (pass --tasks-dir for a folder of your own)"
+        raise FinetuneError(f"unknown lm-eval task {', '.join(unknown)}: not among finetune's tasks"
+                            f"{where}; available: {', '.join(sorted(available))}")
+    return [available[name] for name in wanted]
+
+
+def _metrics(results: dict) -> dict:
+    """{task: {metric: value}} without stderr entries; lm-eval's "acc,none" keys become "acc"."""
+    out = {}
+    for task, values in results.get("results", {}).items():
+        out[task] = {key.split(",")[0]: value for key, value in values.items()
+                     if isinstance(value, (int, float)) and "stderr" not in key and key not in NOT_METRICS}
+    return out
+
+
+def run_tasks(models, side_names: list[str], configs: list[dict], limit: int | None, chat_template: bool) -> dict:
+    """{"tasks": {task: {side: {metric: value}}}, "chat_template": on/off, ...}: each side through lm-eval."""
+    import logging
+
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)  # its per-request INFO lines drown the report
+    per_side = {}
+    for name in side_names:
+        with models.side(name) as model:
+            lm = HFLM(pretrained=model, tokenizer=models.tokenizer, batch_size=BATCH_SIZE)
+            results = simple_evaluate(model=lm, tasks=[dict(c) for c in configs], limit=limit,
+                                      apply_chat_template=chat_template, log_samples=False, bootstrap_iters=0,
+                                      task_manager=TaskManager(include_defaults=False), verbosity="WARNING")
+        per_side[name] = _metrics(results or {})
+    tasks = sorted({task for side in per_side.values() for task in side})
+    return {"tasks": {task: {name: per_side[name].get(task, {}) for name in side_names} for task in tasks},
+            "chat_template": chat_template, "limit": limit, "adapter_merged": False}

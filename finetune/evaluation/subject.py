@@ -1,0 +1,165 @@
+"""What `finetune eval` evaluates: a trained run (its recipe, folder and prompt format) and its models.
+
+The base and the tuned model are used one at a time through `Models.side(name)`. For an adapter they are the
+same module: the tuned model is the PeftModel, the base is that model with its adapter disabled (peft's
+`disable_adapter()`), so one copy of the weights serves both and the adapter is evaluated without merging.
+For a full fine-tune the base is loaded from where the run started (run.json's base_model_path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from finetune.errors import FinetuneError, ModelError
+
+GGUF_DIR = "gguf"  # where `finetune export --gguf` writes by default (finetune/commands/export.py)
+
+
+@dataclass
+class Subject:
+    recipe: object  # the Recipe the run trained with
+    folder: Path  # the run's output folder: the adapter or the model, run.json
+    is_adapter: bool
+    base_source: str  # the base model folder (or hub id)
+    prompt_format: str  # chat | alpaca | raw: what the run trained with (finetune/model/prompt_format.py)
+    format_reason: str
+    run: dict  # run.json ({} when absent)
+
+    @property
+    def formats(self) -> set[str]:
+        """The record shapes the run trained on."""
+        found = set((self.run.get("data") or {}).get("formats") or ())
+        return found or {spec.type for spec in self.recipe.datasets}
+
+
+def _run_json(folder: Path) -> dict:
+    try:
+        data = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subject:
+    """A recipe (its output_dir) or a run's output folder -> the Subject. ModelError when no trained model is
+    there; FinetuneError when the folder does not say which recipe trained it."""
+    from finetune.model.loader import resolve_model_path
+    from finetune.model.merge import locate
+    from finetune.model.prompt_format import served_format
+
+    from finetune.model.merge import is_recipe_path
+
+    if overrides and not is_recipe_path(target):
+        raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
+                            "(`finetune eval RECIPE.yml --set ...`) or drop --set")
+    trained = locate(target, overrides)  # ModelError: no adapter or model there
+    run = _run_json(trained.folder)
+    recipe = recipe or trained.recipe
+    if recipe is None:
+        if not run.get("recipe"):
+            raise FinetuneError(
+                f"`{trained.folder}` holds a model but no run.json says which recipe trained it (its data, its "
+                "eval split, its format); pass the recipe instead: `finetune eval RECIPE.yml`"
+            )
+        recipe = recorded_recipe(run["recipe"])
+    if trained.is_adapter:
+        base = trained.base_source
+    else:
+        base = run.get("base_model_path") or resolve_model_path(recipe.base_model, recipe.cache_dir)
+    name, why = served_format(trained.folder)
+    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run)
+
+
+def recorded_recipe(data: dict):
+    """The Recipe run.json records (a full dump, validated when it trained; its paths absolute). A dataset entry's
+    raw-source options are dumped with their defaults, which a records entry refuses as set: keep what differs."""
+    from finetune.recipe import DatasetSpec, Recipe
+
+    defaults = {name: field.default for name, field in DatasetSpec.model_fields.items() if not field.is_required()}
+    datasets = [{k: v for k, v in spec.items() if k in ("path", "type") or defaults.get(k, object()) != v}
+                for spec in data.get("datasets", [])]
+    return Recipe.model_validate({**data, "datasets": datasets})
+
+
+def find_gguf(subject: Subject, given: str | None) -> Path | None:
+    """The GGUF to evaluate: the one given, else the newest `finetune export` wrote into the output folder."""
+    if given:
+        if not Path(given).is_file():
+            raise FinetuneError(f"--gguf: no file at `{given}`; export one with `finetune export RUN --gguf`")
+        return Path(given)
+    found = sorted((subject.folder / GGUF_DIR).glob("*.gguf"), key=lambda p: p.stat().st_mtime)
+    return found[-1] if found else None
+
+
+def device():
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Models:
+    """The run's tokenizer and its models, base and tuned (and a GGUF export when given), one at a time."""
+
+    def __init__(self, subject: Subject, gguf: Path | None = None, tokenizer=None):
+        from finetune.model.merge import Trained, load_adapter_model, saved_tokenizer
+
+        self.subject, self.gguf = subject, gguf
+        self.tokenizer = tokenizer or saved_tokenizer(subject.folder)
+        self._base = None
+        if subject.is_adapter:
+            trained = Trained(subject.folder, True, subject.base_source, subject.recipe)
+            # fp32 everywhere: the numbers compare models, not precisions (a 4-bit QLoRA base is dequantized)
+            self.tuned, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+        else:
+            self.tuned = _load(subject.folder)
+        self.tuned.to(device()).eval()
+
+    def sides(self) -> tuple[str, ...]:
+        return ("base", "tuned", "gguf") if self.gguf else ("base", "tuned")
+
+    @property
+    def pad_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @contextlib.contextmanager
+    def side(self, name: str):
+        """The model called `name`: "base", "tuned" or "gguf" (loaded for the block, then let go)."""
+        if name == "tuned":
+            yield self.tuned
+        elif name == "gguf":
+            model = load_gguf(self.gguf, self.tokenizer)
+            try:
+                yield model
+            finally:
+                del model
+        elif self.subject.is_adapter:
+            with self.tuned.disable_adapter():
+                yield self.tuned
+        else:
+            if self._base is None:
+                self._base = _load(self.subject.base_source).to(device()).eval()
+            yield self._base
+
+
+def _load(source, **kwargs):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs.setdefault("dtype", torch.float32)  # fp32, like an adapter's base here: models compared, not precisions
+    try:
+        return AutoModelForCausalLM.from_pretrained(str(source), **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the model at `{source}`: {exc}") from None
+
+
+def load_gguf(path: Path, tokenizer):
+    """A GGUF export, dequantized by transformers (gguf_file=), grown to the run's vocabulary if needed."""
+    model = _load(path.parent, gguf_file=path.name)
+    if len(tokenizer) > model.get_input_embeddings().num_embeddings:
+        raise ModelError(f"`{path}` has {model.get_input_embeddings().num_embeddings} token embeddings, the run's "
+                         f"tokenizer {len(tokenizer)}: it is not an export of this run")
+    return model.to(device()).eval()
