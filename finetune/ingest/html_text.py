@@ -30,7 +30,9 @@ CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary"
 _CHROME_WORDS = re.compile(
     r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
-    r"pagination|toc-sidebar|popup|modal|"
+    r"pagination|toc-sidebar|popup|modal|tagline|"
+    # DocBook's Prev | Up | Home | Next tables, publican's list of the same
+    r"navheader|navfooter|docnav|"
     # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
     r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
@@ -92,7 +94,9 @@ def _is_chrome(tag, page_level: bool) -> bool:
 _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
 _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
+_ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
 _ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
+_FIRST_HEADING_XPATH = "(.//*[self::h1 or self::h2 or self::h3])[1]"
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
 
@@ -104,14 +108,79 @@ def _xpath(expr: str):
     return _XPATHS[expr]
 
 
-def _chrome_by_attrs(el, page_level: bool) -> bool:
+def _chrome_by_attrs(el, page_level: bool) -> str:
+    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), or ""."""
     attrs = el.attrib
     if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
-        return True
+        return "explicit"
     cls, ident = attrs.get("class", ""), attrs.get("id", "")
-    if _CHROME_WORDS.search(cls) or _CHROME_WORDS.search(ident):
-        return True
-    return page_level and (bool(_PAGE_CHROME_WORDS.match(ident)) or any(map(_PAGE_CHROME_WORDS.match, cls.split())))
+    if _CHROME_WORDS.search(cls):
+        return "class"
+    if page_level and (_PAGE_CHROME_WORDS.match(ident) or any(map(_PAGE_CHROME_WORDS.match, cls.split()))):
+        return "explicit"
+    return "id" if _CHROME_WORDS.search(ident) else ""
+
+
+# An element that opens with one of these is a titled box or section: DocBook `titlepage` / `title`,
+# docutils `sidebar-title` (Sphinx's `.. sidebar::`), or a heading.
+_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title)(?:$|\s)")
+_SIDEBAR_CLASS = re.compile(r"(?:^|\s)sidebar(?:$|\s)")
+_FOOTNOTE_CLASS = re.compile(r"(?:^|\s)footnote(?:-list)?(?:$|\s)")
+# A chrome-named element is a link list (navigation) when at least this share of its text is link text.
+_LINK_LIST_SHARE = 0.5
+
+
+def _opens_with_title(el) -> bool:
+    """Whether the first text inside `el` is a heading or title markup."""
+    if (el.text or "").strip(_XML_SPACE):
+        return False
+    for n, inner in enumerate(el.iterdescendants()):
+        if inner.tag in HEADINGS or _TITLE_CLASS.search(inner.get("class") or ""):
+            return True
+        if n > 12 or (inner.text or "").strip(_XML_SPACE) or (inner.tail or "").strip(_XML_SPACE):
+            return False
+    return False
+
+
+def _is_prose_section(el) -> bool:
+    """A titled section or box of text, not a list of links: `<div class="sect2" id="SQL-SYNTAX-COMMENTS">`
+    (a generator makes ids from heading text), a DocBook / docutils sidebar box."""
+    if not _opens_with_title(el):
+        return False
+    text_length = _xpath("string-length(normalize-space())")
+    chars = text_length(el)
+    return chars > 0 and sum(text_length(a) for a in el.iter("a")) < _LINK_LIST_SHARE * chars
+
+
+def _content_sidebar(el) -> bool:
+    """`<aside class="sidebar">` / `<div class="sidebar">` holding a titled box of the text itself, or
+    Sphinx's `<aside class="footnote">`: a footnote is part of the text."""
+    cls = el.get("class") or ""
+    return bool(_FOOTNOTE_CLASS.search(cls)) or bool(_SIDEBAR_CLASS.search(cls)) and _is_prose_section(el)
+
+
+def _chrome_in(main, page_level: bool) -> list:
+    """The elements of `main` to remove. Tags and roles are chrome whatever they hold; a chrome *word* in a
+    class or id is a guess, so it never removes the element that holds the page's first heading (the
+    whole text), nor a titled section of prose whose id merely contains the word (`...-sharing`)."""
+    doomed = []
+    for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())):
+        if el.tag == "aside" and _content_sidebar(el):
+            el.tag = "div"  # kept, and rendered as the block it is (the renderer skips <aside>)
+        elif el is not main:
+            doomed.append(el)
+    first_heading = main.find(".//h1")
+    if first_heading is None:
+        first_heading = next(iter(_xpath(_FIRST_HEADING_XPATH)(main)), None)
+    holds_title = set(first_heading.iterancestors()) if first_heading is not None else set()
+    for el in _xpath(_ATTR_XPATH)(main):
+        why = _chrome_by_attrs(el, page_level)
+        if not why or (why != "explicit" and el in holds_title):
+            continue
+        if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
+            continue
+        doomed.append(el)
+    return doomed
 
 
 class Pruned(NamedTuple):
@@ -120,6 +189,7 @@ class Pruned(NamedTuple):
     page_level: bool  # no <main>/<article>: the whole <body> is the content
     chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
     link_chars: int = 0  # of which inside links: an index page is almost all links
+    had_text: bool = False  # the main content held text before chrome was removed
 
 
 def prune_to_main(text: str) -> Pruned:
@@ -145,9 +215,8 @@ def prune_to_main(text: str) -> Pruned:
     if main is None:
         return Pruned(title, None, True)
     page_level = main.tag == "body"
-    doomed = [el for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())) if el is not main]
-    doomed += [el for el in _xpath(_ATTR_XPATH)(main) if _chrome_by_attrs(el, page_level)]
-    for el in doomed:
+    had_text = bool(_xpath(_ANY_TEXT_XPATH)(main))
+    for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
             el.drop_tree()  # keeps the element's tail text
     # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
@@ -158,7 +227,7 @@ def prune_to_main(text: str) -> Pruned:
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, chars, link_chars)
+    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, chars, link_chars, had_text)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
