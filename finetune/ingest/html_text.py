@@ -179,6 +179,8 @@ def _chrome_in(main, page_level: bool) -> list:
             continue
         if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
             continue
+        if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
+            continue
         doomed.append(el)
     return doomed
 
