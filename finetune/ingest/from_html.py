@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from finetune.errors import DataError
-from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render
+from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render, render_tree
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
@@ -66,10 +66,7 @@ def read_page(path: str, opts: IngestOptions) -> Page | list:
     if opts.mapping:
         return list(_mapped(parse(text), where, opts))
     page = prune_to_main(text)
-    body = ""
-    if page.html is not None:
-        soup = parse(page.html, prestrip=False)  # prune_to_main already removed scripts and styles
-        body = render(soup.body or soup, page_level=page.page_level)
+    body = render_tree(page.main, page.page_level) if page.main is not None else ""
     return Page(page.title, body, page.chars, page.link_chars, page.had_text)
 
 

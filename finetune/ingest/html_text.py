@@ -187,7 +187,7 @@ def _chrome_in(main, page_level: bool) -> list:
 
 class Pruned(NamedTuple):
     title: str
-    html: str | None  # the main content with chrome removed; None when the page has no body
+    main: object  # the main content's lxml element with chrome removed; None when the page has no body
     page_level: bool  # no <main>/<article>: the whole <body> is the content
     chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
     link_chars: int = 0  # of which inside links: an index page is almost all links
@@ -195,10 +195,9 @@ class Pruned(NamedTuple):
 
 
 def prune_to_main(text: str) -> Pruned:
-    """The title and main-content HTML with chrome removed, using lxml alone.
-
-    lxml builds and prunes the tree in C; beautifulsoup4 then renders only what is left. This is where
-    the speed comes from: bs4 creates a Python object per node, so it should only see the content."""
+    """The title and main-content element with chrome removed, using lxml alone (one parse: the page is
+    rendered from this tree by `render_tree`; beautifulsoup4, which creates a Python object per node,
+    only parses pages for `--map` selectors)."""
     import lxml.html
     from lxml import etree
 
@@ -226,10 +225,10 @@ def prune_to_main(text: str) -> Pruned:
     text_length = _xpath("string-length(normalize-space())")
     link_chars = int(sum(text_length(a) for a in main.iter("a")))
     chars = int(text_length(main)) if link_chars else 0
-    # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
+    # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, chars, link_chars, had_text)
+    return Pruned(title, main, page_level, chars, link_chars, had_text)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
@@ -265,6 +264,54 @@ def render(root, page_level: bool) -> str:
     out: list[str] = []
     _walk(root, out, page_level, (NavigableString, (Comment, Declaration, Doctype, ProcessingInstruction)))
     return _finish("".join(out))
+
+
+def render_tree(root, page_level: bool) -> str:
+    """`render` on the lxml tree `prune_to_main` left: the same Markdown, without a second parse."""
+    out: list[str] = []
+    _walk_tree(root, out, page_level)
+    return _finish("".join(out))
+
+
+def _walk_tree(node, out: list, page_level: bool) -> None:
+    """`_walk` for lxml elements: an element's text comes first, each child's tail after the child."""
+    if node.text:
+        out.append(node.text)
+    for child in node:
+        name = child.tag
+        if not isinstance(name, str) or name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
+            pass  # a comment or processing instruction (prune_to_main removed them), or chrome
+        elif name in HEADINGS:
+            text = _WS.sub(" ", child.text_content()).strip().rstrip(_PERMALINK_MARKS).rstrip()
+            if text:
+                out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
+        elif name == "pre":
+            out.append(f"{_PARA}```\n{child.text_content().strip(chr(10))}\n```{_PARA}")
+        elif name == "br":
+            out.append(_BR)
+        elif name == "li":
+            inner: list[str] = []
+            _walk_tree(child, inner, page_level)
+            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
+        elif name == "tr":
+            cells = [_tree_cell_text(c, page_level) for c in child if c.tag in ("td", "th")]
+            out.append(_BR + " | ".join(cells) + _BR)
+        elif name == "code":
+            out.append(f"`{child.text_content()}`")
+        elif name in BLOCK_TAGS:
+            out.append(_PARA)
+            _walk_tree(child, out, page_level and name not in ("article", "main"))
+            out.append(_PARA)
+        else:
+            _walk_tree(child, out, page_level)
+        if child.tail:
+            out.append(child.tail)
+
+
+def _tree_cell_text(cell, page_level: bool) -> str:
+    inner: list[str] = []
+    _walk_tree(cell, inner, page_level)
+    return " ".join("".join(inner).replace(_PARA, " ").replace(_BR, " ").split())
 
 
 def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
