@@ -68,7 +68,9 @@ def pages_of(folder: str) -> list[str]:
 def chrome_lines(text: str, gen: str) -> bool:
     phrases = GENERATORS[gen][2]
     if gen == "publican":  # "Prev" / "Next" as whole lines: the words occur in prose too
-        return "Download the ebook" in text or any(line.strip("- ") in phrases or line.startswith(("- Prev", "- Next")) for line in text.split("\n"))
+        lines = text.split("\n")
+        return "Download the ebook" in text or any(line.strip("- ") in phrases for line in lines) or any(
+            line.startswith(("- Prev", "- Next")) for line in lines)
     return any(p in text for p in phrases)
 
 

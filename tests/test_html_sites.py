@@ -127,3 +127,16 @@ def test_a_sites_repeated_footer_and_tagline_are_removed_from_every_page(tmp_pat
         sentence = "This page last modified on 2021-03-04 is not a footer when it is a sentence in the text"
         assert f"{sentence} of page {n}." in text
         assert text.rstrip().endswith("with the rules for the values it accepts."), text[-120:]
+
+
+def test_a_wrapper_named_with_a_chrome_word_keeps_the_page_text_but_a_small_one_goes(tmp_path):
+    """WordPress themes put "has-sidebar" on the wrapper of the whole page; a masthead is small."""
+    prose = " ".join(f"Sentence {n} of the article says something about tuning the learning rate." for n in range(12))
+    html = ("<html><head><title>Tuning</title></head><body>"
+            "<div id='masthead' class='site-branding'><h1>Notes from the loss curve</h1></div>"
+            f"<div id='page' class='site has-sidebar'><div class='content'><h2>Tuning</h2><p>{prose}</p></div>"
+            "<div class='widget sidebar'><h3>Recent posts</h3><ul><li><a href='/a'>Older post one</a></li>"
+            "<li><a href='/b'>Older post two</a></li></ul></div></div></body></html>")
+    text = extract(html)
+    assert prose in text and "## Tuning" in text
+    assert "Recent posts" not in text and "Older post" not in text and "Notes from the loss curve" not in text

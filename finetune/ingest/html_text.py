@@ -96,7 +96,6 @@ _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
 _ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
 _ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
-_FIRST_HEADING_XPATH = "(.//*[self::h1 or self::h2 or self::h3])[1]"
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
 
@@ -128,28 +127,37 @@ _SIDEBAR_CLASS = re.compile(r"(?:^|\s)sidebar(?:$|\s)")
 _FOOTNOTE_CLASS = re.compile(r"(?:^|\s)footnote(?:-list)?(?:$|\s)")
 # A chrome-named element is a link list (navigation) when at least this share of its text is link text.
 _LINK_LIST_SHARE = 0.5
+_MIN_PROSE_CHARS = 40  # of text under a title: less is a masthead or a label, not a section
+# A chrome-named element holding at least this share of the main content's text is the content's wrapper
+_MOST_OF_THE_TEXT = 0.5
 
 
-def _opens_with_title(el) -> bool:
-    """Whether the first text inside `el` is a heading or title markup."""
+def _opening_title(el):
+    """The heading or title markup `el` opens with (no text before it), else None."""
     if (el.text or "").strip(_XML_SPACE):
-        return False
+        return None
     for n, inner in enumerate(el.iterdescendants()):
         if inner.tag in HEADINGS or _TITLE_CLASS.search(inner.get("class") or ""):
-            return True
+            return inner
         if n > 12 or (inner.text or "").strip(_XML_SPACE) or (inner.tail or "").strip(_XML_SPACE):
-            return False
-    return False
+            return None
+    return None
+
+
+def _text_and_link_chars(el) -> tuple[int, int]:
+    text_length = _xpath("string-length(normalize-space())")
+    return int(text_length(el)), int(sum(text_length(a) for a in el.iter("a")))
 
 
 def _is_prose_section(el) -> bool:
-    """A titled section or box of text, not a list of links: `<div class="sect2" id="SQL-SYNTAX-COMMENTS">`
-    (a generator makes ids from heading text), a DocBook / docutils sidebar box."""
-    if not _opens_with_title(el):
+    """A titled section or box of text, not a list of links nor a bare title (a masthead):
+    `<div class="sect2" id="SQL-SYNTAX-COMMENTS">` (a generator makes ids from heading text), a DocBook /
+    docutils sidebar box."""
+    title = _opening_title(el)
+    if title is None:
         return False
-    text_length = _xpath("string-length(normalize-space())")
-    chars = text_length(el)
-    return chars > 0 and sum(text_length(a) for a in el.iter("a")) < _LINK_LIST_SHARE * chars
+    chars, link_chars = _text_and_link_chars(el)
+    return chars - _text_and_link_chars(title)[0] >= _MIN_PROSE_CHARS and link_chars < _LINK_LIST_SHARE * chars
 
 
 def _content_sidebar(el) -> bool:
@@ -161,26 +169,29 @@ def _content_sidebar(el) -> bool:
 
 def _chrome_in(main, page_level: bool) -> list:
     """The elements of `main` to remove. Tags and roles are chrome whatever they hold; a chrome *word* in a
-    class or id is a guess, so it never removes the element that holds the page's first heading (the
-    whole text), nor a titled section of prose whose id merely contains the word (`...-sharing`)."""
+    class or id is a guess, so it never removes an element that holds most of the page's text (a wrapper
+    `<div class="page has-sidebar">`), nor a titled section of prose whose id merely holds the word
+    (`<div class="sect1" id="PLPYTHON-SHARING">`)."""
     doomed = []
     for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())):
         if el.tag == "aside" and _content_sidebar(el):
             el.tag = "div"  # kept, and rendered as the block it is (the renderer skips <aside>)
         elif el is not main:
             doomed.append(el)
-    first_heading = main.find(".//h1")
-    if first_heading is None:
-        first_heading = next(iter(_xpath(_FIRST_HEADING_XPATH)(main)), None)
-    holds_title = set(first_heading.iterancestors()) if first_heading is not None else set()
+    main_chars = None
     for el in _xpath(_ATTR_XPATH)(main):
         why = _chrome_by_attrs(el, page_level)
-        if not why or (why != "explicit" and el in holds_title):
+        if not why:
             continue
         if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
             continue
         if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
             continue
+        if why != "explicit":
+            main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
+            chars, link_chars = _text_and_link_chars(el)
+            if chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars:
+                continue
         doomed.append(el)
     return doomed
 
