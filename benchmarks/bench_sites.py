@@ -10,7 +10,8 @@ For each folder of pages (a real site, e.g. one unpacked from a Debian documenta
           SQLite's hand-written pages without the `.nosearch` menu and tagline and the footer line
   chrome  records still holding the site's navigation or template (Prev | Up | Home | Next, "Small.
           Fast. Reliable.", "This page last modified", Sphinx's "Quick search"...), against the naive text
-  sections  records of `--html-mode sections` with fewer than 10 words under their heading (stubs)
+  sections  records of `--html-mode sections`: how many, how many hold chrome, how many have fewer than 10
+          words under their heading (short sections: "See Also", a one-line Synopsis, or navigation stubs)
 
 Get the sites (Debian bookworm):
   apt-get download postgresql-doc-15 python3.11-doc sqlite3-doc debian-handbook
@@ -37,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 # generator -> (reference main element, chrome inside it removed by the reference, phrases of chrome)
 GENERATORS = {
     "sphinx": ("div[role=main]", ("a.headerlink",), ("Quick search", "Navigation", "© Copyright", "Show Source")),
-    "docbook": ("body", (".navheader", ".navfooter"), ("Prev | Up", "Home | Next", "Prev | ")),
+    "docbook": ("body", (".navheader", ".navfooter"), (re.compile(r"\bPrev\W{0,9}Up\b"),
+                                                        re.compile(r"\bHome\W{0,9}Next\b"))),
     "publican": ("body", ("ul.docnav", "#banner", "p#title"), ("Download the ebook", "Prev", "Next")),
     # the footer and the one-line notes that close every page of a folder (the site's template) are chrome
     "sqlite": ("body", (".nosearch", 'p:-soup-contains("This page last modified")',
@@ -71,7 +73,7 @@ def chrome_lines(text: str, gen: str) -> bool:
         lines = text.split("\n")
         return "Download the ebook" in text or any(line.strip("- ") in phrases for line in lines) or any(
             line.startswith(("- Prev", "- Next")) for line in lines)
-    return any(p in text for p in phrases)
+    return any(p.search(text) if isinstance(p, re.Pattern) else p in text for p in phrases)
 
 
 def timed(*fns, repeat: int) -> list[float]:
@@ -116,19 +118,20 @@ def quality(paths: list[str], gen: str) -> dict:
             if sum(ref.values()) >= 50 and found / sum(ref.values()) < worst[0]:
                 worst = (found / sum(ref.values()), Path(path).name)
         naive_chrome += chrome_lines(_naive(path), gen)
-    stubs, sections = _section_stubs(paths)
+    stubs, sections, section_chrome = _section_stubs(paths, gen)
     return {"records": records, "rejects": dict(rejects), "recall_kept_pages": round(found_kept / ref_kept, 4),
             "recall_all_pages": round(found_total / ref_total, 4), "worst_page": (round(worst[0], 3), worst[1]),
             "records_with_chrome": chrome_records, "naive_pages_with_chrome": naive_chrome,
-            "sections": sections, "section_stubs": stubs, "pages_without_reference": unmeasured}
+            "sections": sections, "section_stubs": stubs, "sections_with_chrome": section_chrome, "pages_without_reference": unmeasured}
 
 
-def _section_stubs(paths: list[str]) -> tuple[int, int]:
+def _section_stubs(paths: list[str], gen: str) -> tuple[int, int, int]:
+    """(sections with under 10 words below their heading, sections, sections holding chrome)"""
     from finetune.ingest.from_html import read_html_files
     from finetune.ingest.options import IngestOptions
     from finetune.ingest.report import Reject
 
-    stubs = total = 0
+    stubs = total = chrome = 0
     for _, items in read_html_files(paths, IngestOptions(workers=1, html_mode="sections"), 1):
         for item in items:
             if isinstance(item, Reject):
@@ -136,7 +139,8 @@ def _section_stubs(paths: list[str]) -> tuple[int, int]:
             total += 1
             body = [line for line in item[1]["text"].split("\n") if line and not line.startswith("#")]
             stubs += len(" ".join(body).split()) < 10
-    return stubs, total
+            chrome += chrome_lines(item[1]["text"], gen)
+    return stubs, total, chrome
 
 
 def _naive(path: str) -> str:
