@@ -122,7 +122,8 @@ def quality(paths: list[str], gen: str) -> dict:
     return {"records": records, "rejects": dict(rejects), "recall_kept_pages": round(found_kept / ref_kept, 4),
             "recall_all_pages": round(found_total / ref_total, 4), "worst_page": (round(worst[0], 3), worst[1]),
             "records_with_chrome": chrome_records, "naive_pages_with_chrome": naive_chrome,
-            "sections": sections, "section_stubs": stubs, "sections_with_chrome": section_chrome, "pages_without_reference": unmeasured}
+            "sections": sections, "section_stubs": stubs, "sections_with_chrome": section_chrome,
+            "pages_without_reference": unmeasured}
 
 
 def _section_stubs(paths: list[str], gen: str) -> tuple[int, int, int]:
@@ -172,13 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=2, help="alternating timed repeats; the best counts")
     parser.add_argument("--no-speed", action="store_true", help="measure recall and chrome only")
+    parser.add_argument("--speed-only", action="store_true", help="measure speed only (e.g. an older checkout)")
     args = parser.parse_args(argv)
     sys.setrecursionlimit(20_000)  # the reference's html.parser tree of a page with thousands of unclosed <li>
     for folder in args.sites:
         paths = pages_of(folder)
         gen = Counter(generator(Path(p).read_text(encoding="utf-8", errors="replace")) for p in paths[:20])
         gen = gen.most_common(1)[0][0]
-        res = {"site": folder, "generator": gen, "pages": len(paths), **quality(paths, gen)}
+        res = {"site": folder, "generator": gen, "pages": len(paths)}
+        if not args.speed_only:
+            res.update(quality(paths, gen))
         if not args.no_speed:
             res.update(speed(folder, paths, args.workers, args.repeat))
         print(json.dumps(res, ensure_ascii=False))
