@@ -1,8 +1,9 @@
 """HTML -> readable text: decode with the right charset, find the main content, drop chrome, keep structure.
 
-One parse (beautifulsoup4 on the lxml parser) and one walk of the main-content subtree. Chrome is skipped
-during that walk (scripts, styles, nav, header/footer outside the article, asides, forms, elements whose
-role, class or id says navigation, banner, cookie notice, share bar...), so no second tree walk is needed.
+One lxml parse: `prune_to_main` finds the main content and removes chrome from it in C (scripts, styles,
+nav, header/footer outside the article, asides, forms, elements whose role, class or id says navigation,
+banner, cookie notice, share bar..., unless the element holds the text: see `_chrome_in`); `render_tree`
+walks what is left once. (`render` walks a beautifulsoup4 tree the same way, for `--map` CSS selectors.)
 Structure survives as light Markdown: `#` headings, `-` list items, ``` fenced <pre> blocks, table rows
 as `a | b | c`, paragraphs separated by a blank line.
 """
@@ -243,7 +244,7 @@ def prune_to_main(text: str) -> Pruned:
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
-# (indentation between blocks) never reaches the output, so it need not become bs4 objects either.
+# (indentation between blocks) never reaches the output, so the walk need not visit it either.
 _BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
 _BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
 _XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
