@@ -104,8 +104,8 @@ def quality(paths: list[str], gen: str) -> dict:
         html = Path(path).read_text(encoding="utf-8", errors="replace")
         try:
             ref = reference_words(html, main, chrome)
-        except RecursionError:  # html.parser nests unclosed tags (SQLite's <li>s) past Python's stack
-            unmeasured += 1
+        except (RecursionError, AttributeError):  # html.parser nests unclosed tags (SQLite's <li>s) past
+            unmeasured += 1  # Python's stack; a page without the generator's main element (Sphinx's search page)
             continue
         texts = [item[1]["text"] for item in items if not isinstance(item, Reject)]
         rejects.update(item.reason for item in items if isinstance(item, Reject))
