@@ -17,6 +17,8 @@ from collections import Counter
 
 TEMPLATE_SAMPLE = 40  # pages read to learn the template, spread evenly over the folder
 TEMPLATE_MIN_PAGES = 8  # fewer pages than this: no template is learned
+# Sampled pages' text is held until their turn to be written: past this many, later folders learn no template
+MAX_SAMPLED_PAGES = 1000
 TEMPLATE_SHARE = 0.5  # a line is the template when it opens or closes at least this share of the sample
 MAX_TEMPLATE_SHARE_OF_PAGE = 0.5  # of the median sampled page's characters; more: no template
 MIN_WORDS = 3  # in a template line
@@ -32,12 +34,13 @@ def sample_indices(paths: list[str]) -> dict[str, list[int]]:
     folders: dict[str, list[int]] = {}
     for i, path in enumerate(paths):
         folders.setdefault(os.path.dirname(path), []).append(i)
-    out = {}
+    out, sampled = {}, 0
     for folder, indices in folders.items():
-        if len(indices) < TEMPLATE_MIN_PAGES:
+        if len(indices) < TEMPLATE_MIN_PAGES or sampled + TEMPLATE_SAMPLE > MAX_SAMPLED_PAGES:
             continue
         step = max(1.0, (len(indices) - 1) / (TEMPLATE_SAMPLE - 1))
         out[folder] = sorted({indices[round(k * step)] for k in range(min(len(indices), TEMPLATE_SAMPLE))})
+        sampled += len(out[folder])
     return out
 
 
