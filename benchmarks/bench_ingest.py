@@ -2,7 +2,7 @@
 measured in the same run and reported as ratios:
 
   HTML  ours: the full ingest of the folder as `finetune ingest` runs it by default (one worker process
-        per CPU: lxml prunes chrome, bs4 renders the content with structure; the main process cleans,
+        per CPU: lxml prunes chrome and renders the content with structure; the main process cleans,
         dedups, writes JSONL + report); also the whole stage in one process, and the reader alone
         naive: BeautifulSoup(html, "html.parser").get_text()
         and the word recall on the HTML regression corpus (tests/html_corpus.py: real-site shapes, each

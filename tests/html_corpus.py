@@ -35,6 +35,16 @@ PAGES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
                         "Leave a Reply", "Recent Posts", "Proudly powered", "Does LoRA rank matter", "Posted in")),
     "inline_prose.html": ("main", (), ("Field notes", "Essays", "All rights reserved")),
     "lists_tables.html": ("article", (), ("Trainbook is written", "Notes for people", "Popular", "Home ›")),
+    # DocBook (PostgreSQL's manuals): navheader/navfooter tables; section ids made from titles hold chrome
+    # words ("PLX-SHARING", "...-COMMENTS", "...-SHARE"); a titled sidebar box is part of the text
+    "docbook_sharing.html": ("div.sect1", (), ("Prev", "Next", "Up", "Home", "Anonymous Blocks", "Chapter 12")),
+    # publican (the Debian Administrator's Handbook): banner, docnav lists, sidebar boxes
+    "publican_section.html": ("div.section", (), ("Download the ebook", "Prev", "Next", "Mirrors", "7. Keys",
+                                                  "Administrator's Handbook")),
+    # Sphinx (Python's docs): section ids "cookie-objects", "sharing-state-...", a `.. sidebar::` box,
+    # footnotes in <aside>, headings that are links back to the local contents (toc-backref)
+    "sphinx_sections.html": ("div.body", ("a.headerlink", "nav"),
+                             ("Quick search", "Navigation", "3.11 Documentation", "Copyright", "¶")),
 }
 LINK_LIST_PAGES = ("index_links.html",)  # index pages of links only: rejected as low_text
 

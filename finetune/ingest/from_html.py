@@ -3,16 +3,19 @@ picked by CSS selectors (`map: {instruction: ".question h1", output: ".answer .b
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
 from finetune.errors import DataError
-from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render
+from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render, render_tree
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
+from finetune.ingest.site_template import sample_indices, site_template, strip_template
 from finetune.ingest.textio import open_binary
 
 # A page whose main content is at least this share link text (in characters) is an index, a sitemap or a
@@ -21,44 +24,70 @@ from finetune.ingest.textio import open_binary
 LOW_TEXT_LINK_SHARE = 0.8
 MAX_HTML_BYTES = 64 << 20  # a single page larger than this is not a page; it is rejected, not parsed
 _HEADING_LINE = re.compile(r"^(#{1,6}) ", re.MULTILINE)
+_MAIN_TEXT = re.compile(r"^(?!#{1,6} )\S", re.MULTILINE)  # a line of text that is not a heading
+_FENCE = re.compile(r"^```\n.*?\n```$", re.MULTILINE | re.DOTALL)
 # The first level-1 heading, when at most 3 short lines (a byline, a breadcrumb) precede it
 _FIRST_H1 = re.compile(r"(?:[^\n]{0,200}\n+){0,3}?# ([^\n]+)")
 
 
-def read_html(path: str, opts: IngestOptions) -> Iterator[tuple[str, dict] | Reject]:
+class Page(NamedTuple):
+    """One page's text before it becomes records: the site template is not yet removed."""
+
+    title: str
+    body: str
+    chars: int  # characters of the main content (0 when it holds no link)
+    link_chars: int  # of which link text
+    had_text: bool  # the main content held text before chrome was removed
+
+
+def read_html(path: str, opts: IngestOptions, template: frozenset = frozenset()
+              ) -> Iterator[tuple[str, dict] | Reject]:
+    """The records of one page; `template` holds the site's repeated lines (`site_template`)."""
+    page = read_page(path, opts)
+    if isinstance(page, Page):
+        yield from page_items(path, page, opts, template)
+    else:
+        yield from page
+
+
+def read_page(path: str, opts: IngestOptions) -> Page | list:
+    """The page's text, or the list of items to yield as they are (a reject, the records of --map)."""
     where = path
     try:
         with open_binary(path) as fh:
             data = fh.read(MAX_HTML_BYTES + 1)
     except (OSError, EOFError) as exc:
-        yield Reject(where, "unreadable_file", f"cannot read it: {exc}")
-        return
+        return [Reject(where, "unreadable_file", f"cannot read it: {exc}")]
     if len(data) > MAX_HTML_BYTES:
-        yield Reject(where, "unreadable_file", f"over {MAX_HTML_BYTES >> 20} MiB: not a web page")
-        return
+        return [Reject(where, "unreadable_file", f"over {MAX_HTML_BYTES >> 20} MiB: not a web page")]
     if is_binary(data):
-        yield Reject(where, "binary_file", "it contains NUL bytes: not HTML text")
-        return
+        return [Reject(where, "binary_file", "it contains NUL bytes: not HTML text")]
     text, _ = decode_html(data, opts.encoding)
     if opts.mapping:
-        yield from _mapped(parse(text), where, opts)
-        return
+        return list(_mapped(parse(text), where, opts))
     page = prune_to_main(text)
-    title, body = page.title, ""
-    if page.html is not None:
-        soup = parse(page.html, prestrip=False)  # prune_to_main already removed scripts and styles
-        body = render(soup.body or soup, page_level=page.page_level)
-    if not body.strip():
-        yield Reject(where, "empty_document", "no readable text in the page body")
+    body = render_tree(page.main, page.page_level) if page.main is not None else ""
+    return Page(page.title, body, page.chars, page.link_chars, page.had_text)
+
+
+def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset = frozenset()
+               ) -> Iterator[tuple[str, dict] | Reject]:
+    body = strip_template(page.body, template)
+    if not _MAIN_TEXT.search(body):
+        if page.had_text:
+            yield Reject(where, "no_main_text", "nothing but headings, navigation or the site's template is "
+                                                "left once chrome is removed")
+        else:
+            yield Reject(where, "empty_document", "no readable text in the page body")
         return
     if page.link_chars and page.link_chars >= LOW_TEXT_LINK_SHARE * page.chars:
         yield Reject(where, "low_text", f"{page.link_chars} of its {page.chars} characters are link text: an "
                                         "index or navigation page, not content")
         return
     if opts.html_mode == "sections":
-        yield from _sections(title, body, where, opts.html_split_level)
+        yield from _sections(page.title, body, where, opts.html_split_level)
         return
-    yield where, {"text": _with_title(title, body)}
+    yield where, {"text": _with_title(page.title, body)}
 
 
 def _with_title(title: str, body: str) -> str:
@@ -81,7 +110,9 @@ def _title_segment(heading: str, title: str) -> bool:
 
 def _sections(title: str, body: str, where: str, level: int) -> Iterator[tuple[str, dict] | Reject]:
     """Split at headings of `level` or higher; text before the first heading is its own section."""
-    cuts = [m.start() for m in _HEADING_LINE.finditer(body) if len(m.group(1)) <= level]
+    fences = [m.span() for m in _FENCE.finditer(body)]  # "# install it" in a shell block is no heading
+    cuts = [m.start() for m in _HEADING_LINE.finditer(body)
+            if len(m.group(1)) <= level and not any(a < m.start() < b for a, b in fences)]
     if not cuts or cuts[0] != 0:
         cuts.insert(0, 0)
     cuts.append(len(body))
@@ -133,41 +164,83 @@ WINDOW_PER_WORKER = 2  # tasks in flight per worker (8 pages): bounds memory wha
 
 
 def _read_all(args: tuple) -> list:
-    path, opts, prepare = args
-    items = read_html(path, opts)
+    path, opts, prepare, templates = args
+    items = read_html(path, opts, templates.get(os.path.dirname(path), frozenset()))
     return [prepare(item, opts) for item in items] if prepare else list(items)
 
 
 def _read_batch(args: tuple) -> list[list]:
-    paths, opts, prepare = args
-    return [_read_all((path, opts, prepare)) for path in paths]
+    paths, opts, prepare, templates = args
+    return [_read_all((path, opts, prepare, templates)) for path in paths]
+
+
+def _read_pages(args: tuple) -> list:
+    paths, opts = args
+    return [read_page(path, opts) for path in paths]
 
 
 def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
                     prepare: Callable | None = None) -> Iterator[tuple[str, list]]:
     """(path, items) for each page, in order; pages are parsed in `workers` processes when it pays.
 
-    `prepare(item, opts)`, a module-level function, runs on each item inside the worker (the pipeline's
-    stateless cleaning), so that the parent process is left with little more than writing. Pages travel
-    in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a pickle round per page."""
-    if workers <= 1 or len(paths) < PARALLEL_MIN_FILES:
-        for path in paths:
-            yield path, _read_all((path, opts, None))
-        return
+    A sample of each folder's pages is read first to learn its template (site_template.py); those pages
+    are not read twice. `prepare(item, opts)`, a module-level function, runs on each item inside the
+    worker (the pipeline's stateless cleaning), so that the parent process is left with little more than
+    writing. Pages travel in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a
+    pickle round per page."""
+    samples = {} if opts.mapping else sample_indices(paths)
+    sampled = [i for indices in samples.values() for i in indices]
+    in_sample = set(sampled)
+    rest = [path for i, path in enumerate(paths) if i not in in_sample]
+    parallel = workers > 1 and len(paths) >= PARALLEL_MIN_FILES
+    pool = _pool(workers) if parallel else None
+    try:
+        if pool is None:
+            pages = _read_pages(([paths[i] for i in sampled], opts))
+        else:
+            tasks = [([paths[i] for i in sampled[k:k + PAGES_PER_TASK]], opts)
+                     for k in range(0, len(sampled), PAGES_PER_TASK)]
+            pages = [page for batch in pool.map(_read_pages, tasks) for page in batch]
+        learned = dict(zip(sampled, pages))
+        templates = {folder: site_template([learned[i].body for i in indices if isinstance(learned[i], Page)])
+                     for folder, indices in samples.items()}
+        if pool is None:
+            results = ((path, _read_all((path, opts, None, templates))) for path in rest)
+        else:
+            results = _in_pool(pool, rest, opts, prepare, templates, workers * WINDOW_PER_WORKER)
+        for i, path in enumerate(paths):
+            if i in learned:
+                template = templates.get(os.path.dirname(path), frozenset())
+                items = learned.pop(i)
+                items = page_items(path, items, opts, template) if isinstance(items, Page) else items
+                yield path, [prepare(item, opts) for item in items] if prepare and pool else list(items)
+            else:
+                yield next(results)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+
+def _pool(workers: int):
     import multiprocessing
-    from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
-    batches = [paths[i:i + PAGES_PER_TASK] for i in range(0, len(paths), PAGES_PER_TASK)]
-    window = workers * WINDOW_PER_WORKER
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start_method())) as pool:
-        pending: deque = deque()
-        for batch in batches:
-            pending.append((batch, pool.submit(_read_batch, (batch, opts, prepare))))
-            if len(pending) >= window:
-                yield from _done(*pending.popleft())
-        while pending:
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(start_method()))
+
+
+def _in_pool(pool, paths: list[str], opts: IngestOptions, prepare: Callable | None, templates: dict,
+             window: int) -> Iterator[tuple[str, list]]:
+    """(path, items) in order, read in batches by the pool, at most `window` batches in flight."""
+    from collections import deque
+
+    pending: deque = deque()
+    for i in range(0, len(paths), PAGES_PER_TASK):
+        batch = paths[i:i + PAGES_PER_TASK]
+        pending.append((batch, pool.submit(_read_batch, (batch, opts, prepare, templates))))
+        if len(pending) >= window:
             yield from _done(*pending.popleft())
+    while pending:
+        yield from _done(*pending.popleft())
 
 
 def _done(batch: list[str], future) -> Iterator[tuple[str, list]]:

@@ -1,8 +1,9 @@
 """HTML -> readable text: decode with the right charset, find the main content, drop chrome, keep structure.
 
-One parse (beautifulsoup4 on the lxml parser) and one walk of the main-content subtree. Chrome is skipped
-during that walk (scripts, styles, nav, header/footer outside the article, asides, forms, elements whose
-role, class or id says navigation, banner, cookie notice, share bar...), so no second tree walk is needed.
+One lxml parse: `prune_to_main` finds the main content and removes chrome from it in C (scripts, styles,
+nav, header/footer outside the article, asides, forms, elements whose role, class or id says navigation,
+banner, cookie notice, share bar..., unless the element holds the text: see `_chrome_in`); `render_tree`
+walks what is left once. (`render` walks a beautifulsoup4 tree the same way, for `--map` CSS selectors.)
 Structure survives as light Markdown: `#` headings, `-` list items, ``` fenced <pre> blocks, table rows
 as `a | b | c`, paragraphs separated by a blank line.
 """
@@ -30,7 +31,9 @@ CHROME_ROLES = frozenset({"navigation", "banner", "contentinfo", "complementary"
 _CHROME_WORDS = re.compile(
     r"(?:^|[\s_-])(nav|navbar|menu|breadcrumbs?|sidebar|footer|site-header|masthead|cookie|cookies|consent|"
     r"banner|share|sharing|social|related|comments|advert|ads|ad-slot|promo|newsletter|subscribe|skip-link|"
-    r"pagination|toc-sidebar|popup|modal|"
+    r"pagination|toc-sidebar|popup|modal|tagline|"
+    # DocBook's Prev | Up | Home | Next tables, publican's list of the same
+    r"navheader|navfooter|docnav|"
     # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
     r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
@@ -92,6 +95,7 @@ def _is_chrome(tag, page_level: bool) -> bool:
 _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
 _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
+_ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
 _ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
@@ -104,29 +108,108 @@ def _xpath(expr: str):
     return _XPATHS[expr]
 
 
-def _chrome_by_attrs(el, page_level: bool) -> bool:
+def _chrome_by_attrs(el, page_level: bool) -> str:
+    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), or ""."""
     attrs = el.attrib
     if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
-        return True
+        return "explicit"
     cls, ident = attrs.get("class", ""), attrs.get("id", "")
-    if _CHROME_WORDS.search(cls) or _CHROME_WORDS.search(ident):
-        return True
-    return page_level and (bool(_PAGE_CHROME_WORDS.match(ident)) or any(map(_PAGE_CHROME_WORDS.match, cls.split())))
+    if _CHROME_WORDS.search(cls):
+        return "class"
+    if page_level and (_PAGE_CHROME_WORDS.match(ident) or any(map(_PAGE_CHROME_WORDS.match, cls.split()))):
+        return "explicit"
+    return "id" if _CHROME_WORDS.search(ident) else ""
+
+
+# An element that opens with one of these is a titled box or section: DocBook `titlepage` / `title`,
+# docutils `sidebar-title` (Sphinx's `.. sidebar::`), or a heading.
+_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title)(?:$|\s)")
+_SIDEBAR_CLASS = re.compile(r"(?:^|\s)sidebar(?:$|\s)")
+_FOOTNOTE_CLASS = re.compile(r"(?:^|\s)footnote(?:-list)?(?:$|\s)")
+# A chrome-named element is a link list (navigation) when at least this share of its text is link text.
+_LINK_LIST_SHARE = 0.5
+_MIN_PROSE_CHARS = 40  # of text under a title: less is a masthead or a label, not a section
+# A chrome-named element holding at least this share of the main content's text is the content's wrapper
+_MOST_OF_THE_TEXT = 0.5
+
+
+def _opening_title(el):
+    """The heading or title markup `el` opens with (no text before it), else None."""
+    if (el.text or "").strip(_XML_SPACE):
+        return None
+    for n, inner in enumerate(el.iterdescendants()):
+        if inner.tag in HEADINGS or _TITLE_CLASS.search(inner.get("class") or ""):
+            return inner
+        if n > 12 or (inner.text or "").strip(_XML_SPACE) or (inner.tail or "").strip(_XML_SPACE):
+            return None
+    return None
+
+
+def _text_and_link_chars(el) -> tuple[int, int]:
+    text_length = _xpath("string-length(normalize-space())")
+    return int(text_length(el)), int(sum(text_length(a) for a in el.iter("a")))
+
+
+def _is_prose_section(el) -> bool:
+    """A titled section or box of text, not a list of links nor a bare title (a masthead):
+    `<div class="sect2" id="SQL-SYNTAX-COMMENTS">` (a generator makes ids from heading text), a DocBook /
+    docutils sidebar box."""
+    title = _opening_title(el)
+    if title is None:
+        return False
+    chars, link_chars = _text_and_link_chars(el)
+    return chars - _text_and_link_chars(title)[0] >= _MIN_PROSE_CHARS and link_chars < _LINK_LIST_SHARE * chars
+
+
+def _content_sidebar(el) -> bool:
+    """`<aside class="sidebar">` / `<div class="sidebar">` holding a titled box of the text itself, or
+    Sphinx's `<aside class="footnote">`: a footnote is part of the text."""
+    cls = el.get("class") or ""
+    return bool(_FOOTNOTE_CLASS.search(cls)) or bool(_SIDEBAR_CLASS.search(cls)) and _is_prose_section(el)
+
+
+def _chrome_in(main, page_level: bool) -> list:
+    """The elements of `main` to remove. Tags and roles are chrome whatever they hold; a chrome *word* in a
+    class or id is a guess, so it never removes an element that holds most of the page's text (a wrapper
+    `<div class="page has-sidebar">`), nor a titled section of prose whose id merely holds the word
+    (`<div class="sect1" id="PLPYTHON-SHARING">`)."""
+    doomed = []
+    for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())):
+        if el.tag == "aside" and _content_sidebar(el):
+            el.tag = "div"  # kept, and rendered as the block it is (the renderer skips <aside>)
+        elif el is not main:
+            doomed.append(el)
+    main_chars = None
+    for el in _xpath(_ATTR_XPATH)(main):
+        why = _chrome_by_attrs(el, page_level)
+        if not why:
+            continue
+        if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
+            continue
+        if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
+            continue
+        if why != "explicit":
+            main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
+            chars, link_chars = _text_and_link_chars(el)
+            if chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars:
+                continue
+        doomed.append(el)
+    return doomed
 
 
 class Pruned(NamedTuple):
     title: str
-    html: str | None  # the main content with chrome removed; None when the page has no body
+    main: object  # the main content's lxml element with chrome removed; None when the page has no body
     page_level: bool  # no <main>/<article>: the whole <body> is the content
     chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
     link_chars: int = 0  # of which inside links: an index page is almost all links
+    had_text: bool = False  # the main content held text before chrome was removed
 
 
 def prune_to_main(text: str) -> Pruned:
-    """The title and main-content HTML with chrome removed, using lxml alone.
-
-    lxml builds and prunes the tree in C; beautifulsoup4 then renders only what is left. This is where
-    the speed comes from: bs4 creates a Python object per node, so it should only see the content."""
+    """The title and main-content element with chrome removed, using lxml alone (one parse: the page is
+    rendered from this tree by `render_tree`; beautifulsoup4, which creates a Python object per node,
+    only parses pages for `--map` selectors)."""
     import lxml.html
     from lxml import etree
 
@@ -145,9 +228,8 @@ def prune_to_main(text: str) -> Pruned:
     if main is None:
         return Pruned(title, None, True)
     page_level = main.tag == "body"
-    doomed = [el for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())) if el is not main]
-    doomed += [el for el in _xpath(_ATTR_XPATH)(main) if _chrome_by_attrs(el, page_level)]
-    for el in doomed:
+    had_text = bool(_xpath(_ANY_TEXT_XPATH)(main))
+    for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
             el.drop_tree()  # keeps the element's tail text
     # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
@@ -155,14 +237,14 @@ def prune_to_main(text: str) -> Pruned:
     text_length = _xpath("string-length(normalize-space())")
     link_chars = int(sum(text_length(a) for a in main.iter("a")))
     chars = int(text_length(main)) if link_chars else 0
-    # Inline formatting carries no structure we keep: unwrap it in C (text stays) so bs4 builds fewer nodes.
+    # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return Pruned(title, lxml.html.tostring(main, encoding="unicode"), page_level, chars, link_chars)
+    return Pruned(title, main, page_level, chars, link_chars, had_text)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
-# (indentation between blocks) never reaches the output, so it need not become bs4 objects either.
+# (indentation between blocks) never reaches the output, so the walk need not visit it either.
 _BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
 _BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
 _XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
@@ -194,6 +276,54 @@ def render(root, page_level: bool) -> str:
     out: list[str] = []
     _walk(root, out, page_level, (NavigableString, (Comment, Declaration, Doctype, ProcessingInstruction)))
     return _finish("".join(out))
+
+
+def render_tree(root, page_level: bool) -> str:
+    """`render` on the lxml tree `prune_to_main` left: the same Markdown, without a second parse."""
+    out: list[str] = []
+    _walk_tree(root, out, page_level)
+    return _finish("".join(out))
+
+
+def _walk_tree(node, out: list, page_level: bool) -> None:
+    """`_walk` for lxml elements: an element's text comes first, each child's tail after the child."""
+    if node.text:
+        out.append(node.text)
+    for child in node:
+        name = child.tag
+        if not isinstance(name, str) or name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
+            pass  # a comment or processing instruction (prune_to_main removed them), or chrome
+        elif name in HEADINGS:
+            text = _WS.sub(" ", child.text_content()).strip().rstrip(_PERMALINK_MARKS).rstrip()
+            if text:
+                out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
+        elif name == "pre":
+            out.append(f"{_PARA}```\n{child.text_content().strip(chr(10))}\n```{_PARA}")
+        elif name == "br":
+            out.append(_BR)
+        elif name == "li":
+            inner: list[str] = []
+            _walk_tree(child, inner, page_level)
+            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
+        elif name == "tr":
+            cells = [_tree_cell_text(c, page_level) for c in child if c.tag in ("td", "th")]
+            out.append(_BR + " | ".join(cells) + _BR)
+        elif name == "code":
+            out.append(f"`{child.text_content()}`")
+        elif name in BLOCK_TAGS:
+            out.append(_PARA)
+            _walk_tree(child, out, page_level and name not in ("article", "main"))
+            out.append(_PARA)
+        else:
+            _walk_tree(child, out, page_level)
+        if child.tail:
+            out.append(child.tail)
+
+
+def _tree_cell_text(cell, page_level: bool) -> str:
+    inner: list[str] = []
+    _walk_tree(cell, inner, page_level)
+    return " ".join("".join(inner).replace(_PARA, " ").replace(_BR, " ").split())
 
 
 def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:

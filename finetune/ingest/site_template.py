@@ -1,0 +1,89 @@
+"""A site's template: the lines every page of a site repeats at its top or bottom, outside any element a
+chrome rule can name (SQLite's "Small. Fast. Reliable. Choose any three." tagline, its "This page last
+modified on 2022-10-26 20:02:18 UTC" footer).
+
+Learned per folder, from a sample of its pages (a site's sections often differ: SQLite's release notes
+have a footer of their own, its C reference another): a line (digits ignored, so dates and version numbers match)
+that opens or closes at least half of them is the template. Only a page's leading and trailing runs of
+template lines are removed, never a line in the middle of its text; a page that is nothing but template
+is left empty (the reader rejects it as `no_main_text`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+TEMPLATE_SAMPLE = 40  # pages read to learn the template, spread evenly over the folder
+TEMPLATE_MIN_PAGES = 8  # fewer pages than this: no template is learned
+# Sampled pages' text is held until their turn to be written: past this many, later folders learn no template
+MAX_SAMPLED_PAGES = 1000
+TEMPLATE_SHARE = 0.5  # a line is the template when it opens or closes at least this share of the sample
+MAX_TEMPLATE_SHARE_OF_PAGE = 0.5  # of the median sampled page's characters; more: no template
+MIN_WORDS = 3  # in a template line
+EDGE_LINES = 3  # the lines at each end of a page that may be template
+_DIGITS = re.compile(r"\d+")
+_FENCE_MARK = "```"
+_NOT_TEMPLATE = (_FENCE_MARK, "#")  # a code fence; a heading ("## Synopsis" opens most reference pages)
+
+
+def sample_indices(paths: list[str]) -> dict[str, list[int]]:
+    """Folder -> the indices of its pages to learn from: all of a small folder, else TEMPLATE_SAMPLE
+    spread evenly; no folder with fewer than TEMPLATE_MIN_PAGES pages."""
+    folders: dict[str, list[int]] = {}
+    for i, path in enumerate(paths):
+        folders.setdefault(os.path.dirname(path), []).append(i)
+    out, sampled = {}, 0
+    for folder, indices in folders.items():
+        if len(indices) < TEMPLATE_MIN_PAGES or sampled + TEMPLATE_SAMPLE > MAX_SAMPLED_PAGES:
+            continue
+        step = max(1.0, (len(indices) - 1) / (TEMPLATE_SAMPLE - 1))
+        out[folder] = sorted({indices[round(k * step)] for k in range(min(len(indices), TEMPLATE_SAMPLE))})
+        sampled += len(out[folder])
+    return out
+
+
+def _key(line: str) -> str:
+    return _DIGITS.sub("0", " ".join(line.split()))
+
+
+def _edge_keys(body: str) -> set[str]:
+    lines = [_key(line) for line in body.split("\n") if line.strip()]
+    edges = lines[:EDGE_LINES] + lines[-EDGE_LINES:]
+    # A line of one or two words ("Note", "Footnotes", "Author:") is a label of the text, not a template
+    return {line for line in edges if not line.startswith(_NOT_TEMPLATE) and line.count(" ") >= MIN_WORDS - 1}
+
+
+def site_template(bodies: list[str]) -> frozenset:
+    """The lines that open or close at least TEMPLATE_SHARE of `bodies` (none under TEMPLATE_MIN_PAGES)."""
+    if len(bodies) < TEMPLATE_MIN_PAGES:
+        return frozenset()
+    counts: Counter = Counter()
+    for body in bodies:
+        counts.update(_edge_keys(body))
+    need = TEMPLATE_SHARE * len(bodies)
+    template = frozenset(line for line, n in counts.items() if n >= need)
+    # Pages that are copies of one page with a word changed share nearly all their lines: that is not a
+    # template around the text but the text itself (dedup's business). A template is a small part of a page.
+    removed = sorted(1 - len(strip_template(body, template)) / max(len(body), 1) for body in bodies)
+    return template if removed[len(removed) // 2] <= MAX_TEMPLATE_SHARE_OF_PAGE else frozenset()
+
+
+def strip_template(body: str, template: frozenset) -> str:
+    """`body` without its leading and trailing runs of template lines."""
+    if not template:
+        return body
+    lines = body.split("\n")
+    start, end = 0, len(lines)
+    while start < end and _removable(lines[start], template):
+        start += 1
+    while end > start and _removable(lines[end - 1], template):
+        end -= 1
+    if start == 0 and end == len(lines):
+        return body
+    return "\n".join(lines[start:end]).strip()
+
+
+def _removable(line: str, template: frozenset) -> bool:
+    return not line.strip() or (not line.startswith(_NOT_TEMPLATE) and _key(line) in template)
