@@ -81,6 +81,21 @@ def test_html_css_selector_map_pairs_question_with_each_answer(tmp_path):
     assert "get_peft_model" in records[0]["output"] and "modules_to_save" in records[1]["output"]
 
 
+def test_html_css_selection_drops_chrome_inside_it_by_the_page_rules(tmp_path):
+    page = tmp_path / "faq.html"
+    page.write_text(
+        "<html><body><h1 class='q'>How do I share a cache?</h1><div class='a'>"
+        "<p>Point both runs at one <b>cache_dir</b>.</p><nav><a href='/prev'>Prev</a> | <a href='/next'>Next</a></nav>"
+        "<div class='share-bar'><a href='/t'>Tweet this</a></div>"
+        "<div class='sect2' id='cache-sharing'><h3>Sharing across machines</h3>"
+        "<p>Use a network folder that every machine mounts at the same path.</p></div></div></body></html>")
+    records, _, _ = run(tmp_path, [page], mapping=(("instruction", ".q"), ("output", ".a")))
+    output = records[0]["output"]
+    assert "Point both runs at one cache_dir." in output and "Prev" not in output and "Tweet" not in output
+    # a titled section of prose whose id merely holds a chrome word stays, as on whole pages
+    assert "### Sharing across machines" in output and "network folder" in output
+
+
 def test_html_selector_matching_nothing_is_a_reject(tmp_path):
     mapping = (("instruction", "h1"), ("output", ".no-such-class"))
     out = tmp_path / "o.jsonl"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from finetune.errors import DataError
-from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render, render_tree
+from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render_fragment, render_tree
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
@@ -135,7 +135,7 @@ def _select(soup, selector: str, where: str) -> list[str]:
         raise DataError(f"CSS selector {selector!r} is not valid ({exc}); fix it in --map / `map:`") from None
     out = []
     for tag in found:
-        out.append(render(tag, page_level=False))
+        out.append(render_fragment(str(tag)))
     return out
 
 

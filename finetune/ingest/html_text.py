@@ -3,7 +3,8 @@
 One lxml parse: `prune_to_main` finds the main content and removes chrome from it in C (scripts, styles,
 nav, header/footer outside the article, asides, forms, elements whose role, class or id says navigation,
 banner, cookie notice, share bar..., unless the element holds the text: see `_chrome_in`); `render_tree`
-walks what is left once. (`render` walks a beautifulsoup4 tree the same way, for `--map` CSS selectors.)
+walks what is left once. A `--map` CSS selection (beautifulsoup4 selects) goes through the same rules and
+renderer: `render_fragment`.
 Structure survives as light Markdown: `#` headings, `-` list items, ``` fenced <pre> blocks, table rows
 as `a | b | c`, paragraphs separated by a blank line.
 """
@@ -72,24 +73,6 @@ def parse(text: str, prestrip: bool = True):
     from bs4 import BeautifulSoup
 
     return BeautifulSoup(_NEVER_TEXT.sub(" ", text) if prestrip else text, "lxml")
-
-
-def _is_chrome(tag, page_level: bool) -> bool:
-    name = tag.name
-    if name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
-        return True
-    attrs = tag.attrs
-    if not attrs:
-        return False
-    if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
-        return True
-    cls = attrs.get("class")
-    if cls and _CHROME_WORDS.search(" ".join(cls) if isinstance(cls, list) else cls):
-        return True
-    ident = attrs.get("id")
-    if ident and (_CHROME_WORDS.search(ident) or (page_level and _PAGE_CHROME_WORDS.match(ident))):
-        return True
-    return bool(page_level and cls and any(_PAGE_CHROME_WORDS.match(c) for c in cls))
 
 
 _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
@@ -268,18 +251,8 @@ def _slim(main) -> None:
             owner.text = None
 
 
-def render(root, page_level: bool) -> str:
-    """The text of `root` with chrome skipped and structure kept as light Markdown."""
-    from bs4 import NavigableString
-    from bs4.element import Comment, Declaration, Doctype, ProcessingInstruction
-
-    out: list[str] = []
-    _walk(root, out, page_level, (NavigableString, (Comment, Declaration, Doctype, ProcessingInstruction)))
-    return _finish("".join(out))
-
-
 def render_tree(root, page_level: bool) -> str:
-    """`render` on the lxml tree `prune_to_main` left: the same Markdown, without a second parse."""
+    """The text of `root` (the lxml tree `prune_to_main` left) as light Markdown."""
     out: list[str] = []
     _walk_tree(root, out, page_level)
     return _finish("".join(out))
@@ -320,55 +293,27 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
             out.append(child.tail)
 
 
+def render_fragment(html: str) -> str:
+    """The text of one element given as its own HTML (a `--map` CSS selection): chrome inside it removed by the
+    rules `prune_to_main` applies (`_chrome_in`), then rendered by `render_tree`."""
+    import lxml.html
+    from lxml import etree
+
+    try:
+        root = lxml.html.fragment_fromstring(html)
+    except (etree.ParserError, ValueError):
+        return ""
+    for el in _chrome_in(root, False):
+        if el.getparent() is not None:
+            el.drop_tree()
+    etree.strip_tags(root, *INLINE_TAGS)
+    return render_tree(root, False)
+
+
 def _tree_cell_text(cell, page_level: bool) -> str:
     inner: list[str] = []
     _walk_tree(cell, inner, page_level)
     return " ".join("".join(inner).replace(_PARA, " ").replace(_BR, " ").split())
-
-
-def _walk(node, out: list, page_level: bool, kinds: tuple) -> None:
-    """Append the text of node's children to `out`; `kinds` is (NavigableString, string types to skip)."""
-    string_type, skip_strings = kinds
-    for child in node.children:
-        if isinstance(child, string_type):
-            if not isinstance(child, skip_strings):
-                out.append(child)
-            continue
-        name = child.name
-        if _is_chrome(child, page_level):
-            continue
-        if name in HEADINGS:
-            text = _WS.sub(" ", child.get_text()).strip().rstrip(_PERMALINK_MARKS).rstrip()
-            if text:
-                out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
-        elif name == "pre":
-            out.append(f"{_PARA}```\n{child.get_text().strip(chr(10))}\n```{_PARA}")
-        elif name == "br":
-            out.append(_BR)
-        elif name == "li":
-            inner: list[str] = []
-            _walk(child, inner, page_level, kinds)
-            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
-        elif name == "tr":
-            cells = [_cell_text(c, page_level, kinds) for c in child.find_all(("td", "th"), recursive=False)]
-            out.append(_BR + " | ".join(cells) + _BR)
-        elif name == "code":
-            out.append(f"`{child.get_text()}`")
-        elif name in BLOCK_TAGS:
-            out.append(_PARA)
-            _walk(child, out, page_level and name not in ("article", "main"), kinds)
-            out.append(_PARA)
-        else:
-            _walk(child, out, page_level, kinds)
-
-
-def _cell_text(cell, page_level: bool, kinds: tuple) -> str:
-    """A table cell on one line: blocks inside it (lists, paragraphs, <br>) are separated by a space,
-    not glued together ("FP8 capable NVLink", not "FP8 capableNVLink")."""
-    inner: list[str] = []
-    _walk(cell, inner, page_level, kinds)
-    text = "".join(inner).replace(_PARA, " ").replace(_BR, " ")
-    return " ".join(text.split())
 
 
 _FENCE = re.compile(r"(```\n.*?\n```)", re.DOTALL)
