@@ -217,3 +217,5 @@ def test_sharing_only_where_the_attention_path_can_express_it(tmp_path, tiny_mod
         assert (line in capfd.readouterr().err) is expected, name
         record = json.loads((folder / "out" / "run.json").read_text())
         assert record["preference"]["shared_prompt"] is expected
+        in_rows, counted = record["preference"]["train_tokens_in_rows"], record["data"]["train"]["tokens"]
+        assert in_rows < counted if expected else in_rows == counted

@@ -104,12 +104,17 @@ def preference_record(recipe, trainer) -> dict:
     from finetune.recipe_method import method_settings
 
     history = trainer.state.log_history
+    shared = bool(getattr(getattr(trainer, "reference_collator", None), "share_prompt", False))
+    store = trainer.store
     last_train = next((e for e in reversed(history) if "rewards/accuracies" in e or "rewards/margins" in e), {})
     last_eval = next((e for e in reversed(history) if any(k.startswith("eval_rewards/") for k in e)), {})
     return {
         "settings": method_settings(recipe),
-        # packed pairs held their prompt once, both responses after it (finetune/data/preference_collate.py)
-        "shared_prompt": bool(getattr(getattr(trainer, "reference_collator", None), "share_prompt", False)),
+        # packed pairs held their prompt once, both responses after it (finetune/data/preference_collate.py), so
+        # the train split's rows held fewer tokens than data.train.tokens counts (a prompt per response)
+        "shared_prompt": shared,
+        "train_tokens_in_rows": sum(store.length(i) - (len(store.prompts[i]) if shared else 0)
+                                    for i in store.split_ids("train")),
         "reference_pass_s": getattr(trainer, "reference_seconds", None),
         "reference_table": str(trainer.reference_path) if getattr(trainer, "reference_path", None) else None,
         "train_metrics": {k: v for k, v in last_train.items() if "/" in k},
