@@ -19,7 +19,7 @@ def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
         prompts = sum(len(store.prompts[i]) for i in train)
         tokens = sum(store.length(i) for i in train)
         log.info(f"pairs share their prompt in packed rows: prompt, chosen, rejected, the rejected response attending "
-                 f"to the prompt only; {tokens - prompts:,} train tokens instead of {tokens:,} "
+                 f"to the prompt and itself; {tokens - prompts:,} train tokens instead of {tokens:,} "
                  f"({prompts / max(tokens, 1):.0%} fewer), the same log-probs")
     return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share)
 
