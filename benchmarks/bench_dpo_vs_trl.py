@@ -27,10 +27,12 @@ TRL's configuration, chosen for speed on this CPU with the same math:
   `gradient_checkpointing=False`, `dtype=float32`, sdpa (TRL's defaults on CPU would be slower and different).
 Both sides use TRL's default loss (sigmoid, no label smoothing, no RPO term) and log every step.
 
-finetune: `sample_packing: true`, pairs best-fit packed into rows of 2 x sequence_len tokens (chosen and
-rejected as separate sequences, position ids restarting at each), `micro_batch_size: 1`, so a step is one
-row of ~4 pairs (the number of pairs per step varies with the packing; the steps and pairs per step of both
-sides are printed). Its process starts as `finetune train recipe.yml` does (finetune/train/imports.py). Its
+finetune: `sample_packing: true`, pairs best-fit packed into rows of 2 x sequence_len tokens (packed by their
+length with a prompt per response), `micro_batch_size: 1`, so a step is one row of ~4 pairs (the number of pairs
+per step varies with the packing; the steps and pairs per step of both sides are printed). On CPU a pair holds
+its prompt once in its row, chosen and rejected after it (the rejected response attending to the prompt and
+itself: the same log-probs), so its rows hold fewer tokens than TRL's sequences: each side's `tokens` is what
+it computes (finetune: the rows' tokens; TRL: prompt + chosen and prompt + rejected, padding not counted). Its process starts as `finetune train recipe.yml` does (finetune/train/imports.py). Its
 reference pass runs inside the training loop at the first step and is recorded in run.json
 (`preference.reference_pass_s`); the bench reports the loop without it.
 
@@ -113,7 +115,9 @@ def worker_finetune(args) -> dict:
     return {"steps": summary["steps"], "losses": losses, "mean_loss": train_end[-1]["train_loss"],
             "train_runtime_s": summary["train_runtime_s"],
             "reference_s": run["preference"]["reference_pass_s"],
-            "rows": packing.get("rows"), "pairs": packing.get("examples"), "tokens": packing.get("tokens"),
+            # the tokens its rows hold: each prompt once where pairs share it (run.json preference.shared_prompt)
+            "rows": packing.get("rows"), "pairs": packing.get("examples"),
+            "tokens": run["preference"]["train_tokens_in_rows"], "shared_prompt": run["preference"]["shared_prompt"],
             "packing_efficiency": packing.get("efficiency"),
             "last_metrics": run["preference"]["train_metrics"]}
 
@@ -218,7 +222,8 @@ def main() -> None:
         results = {side: run_side(side, model_path, data, args.cache_dir, args.trl_batch) for side in order}
         for side in sides:
             r = results[side]
-            extra = (f"rows {r['rows']} packing efficiency {r['packing_efficiency']}" if side == "finetune"
+            extra = (f"rows {r['rows']} packing efficiency {r['packing_efficiency']} (of the pairs with a prompt each) "
+                     f"shared prompt {r['shared_prompt']}" if side == "finetune"
                      else f"response tokens {r['response_tokens']} padding_free {r['padding_free']} attn {r['attn']}")
             print(f"[{repeat}] {side:8s} wall {r['wall_s']:6.1f} s  train {r['train_runtime_s']:6.1f} s "
                   f"(reference {r['reference_s'] or 0:5.1f} s, loop {r['loop_s']:6.1f} s)  steps {r['steps']:3d}  "

@@ -51,8 +51,8 @@ def max_difference(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("sft_term", [0.0, 0.5], ids=["dpo", "dpo+sft"])
 def test_packed_pairs_train_exactly_as_unpacked(tmp_path, tiny_model_dir, sft_term):
     """16 pairs, every optimizer step holds all of them: unpacked as 4 micro batches of 4 pairs, packed as ~6
-    rows of 2-3 pairs each (one row a micro batch), so the step's pairs and chosen tokens are counted over micro
-    batches of different sizes. Same loss and gradient norm every step, same adapter at the end. With
+    rows of 2-3 pairs each (one row a micro batch, each pair's prompt held once), so the step's pairs and chosen
+    tokens are counted over micro batches of different sizes. Same loss and gradient norm every step, same adapter at the end. With
     `rpo_alpha` the SFT term's token mean is taken over the step too."""
     runs = {}
     layouts = {"unpacked": dict(micro_batch_size=4, gradient_accumulation_steps=4),
@@ -63,6 +63,8 @@ def test_packed_pairs_train_exactly_as_unpacked(tmp_path, tiny_model_dir, sft_te
         runs[name] = run_training(dpo_recipe(folder, tiny_model_dir, n=16, val_set_size=0, num_epochs=4,
                                              rpo_alpha=sft_term or None, **layout))
     unpacked, packed = runs["unpacked"], runs["packed"]
+    # packed on CPU, pairs hold their prompt once (tests/test_preference_shared_prompt.py): the same training
+    assert packed["preference"]["shared_prompt"] and not unpacked["preference"]["shared_prompt"]
     rows = packed["data"]["packing"]["train"]["rows"]
     assert 16 / rows >= 2 and rows > 4  # several pairs a row, and more rows than one micro batch of 4
     steps_u, steps_p = per_step(unpacked), per_step(packed)

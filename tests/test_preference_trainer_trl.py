@@ -40,29 +40,33 @@ def _prepared(tmp_path, policy, method, packed, **settings):
 
 
 def _ours(tmp_path, model_dirs, method, packed, **settings):
-    """(our loss and gradients on one micro batch of every row, the batch, the store, our trainer)."""
+    """(our loss and gradients on one micro batch of every row, the batch, the store, our trainer). `packed`:
+    False, True, or "shared" (pairs hold their prompt once, on the per-example attention path)."""
     from transformers import TrainingArguments
 
     from finetune.data.preference_collate import PreferenceCollator
+    from finetune.model.varlen_attention import use_varlen_attention
     from finetune.train.preference import PreferenceTrainer
     from finetune.train.preference_objective import Objective
     from finetune.train.reference import compute_table
 
     policy, reference = model_dirs
-    recipe, prepared = _prepared(tmp_path, policy, method, packed, **settings)
+    recipe, prepared = _prepared(tmp_path, policy, method, bool(packed), **settings)
     store = prepared.store
-    collator = PreferenceCollator(store, pad_token_id=0)
-    ref_model = _load(reference).eval()
+    collator = PreferenceCollator(store, pad_token_id=0, share_prompt=packed == "shared")
+    ref_model, model = _load(reference).eval(), _load(policy)
+    if packed == "shared":
+        assert use_varlen_attention(ref_model) and use_varlen_attention(model)
     table = compute_table(ref_model, ref_model.get_output_embeddings(), collator, store, 256, lambda b: b, False, 0, 1)
-    model = _load(policy)
     args = TrainingArguments(output_dir=str(tmp_path / "ours"), report_to="none", use_cpu=True)
     trainer = PreferenceTrainer(model=model, args=args, objective=Objective(recipe), store=store,
                                 head=model.get_output_embeddings(), full_logits=False, reference=table,
                                 data_collator=collator, train_dataset=prepared.train)
     model.train()
     rows = [prepared.train[i] for i in range(len(prepared.train))]
-    assert (len(rows) < len(store)) == packed  # packed: several items share a row
+    assert (len(rows) < len(store)) == bool(packed)  # packed: several items share a row
     batch = collator(rows)
+    assert ("shared_prompt_tokens" in batch) == (packed == "shared" and method != "kto")
     return _backward(model, trainer.compute_loss(model, batch)), batch, store
 
 
@@ -79,7 +83,7 @@ def _trl_trainer(trainer_cls, config_cls, model_dirs, tmp_path, records, **confi
     return trainer
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("packed", [False, True, "shared"], ids=["unpacked", "packed", "shared-prompt"])
 @pytest.mark.parametrize("method, ours, theirs", [
     ("dpo", {"rl_beta": 0.3}, {"beta": 0.3}),
     ("dpo", {"rl_beta": 0.1, "rpo_alpha": 0.5}, {"beta": 0.1, "loss_type": ["sigmoid", "sft"],
@@ -125,7 +129,7 @@ def _plain_logps(model, store, items, side):
     return torch.stack(sums), torch.tensor(counts)
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+@pytest.mark.parametrize("packed", [False, True, "shared"], ids=["unpacked", "packed", "shared-prompt"])
 @pytest.mark.parametrize("method", ["simpo", "orpo"])
 def test_reference_free_training_path_equals_the_trl_checked_losses(model_dirs, tmp_path, method, packed):
     from finetune.train import preference_loss as L

@@ -12,11 +12,21 @@ Every batch, packed or not, says the same things, so the loss has one code path 
   kl                     KTO: a batch of its own (input_ids, labels, attention_mask | position_ids,
                          sequence_index, sequence_lengths) holding each example's prompt with its KL partner's
                          completion (finetune/data/preference_rows.py), in the same order and layout
-  sequence_lengths       real tokens of each sequence (throughput counts them)
+  sequence_lengths       tokens of each sequence, its prompt included (throughput counts them)
   response_tokens        supervised tokens of each sequence (IPO, SimPO and the SFT terms normalize by them)
+  shared_prompt_tokens   rows that share prompts: per pair, the prompt tokens its rejected response does not
+                         repeat (sequence_lengths counts them twice; throughput subtracts them)
+  target_rows, target_positions, target_ids, target_sequences   rows that share prompts: for every supervised
+                         token, the (row, position) whose hidden state predicts it, the token and its sequence
+                         (without them, position t predicts the label at t + 1: finetune/model/sequence_logps.py)
 
 Unpacked, a batch of B pairs is 2B padded rows, every chosen response first, then every rejected one (as TRL
-orders them). Packed, each row holds whole pairs, chosen then rejected, back to back.
+orders them). Packed, each row holds whole pairs, chosen then rejected, back to back. With `share_prompt`
+(packed rows of pairs, where the attention path can express it: finetune/train/run.py), a pair is its prompt
+once, then chosen, then rejected: [prompt 0..P-1 | chosen P..P+C-1 | rejected P..P+R-1] in position ids, and
+the rejected response, starting at position P, attends to the prompt before it and to itself only
+(finetune/model/varlen_attention.py), so it scores exactly as after its own copy of the prompt. The prompt's last
+position predicts both responses' first tokens, which labels shifted by one cannot say: hence the targets.
 """
 
 from __future__ import annotations
@@ -26,12 +36,15 @@ from dataclasses import dataclass
 from finetune.contract import IGNORE_INDEX
 from finetune.data.preference_rows import PACKED, UNPACKED
 
+TARGET_KEYS = ("target_rows", "target_positions", "target_ids", "target_sequences")
+
 
 @dataclass
 class PreferenceCollator:
     store: object  # PairStore
     pad_token_id: int
     flatten: bool = False  # packed rows as one row: what flash-attn's varlen path needs
+    share_prompt: bool = False  # packed pairs: the prompt once, both responses after it (see above)
 
     def __call__(self, features: list[dict]) -> dict:
         packed = PACKED in features[0]
@@ -59,17 +72,24 @@ class PreferenceCollator:
         """One row per sequence: every item's first sequence, then every item's second (chosen..., rejected...)."""
         per_item = [sequences(i) for i in items]
         order = [(k, s) for s in range(len(per_item[0])) for k in range(len(items))]
-        token_rows = [[(k, s, *per_item[k][s])] for k, s in order]
+        token_rows = [[(k, per_item[k][s][0], [(s, per_item[k][s][1])])] for k, s in order]
         return token_rows, order
 
     def _packed(self, rows: list[list[int]], sequences):
+        """Rows of segments (item k, prompt, [(sequence s, response), ...]): a segment per sequence, or, sharing,
+        one per pair holding both responses."""
+        share = self.share_prompt and not self.store.unpaired
         token_rows, order, k = [], [], 0
         for row in rows:
             segments = []
             for item in row:
-                for s, (prompt, response) in enumerate(sequences(item)):
-                    segments.append((k, s, prompt, response))
-                    order.append((k, s))
+                pair = sequences(item)
+                branches = [(s, response) for s, (_, response) in enumerate(pair)]
+                order += [(k, s) for s, _ in branches]
+                if share and pair[0][0]:  # a pair with a prompt to share (a prompt is never empty in practice)
+                    segments.append((k, pair[0][0], branches))
+                else:
+                    segments += [(k, prompt, [branch]) for (prompt, _), branch in zip(pair, branches)]
                 k += 1
             token_rows.append(segments)
         if self.flatten:
@@ -82,15 +102,25 @@ class PreferenceCollator:
         seq_of = {key: n for n, key in enumerate(order)}
         ids, labels, positions, index = [], [], [], []
         lengths, answers = [0] * len(order), [0] * len(order)
-        for segments in token_rows:
+        shared, targets = [], []  # sharing: per pair; (row, predicting position, token, sequence) per target
+        for r, segments in enumerate(token_rows):
             row_ids, row_labels, row_pos, row_index = [], [], [], []
-            for k, s, prompt, response in segments:
-                n = seq_of[(k, s)]
-                row_ids += prompt + response
-                row_labels += [IGNORE_INDEX] * len(prompt) + list(response)
-                row_pos += range(len(prompt) + len(response))
-                row_index += [n] * (len(prompt) + len(response))
-                lengths[n], answers[n] = len(prompt) + len(response), len(response)
+            for k, prompt, branches in segments:
+                row_ids += prompt
+                row_labels += [IGNORE_INDEX] * len(prompt)
+                row_pos += range(len(prompt))
+                row_index += [seq_of[(k, branches[0][0])]] * len(prompt)
+                last_prompt = len(row_ids) - 1  # predicts the first token of every response after it
+                for s, response in branches:
+                    n, start = seq_of[(k, s)], len(row_ids)
+                    targets += [(r, last_prompt if j == 0 else start + j - 1, token, n)
+                                for j, token in enumerate(response) if j > 0 or last_prompt >= 0]
+                    row_ids += response
+                    row_labels += response
+                    row_pos += range(len(prompt), len(prompt) + len(response))
+                    row_index += [n] * len(response)
+                    lengths[n], answers[n] = len(prompt) + len(response), len(response)
+                shared.append(len(prompt) * (len(branches) - 1))
             ids.append(row_ids), labels.append(row_labels), positions.append(row_pos), index.append(row_index)
         width = max(len(row) for row in ids)
         pad = [width - len(row) for row in ids]
@@ -103,4 +133,9 @@ class PreferenceCollator:
         batch["sequence_index"] = torch.tensor([row + [-1] * p for row, p in zip(index, pad)])
         batch["sequence_lengths"] = torch.tensor(lengths)
         batch["response_tokens"] = torch.tensor(answers)
+        if any(shared):
+            batch["shared_prompt_tokens"] = torch.tensor(shared)
+            columns = torch.tensor(targets, dtype=torch.long).reshape(-1, 4).T
+            for name, column in zip(TARGET_KEYS, columns):
+                batch[name] = column
         return batch

@@ -1,8 +1,9 @@
 """Per-sequence log-probabilities of the response tokens, the quantity every preference loss is made of.
 
 For a batch from finetune/data/preference_collate.py: one forward pass of the model as the Trainer holds it
-(DDP / DeepSpeed wrappers included, so their gradient hooks run), then, for every position whose next token
-is supervised, log p(next token), summed per sequence with `sequence_index`. The LM head runs only on those
+(DDP / DeepSpeed wrappers included, so their gradient hooks run), then, for every supervised token, log p(token)
+at the position that predicts it (the one before it; where pairs share their prompt, the prompt's last position
+predicts both responses' first tokens), summed per sequence. The LM head runs only on those
 positions: a pre-hook on the output embeddings takes the hidden states of the supervised positions and hands
 the head zero rows; the head and log-softmax then run on the gathered rows chunk by chunk, each chunk under
 activation checkpointing when gradients are on (at most one chunk's logits exist at a time: a 152k vocabulary
@@ -25,18 +26,36 @@ PROBE_TOLERANCE = 1e-4  # fp32 sums of the same terms in another order differ ~1
 
 
 class _GatherRows:
-    """Forward pre-hook on the LM head: keep the hidden states at `mask`; give the head none of them, or (`keep`)
-    only them."""
+    """Forward pre-hook on the LM head: keep the hidden states at (`rows`, `positions`) of a (batch, seq) `shape`
+    (a position may be listed twice: a shared prompt's last one); give the head none of them, or (`keep`) only
+    them."""
 
-    def __init__(self, mask, keep: bool = False):
-        self.mask, self.keep, self.rows = mask, keep, None
+    def __init__(self, shape, rows, positions, keep: bool = False):
+        self.shape, self.index, self.keep, self.rows = tuple(shape), (rows, positions), keep, None
 
     def __call__(self, module, args):
         hidden = args[0]
-        if self.rows is not None or tuple(hidden.shape[:-1]) != tuple(self.mask.shape):
+        if self.rows is not None or tuple(hidden.shape[:-1]) != self.shape:
             return None
-        self.rows = hidden[self.mask]
+        self.rows = hidden[self.index]
         return (self.rows if self.keep else self.rows[:0], *args[1:])
+
+
+def supervised_targets(batch: dict):
+    """(rows, positions, target ids, sequences): for every supervised token, the position whose hidden state
+    predicts it, the token, and the sequence it belongs to. A batch whose pairs share their prompt lists them
+    (finetune/data/preference_collate.py); otherwise position t predicts the label at t + 1."""
+    import torch.nn.functional as F
+
+    from finetune.data.preference_collate import TARGET_KEYS
+
+    if TARGET_KEYS[0] in batch:
+        return tuple(batch[key] for key in TARGET_KEYS)
+    shifted = F.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t + 1
+    mask = shifted != IGNORE_INDEX
+    owner = F.pad(batch["sequence_index"], (0, 1), value=-1)[:, 1:][mask]  # the sequence of each target
+    rows, positions = mask.nonzero(as_tuple=True)  # row-major: the order of shifted[mask]
+    return rows, positions, shifted[mask], owner
 
 
 def _token_logps(head, hidden, targets):
@@ -64,24 +83,19 @@ def response_logps(model, head, batch: dict, full_logits: bool = False):
     """(summed log-probs per sequence (S,), fp32): S = the batch's sequences, as `sequence_lengths` lists them.
     `model` is what the Trainer calls (wrapped or not); `head` its LM head module."""
     import torch
-    import torch.nn.functional as F
 
-    labels = batch["labels"]
-    shifted = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]  # position t predicts token t + 1
-    mask = shifted != IGNORE_INDEX
-    targets = shifted[mask]
-    owner = F.pad(batch["sequence_index"], (0, 1), value=-1)[:, 1:][mask]  # the sequence of each target
+    rows, positions, targets, owner = supervised_targets(batch)
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     if full_logits:
         logits = model(**inputs, use_cache=False).logits
-        token_logps = logits[mask].float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        token_logps = logits[rows, positions].float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     else:
         # ZeRO-3 gathers the head's weight from every process at each call of the head: a number of chunks that
         # differs between processes (their batches hold different numbers of response tokens) would leave them
         # waiting in different collectives (a hang), and a chunk recomputed in the backward would find the weight
         # freed again. Under ZeRO-3 the head runs once, in the forward, on the gathered rows, on every process.
         in_forward = zero3_partitioned(head)
-        gather = _GatherRows(mask, keep=in_forward)
+        gather = _GatherRows(batch["input_ids"].shape, rows, positions, keep=in_forward)
         handle = head.register_forward_pre_hook(gather)
         try:
             out = model(**inputs, use_cache=False)

@@ -13,6 +13,13 @@ Registered with transformers' public AttentionInterface / AttentionMaskInterface
 boundaries come from `position_ids` (a position that does not follow its predecessor starts an example),
 as transformers itself detects packed rows. Anything else (a padding mask, a KV cache, decoding, models
 with sliding windows or attention extras) goes to the stock SDPA function.
+
+Branches (a prompt shared by a pair's two responses, finetune/data/preference_collate.py): a segment whose
+positions start at p > 0 instead of 0 continues the first p tokens of the last segment that started at 0. Its
+queries attend to those p keys and, causally, to its own: exactly what they would see after their own copy of
+the prompt (the prompt's keys and values depend only on the prompt, and rotary positions come from
+position_ids). The other kernels (the masked SDPA, flex_attention, flash-attn) read such a segment as an
+example of its own, so only this path is given rows with branches (finetune/train/run.py decides).
 """
 
 from __future__ import annotations
@@ -56,14 +63,25 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
     # unbind + split, not one slice per example: their backward is a single stack / cat of the pieces' grads,
     # where each slice's backward would zero-fill a whole (batch, heads, seq, dim) gradient and add it up
     # (the same numbers, bit for bit; ~6% of a SmolLM2 LoRA step on CPU went to those fills and adds)
+    dropout_p = dropout if module.training else 0.0
     for q_row, k_row, v_row, positions in zip(query.unbind(0), key.unbind(0), value.unbind(0), position_ids):
-        lengths = [e - s for s, e in segments(positions)]
-        pieces = [
-            torch.nn.functional.scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                dropout_p=dropout if module.training else 0.0, scale=scaling, is_causal=q.shape[1] > 1)
-            for q, k, v in zip(q_row.split(lengths, dim=1), k_row.split(lengths, dim=1), v_row.split(lengths, dim=1))
-        ]
+        spans = segments(positions)
+        lengths = [e - s for s, e in spans]
+        keys, values = k_row.split(lengths, dim=1), v_row.split(lengths, dim=1)
+        pieces, trunk = [], None  # trunk: the last segment that started at position 0
+        for n, ((start, _), q) in enumerate(zip(spans, q_row.split(lengths, dim=1))):
+            shared = positions[start]  # > 0: a branch continuing the trunk's first `shared` tokens
+            trunk = n if shared == 0 else trunk
+            k, v, mask = keys[n], values[n], None
+            if shared > 0 and trunk is not None and lengths[trunk] >= shared:
+                k = torch.cat([keys[trunk][:, :shared], k], dim=1)
+                v = torch.cat([values[trunk][:, :shared], v], dim=1)
+                # causal, aligned to the last key: query i sees the shared keys and its own first i + 1
+                # (is_causal=True would align it to the first key)
+                mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(shared)
+            pieces.append(torch.nn.functional.scaled_dot_product_attention(
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, dropout_p=dropout_p, scale=scaling,
+                is_causal=mask is None and q.shape[1] > 1))
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
     out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
     return out.transpose(1, 2).contiguous(), None

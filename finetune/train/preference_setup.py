@@ -8,10 +8,20 @@ from finetune.log import get_logger
 log = get_logger(__name__)
 
 
-def preference_collator(store, pad_id: int, flatten: bool):
+def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
+    """`branches`: the attention path runs a segment starting at position p > 0 as a continuation of the prompt
+    before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt."""
     from finetune.data.preference_collate import PreferenceCollator
 
-    return PreferenceCollator(store, pad_id, flatten=flatten)
+    share = branches and not store.unpaired
+    if share:
+        train = store.split_ids("train")
+        prompts = sum(len(store.prompts[i]) for i in train)
+        tokens = sum(store.length(i) for i in train)
+        log.info(f"pairs share their prompt in packed rows: prompt, chosen, rejected, the rejected response attending "
+                 f"to the prompt and itself; {tokens - prompts:,} train tokens instead of {tokens:,} "
+                 f"({prompts / max(tokens, 1):.0%} fewer), the same log-probs")
+    return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share)
 
 
 def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> bool:
@@ -29,6 +39,17 @@ def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> b
         leak = guard_packing(model, Collator(pad_id, flatten=collator.flatten), attn)
         log.info(f"packed sequences are isolated: a packed sequence's logits match it alone (leak {leak:.1e} of full "
                  "cross-attention)")
+        if collator.share_prompt:
+            from finetune.model.isolation import MAX_LEAK_FRACTION, shared_prompt_leak
+
+            leak = shared_prompt_leak(model, collator)
+            if leak > MAX_LEAK_FRACTION:  # the guard above holds for the unshared layout: train with that
+                collator.share_prompt = False
+                log.warning(f"pairs do not share their prompt: with it shared, a response's logits move by {leak:.2g} "
+                            "of full cross-attention on this model; each response is packed after its own prompt")
+            else:
+                log.info(f"pairs sharing their prompt are isolated: chosen and rejected each match their prompt "
+                         f"alone (leak {leak:.1e} of full cross-attention)")
     from accelerate.utils import send_to_device
 
     store = collator.store  # the probe needs any two items: the shortest two cost the least
@@ -83,10 +104,17 @@ def preference_record(recipe, trainer) -> dict:
     from finetune.recipe_method import method_settings
 
     history = trainer.state.log_history
+    shared = bool(getattr(getattr(trainer, "reference_collator", None), "share_prompt", False))
+    store = trainer.store
     last_train = next((e for e in reversed(history) if "rewards/accuracies" in e or "rewards/margins" in e), {})
     last_eval = next((e for e in reversed(history) if any(k.startswith("eval_rewards/") for k in e)), {})
     return {
         "settings": method_settings(recipe),
+        # packed pairs held their prompt once, both responses after it (finetune/data/preference_collate.py), so
+        # the train split's rows held fewer tokens than data.train.tokens counts (a prompt per response)
+        "shared_prompt": shared,
+        "train_tokens_in_rows": sum(store.length(i) - (len(store.prompts[i]) if shared else 0)
+                                    for i in store.split_ids("train")),
         "reference_pass_s": getattr(trainer, "reference_seconds", None),
         "reference_table": str(trainer.reference_path) if getattr(trainer, "reference_path", None) else None,
         "train_metrics": {k: v for k, v in last_train.items() if "/" in k},

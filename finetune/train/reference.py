@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from finetune.atomic import temp_file
-from finetune.data.preference_rows import UNPACKED
+from finetune.data.preference_rows import PACKED, UNPACKED
 
 # recipe fields that change the starting model's forward pass (the data key covers data and tokenizer)
 MODEL_FIELDS = ("base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_modules_to_save", "tokens",
@@ -129,11 +129,14 @@ def compute_table(model, head, collator, store, budget_tokens: int, prepare, ful
     try:
         with torch.no_grad():
             for items in my_batches(store, budget_tokens, rank, world):
-                batch = prepare(collator([{UNPACKED: [i]} for i in items]))
+                # pairs that share their prompt: the batch as one packed row (its tokens are at most the slots)
+                shared = getattr(collator, "share_prompt", False)
+                batch = prepare(collator([{PACKED: items}] if shared else [{UNPACKED: [i]} for i in items]))
                 logps = response_logps(model, head, batch, full_logits)
                 if store.unpaired:
-                    logps = torch.cat([logps, response_logps(model, head, batch["kl"], full_logits)])
-                logps = logps.view(2, len(items)).T
+                    logps = torch.cat([logps, response_logps(model, head, batch["kl"], full_logits)]).view(2, -1).T
+                else:
+                    logps = torch.stack([logps[batch["chosen_index"]], logps[batch["rejected_index"]]], dim=1)
                 table[torch.tensor(items)] = logps.float().cpu()
     finally:
         model.train(was_training)

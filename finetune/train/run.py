@@ -233,12 +233,15 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
     attn = settings.attn_implementation
-    if settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model)):
+    varlen = settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model))
+    if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     if store is not None:  # preference methods: rows of pair ids into the token store
         from finetune.train.preference_setup import preference_collator, probe_preference
 
-        collator = preference_collator(store, pad_id, collator.flatten)
+        # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
+        # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
+        collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)

@@ -74,8 +74,11 @@ class ThroughputCallback(TrainerCallback):
         """Real tokens and squared example lengths from the features (CPU lists), supervised from the labels."""
         if "sequence_lengths" in batch:  # preference batches list their sequences (data/preference_collate.py)
             lengths = batch["sequence_lengths"].tolist()
-            self.counts.tokens += int(sum(lengths))
-            self.counts.squares += int(sum(n * n for n in lengths))
+            # a prompt shared by a pair's two responses is in the row once: its tokens, and its causal attention
+            # square, are counted once (the rejected response's own attention is (P + R)^2 - P^2)
+            shared = batch["shared_prompt_tokens"].tolist() if "shared_prompt_tokens" in batch else []
+            self.counts.tokens += int(sum(lengths) - sum(shared))
+            self.counts.squares += int(sum(n * n for n in lengths) - sum(p * p for p in shared))
         elif features and "input_ids" in features[0]:
             for f in features:
                 lengths = segment_lengths(f["position_ids"]) if "position_ids" in f else [len(f["input_ids"])]
