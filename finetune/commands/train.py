@@ -11,7 +11,7 @@ import argparse
 import os
 
 from finetune.commands.args import add_recipe_arguments
-from finetune.log import get_logger
+from finetune.log import get_logger, rank
 from finetune.recipe_load import load_recipe
 
 
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     except NothingToTrain as done:  # not a mistake: the run is already finished, and nothing was written
         get_logger(__name__).info(str(done))  # the main process says so
         return 0
-    if recipe.eval is not None and int(os.environ.get("RANK", "0") or 0) == 0:
+    if recipe.eval is not None and rank() == 0:
         evaluate_trained(recipe)
     return 0
 
