@@ -87,7 +87,7 @@ def make_pairs(path: Path, n: int = PAIRS, seed: int = 0) -> Path:
 def worker_finetune(args) -> dict:
     import yaml
 
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
     from finetune.train.imports import skip_unused_libraries
 

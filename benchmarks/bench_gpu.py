@@ -124,7 +124,7 @@ def worker_finetune(s: dict, args) -> dict:
     import finetune.data.collate as collate_module
     import finetune.model.isolation as isolation
     from bench_train_vs_trl import Counter
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     counters, original, guard = [], collate_module.Collator, isolation.guard_packing

@@ -79,7 +79,7 @@ def worker_finetune(args) -> dict:
     import yaml
 
     import finetune.data.collate as collate_module
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
     from finetune.train.imports import skip_unused_libraries
 

@@ -47,8 +47,8 @@ def llamacpp_worker(gguf_path: str) -> None:
 def transformers_side(target: str) -> tuple[list[dict], object]:
     import torch
 
-    from finetune.model.export_gguf import load_model
-    from finetune.model.merge import locate, saved_tokenizer
+    from finetune.export.gguf import load_model
+    from finetune.model.trained import locate, saved_tokenizer
 
     trained = locate(target)
     tokenizer = saved_tokenizer(trained.folder)

@@ -13,7 +13,7 @@ so even a run that crashed before its first checkpoint or its run.json leaves a 
 finetune's; so does LOCK_FILE, which a run holds from its start (train/output_lock.py: one run per folder).
 Folders written before OWNER_FILE existed are recognised by what only finetune writes: a complete
 checkpoint, or a run.json with finetune's keys. Anything else in output_dir is someone else's (the recipe
-check refuses such a folder: finetune/recipe_checks.py).
+check refuses such a folder: finetune/recipe/checks.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import sys
 
 from transformers import TrainerCallback
 
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 

@@ -22,7 +22,7 @@ def main() -> int:
     recipe_path, results_dir, *runs = sys.argv[1:]
     import finetune.data as data
     from finetune.errors import FinetuneError
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     calls = {"n": 0}

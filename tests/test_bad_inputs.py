@@ -72,7 +72,7 @@ def test_bad_input_is_refused_clearly(results, case, verb):
 def test_bad_data_is_refused_before_the_model_loads(case, tmp_path, tiny_model_dir, monkeypatch):
     from finetune import train
     from finetune.errors import FinetuneError
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     folder = copy_case(case, tmp_path / case, tiny_model_dir)
     monkeypatch.setenv("FINETUNE_CACHE_DIR", str(folder / "cache"))

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from finetune.train import checkpoints as ck
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 FP = {"data": "abc", "seed": 1}

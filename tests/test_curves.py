@@ -158,7 +158,7 @@ def test_too_short_to_judge_only_when_it_is():
 def test_a_real_default_length_run_gets_a_verdict_from_every_step(make_recipe, tmp_path):
     """24 optimizer steps (2 micro-batches each) logged every 10: the curve has all 24 steps, and each
     interval's mean is exactly the loss the Trainer logged for it."""
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     summary = run_training(load_recipe(make_recipe("completion", n=48, adapter="lora", micro_batch_size=1,

@@ -134,7 +134,7 @@ def test_a_real_dpo_run_that_cannot_move_is_nothing_learned(tmp_path, tiny_model
     """A learning rate far too small for the log-probs to change: the curves say so, and why."""
     from test_plan_preference import _dpo_recipe
 
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train.run import run_training
 
     recipe = load_recipe(_dpo_recipe(tmp_path, tiny_model_dir, n=40, micro_batch_size=4,

@@ -9,7 +9,7 @@ import pytest
 from conftest import make_records, write_jsonl
 from finetune.data import build_dataset
 from finetune.errors import DataError
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 def prepare(recipe_path, tiny_tokenizer, *overrides):

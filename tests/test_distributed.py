@@ -31,7 +31,7 @@ from conftest import make_records, write_jsonl
 from finetune.errors import RecipeError
 from finetune.train.launch import LaunchError, free_port, launch_command
 from finetune.train.output_lock import hold_output_dir
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 TOLERANCE = 1e-5  # relative, on each logged loss; fp32 differs only in the order of the gradient all-reduce
 ADAPTER_ATOL = 1e-5  # absolute, on each LoRA weight after 4 steps at lr 1e-3

@@ -14,7 +14,7 @@ import yaml
 from conftest import make_records, write_jsonl
 from finetune.cli import main as cli_main
 from finetune.errors import RecipeError
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 EVAL = {"generations": 2, "max_new_tokens": 6}
 
@@ -179,7 +179,7 @@ def test_a_task_folder_without_a_task_is_refused(run, tmp_path, capsys):
 
 
 def test_lm_eval_missing_is_one_message_at_validation_and_at_the_command(run, monkeypatch, capsys):
-    import finetune.recipe_checks as checks
+    import finetune.recipe.checks as checks
 
     monkeypatch.setattr(checks, "lm_eval_missing", lambda: True)
     recipe = yaml.safe_load((run / "recipe.yml").read_text())

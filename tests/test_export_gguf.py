@@ -27,7 +27,7 @@ def build_tiny_qwen2(out_dir: Path) -> Path:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from finetune.model.gguf_vocab import _QWEN2_SPLIT
+    from finetune.export.gguf_vocab import _QWEN2_SPLIT
     from tiny import CHATML, corpus
 
     tok = Tokenizer(models.BPE())
@@ -138,8 +138,8 @@ def test_lora_run_exports_through_its_recipe(tmp_path, tiny_model_dir, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from conftest import make_records, write_jsonl
-    from finetune.model.merge import load_adapter_model, locate
-    from finetune.recipe_load import load_recipe
+    from finetune.model.trained import load_adapter_model, locate
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     write_jsonl(tmp_path / "chat.jsonl", make_records("chat", 8))
@@ -202,7 +202,7 @@ def test_refuses_a_sentencepiece_tokenizer_before_loading_any_weight(models, tmp
     import json
     import shutil
 
-    import finetune.model.export_gguf as export_gguf
+    import finetune.export.gguf as export_gguf
 
     folder = tmp_path / "spm"
     shutil.copytree(models["llama"], folder)
@@ -223,7 +223,7 @@ def test_refuses_a_weight_gguf_cannot_hold_and_writes_nothing(models, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from finetune.errors import ModelError
-    from finetune.model.export_gguf import write_gguf
+    from finetune.export.gguf import write_gguf
 
     model = AutoModelForCausalLM.from_pretrained(models["llama"])
     model.v_head = torch.nn.Linear(64, 1)  # a value head (PPO-style) on top of the causal LM
@@ -250,7 +250,7 @@ def test_mistral_exports_as_llama_with_the_same_logits(tiny_model_dir, tmp_path)
 
 
 def test_modelfile_leaves_a_template_it_cannot_translate_to_the_gguf(tiny_tokenizer):
-    from finetune.model.ollama import modelfile
+    from finetune.export.ollama import modelfile
 
     tokenizer = type(tiny_tokenizer).from_pretrained(tiny_tokenizer.name_or_path)
     tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
@@ -293,6 +293,6 @@ def test_llama_attention_biases_take_the_rotary_reordering_of_their_weights(tiny
 def test_the_command_offers_exactly_the_types_the_writer_takes():
     """commands/export.py spells the list out so `--help` stays light: it must not drift from the writer's."""
     from finetune.commands.export import QUANT_CHOICES
-    from finetune.model.gguf_tensors import QUANT_TYPES
+    from finetune.export.gguf_tensors import QUANT_TYPES
 
     assert tuple(QUANT_CHOICES) == tuple(QUANT_TYPES)

@@ -269,7 +269,7 @@ def test_the_colab_notebooks_recipe_takes_the_safe_path_on_a_t4_by_construction(
     """The notebook leaves precision, attention and compile to `auto`; on a T4 (compute capability 7.5) `auto`
     picks fp16, sdpa and eager from the capability alone, with or without packing or flash-attn, and nothing is
     probed. The same recipe on an A10G would compile, probed first."""
-    from finetune.recipe import Recipe
+    from finetune.recipe.schema import Recipe
 
     monkeypatch.setattr(attention, "_flex_available", lambda: True)
     monkeypatch.setattr(attention.importlib.util, "find_spec", lambda name: object())  # flash-attn "installed" too
@@ -314,7 +314,7 @@ def test_the_real_probes_pass_on_this_gpu_for_the_tiny_model(tiny_model_dir, tmp
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the probes prove GPU kernels")
 def test_a_packed_run_on_this_gpu_records_its_probes(make_recipe, tmp_path):
     from finetune.model.device import training_device
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     if not training_device().fast_paths:

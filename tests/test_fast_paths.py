@@ -203,7 +203,7 @@ def test_per_example_attention_is_not_used_where_it_would_change_the_numbers(tin
 
 
 def test_packed_full_fine_tune_saves_a_config_any_loader_reads(make_recipe, tmp_path, capfd):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     run_training(load_recipe(make_recipe("chat", n=12, adapter="none", sample_packing=True, max_steps=2)))

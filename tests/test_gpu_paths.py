@@ -237,7 +237,7 @@ def test_flash_attention_2_where_it_cannot_run_is_refused_naming_the_key_and_why
 
 @pytest.mark.skipif(COMPILER is None, reason="torch.compile's inductor needs a C compiler (cc/gcc), none here")
 def test_a_run_with_compile_true_trains_saves_and_reports_the_compile_time_once(make_recipe, tmp_path, capfd):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     # one micro batch holds all 4 examples, so every step has the same shape: inductor compiles the layer's

@@ -14,7 +14,7 @@ from transformers import TrainerCallback
 from finetune.train.callbacks.guard import NonFiniteError, NonFiniteGuard
 from finetune.train.callbacks.interrupt import Interrupted
 from finetune.train.checkpoints import Layout, read_marker
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 

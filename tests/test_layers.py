@@ -1,8 +1,12 @@
 """The import structure of finetune/ (DESIGN.md, "The layout"): imports point down the pipeline only.
 
-    shared base   finetune.{recipe, recipe_load, recipe_checks, errors, redact, log, compat, contract, ...}
-                  (any top-level module but cli.py); imports only the base, and nothing heavy at import time
-    ingest < data < model < train < evaluation < commands (and cli.py, on top); ingestion never reaches torch
+    shared base   finetune.recipe/ (the recipe package), port/, and the top-level modules errors, redact, log,
+                  compat, contract, ... (any top-level module but cli.py); imports only the base, and nothing
+                  heavy at import time
+    ingest < data < model < train < export < evaluation < commands (and cli.py, on top); ingestion never
+                  reaches torch; export (merge, GGUF) sits beside evaluation, which may check an export
+    method folders  a stage's folder for one training method (train/preference/, data/preference/, train/grpo/,
+                  ...) never imports another method's folder: what two methods share lives in the stage itself
     plan/         beside the stages: pure math, imports only the base and plan/
     __main__      entry points: may import the CLI (`python -m finetune.train` is `finetune train`)
 
@@ -22,7 +26,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "finetune"
 
-STAGES = ("ingest", "data", "model", "train", "evaluation", "commands")  # the pipeline order, earliest first
+STAGES = ("ingest", "data", "model", "train", "export", "evaluation", "commands")  # the pipeline order, earliest first
 BASE_RANK, TOP_RANK = 0, len(STAGES)  # cli.py sits with commands, on top
 # An entry point (`__main__`) may import the CLI it shares its code with: `python -m finetune.train` is
 # `finetune train`.
@@ -220,6 +224,41 @@ def test_ingestion_never_imports_torch(edges):
     assert not problems, "\n".join(problems)
 
 
+METHODS = ("preference", "grpo")  # the methods beyond SFT, each a folder inside the stages it needs
+
+
+def method_of(name: str) -> str | None:
+    """The method folder a module belongs to (finetune.train.preference.loss -> preference), or None."""
+    parts = name.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] in STAGES and parts[2] in METHODS else None
+
+
+def method_problems(edges: dict) -> list[str]:
+    problems = []
+    for source, targets in edges.items():
+        mine = method_of(source)
+        for target, line, _ in targets:
+            theirs = method_of(target)
+            if mine and theirs and theirs != mine:
+                problems.append(f"{source} (line {line}) imports {target}: the {mine} method's code reaches into "
+                                f"the {theirs} method's folder; move what both need into the stage's shared modules")
+    return problems
+
+
+def test_a_method_folder_never_imports_another_methods(edges):
+    problems = method_problems(edges)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_method_check_catches_a_crossing():
+    bad = {"finetune.train.grpo.loss": [("finetune.train.preference.loss", 7, True), ("finetune.train.settings", 8, True)],
+           "finetune.data.grpo.prompts": [("finetune.data.preference.pairs", 3, False)],
+           "finetune.train.run": [("finetune.train.grpo.loss", 9, False)]}
+    problems = method_problems(bad)
+    assert len(problems) == 2
+    assert problems[0].startswith("finetune.train.grpo.loss (line 7) imports finetune.train.preference.loss")
+
+
 def test_library_never_imports_the_cli(edges):
     bad = [f"{source} (line {line}) imports {target}" for source, targets in edges.items()
            if layer(source)[0] not in ("cli", "commands")
@@ -286,7 +325,7 @@ def test_the_checks_catch_each_kind_of_bad_edge():
     bad = {
         "finetune.data.x": [("finetune.model.y", 3, False)],  # lazy, still up the pipeline
         "finetune.plan.p": [("finetune.data.x", 4, True)],
-        "finetune.recipe_load": [("finetune.train.checkpoints", 14, True)],
+        "finetune.recipe.load": [("finetune.train.checkpoints", 14, True)],
         "finetune.model.a": [("finetune.model.b", 1, True)],
         "finetune.model.b": [("finetune.model.a", 2, True)],
         "finetune.ingest.i": [("finetune.ingest.j", 1, True)],
@@ -299,7 +338,7 @@ def test_the_checks_catch_each_kind_of_bad_edge():
     problems = layer_problems(bad)
     assert any("finetune.data.x (line 3) imports finetune.model.y" in p for p in problems)
     assert any("finetune.plan.p (line 4) imports finetune.data.x" in p for p in problems)
-    assert any("finetune.recipe_load (line 14) imports finetune.train.checkpoints" in p for p in problems)
+    assert any("finetune.recipe.load (line 14) imports finetune.train.checkpoints" in p for p in problems)
     assert len(problems) == 3
     assert import_cycles(bad) == [["finetune.model.a", "finetune.model.b", "finetune.model.a"]]
     lazy_back = {**bad, "finetune.model.b": [("finetune.model.a", 2, False)]}

@@ -9,7 +9,7 @@ import pytest
 
 from finetune import log
 from finetune.cli import main as cli_main
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 @pytest.fixture(autouse=True)

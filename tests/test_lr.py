@@ -79,7 +79,7 @@ def _train_counts(recipe):
 
 def test_learning_rate_auto_from_a_recipe(make_recipe, capsys):
     from finetune.plan.lr_recipe import resolve_learning_rate
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     path = make_recipe("instruction", n=24, learning_rate="auto", lr_base=3e-4, lr_pretrained_batch_tokens=4_000_000,
                        micro_batch_size=4, gradient_accumulation_steps=2, num_epochs=2)
@@ -96,7 +96,7 @@ def test_learning_rate_auto_from_a_recipe(make_recipe, capsys):
 
 def test_a_number_is_used_as_is(make_recipe):
     from finetune.plan.lr_recipe import resolve_learning_rate
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     recipe = load_recipe(make_recipe("completion", n=8, learning_rate=1e-3))
     assert resolve_learning_rate(recipe, {"examples": 8, "supervised_tokens": 100}) == (1e-3, None)
@@ -104,7 +104,7 @@ def test_a_number_is_used_as_is(make_recipe):
 
 def test_auto_for_an_unknown_family_says_which_keys_to_set(make_recipe):
     from finetune.plan.lr_recipe import resolve_learning_rate
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     recipe = load_recipe(make_recipe("completion", n=8, learning_rate="auto"))
     with pytest.raises(RecipeError, match="lr_base.*lr_pretrained_batch_tokens"):
@@ -125,7 +125,7 @@ def test_lr_on_a_recipe_with_a_number_and_no_known_family_prints_the_recipe_lr(m
 
 
 def test_lr_on_a_recipe_puts_the_formula_beside_the_recipe_lr_with_sources(make_recipe, capsys):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     path = make_recipe("instruction", n=24, adapter="lora", learning_rate=1e-3, lr_pretrained_batch_tokens=2_000_000,
                        micro_batch_size=4, gradient_accumulation_steps=2, num_epochs=2)

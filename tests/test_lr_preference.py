@@ -8,8 +8,8 @@ import pytest
 from finetune.cli import main
 from finetune.errors import RecipeError
 from finetune.plan.lr_preference import METHOD_LRS
-from finetune.recipe_load import load_recipe
-from finetune.recipe_method import PREFERENCE_METHODS
+from finetune.recipe import load_recipe
+from finetune.recipe.methods import PREFERENCE_METHODS
 from test_plan_preference import _dpo_recipe
 
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from finetune.cli import main as cli_main
-from finetune.model.merge import load_adapter_model, locate
-from finetune.recipe_load import load_recipe
+from finetune.model.trained import load_adapter_model, locate
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 PROMPT = "the cat sat on the mat and the dog runs"
@@ -129,7 +129,7 @@ def test_a_run_on_instruction_records_is_served_the_alpaca_prompt_it_trained_wit
     from finetune.contract import alpaca_prompt
     from finetune.model.inference import encode_prompt, load_for_inference, served_format_of
     from finetune.model.prompt_format import served_format
-    from finetune.model.ollama import modelfile
+    from finetune.export.ollama import modelfile
 
     recipe = make_recipe("instruction", n=8, adapter="lora", lora_r=2, max_steps=1, micro_batch_size=4)
     run_training(load_recipe(recipe))

@@ -15,7 +15,7 @@ from finetune.errors import ModelError
 from finetune.model import build_model, get_quantization_config, resolve_attn_implementation
 from finetune.model.bnb import resolve_optimizer
 from finetune.model.checkpointing import CheckpointedForward, checkpoint_mlps
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train.run import run_training
 
 PAGED_NOTICE = "paging needs CUDA"

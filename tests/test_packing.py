@@ -17,7 +17,7 @@ from finetune.data.encode import encode_batch, encode_stream
 from finetune.data.packing import pack_dataset, pack_lengths
 from finetune.errors import ModelError, RecipeError
 from finetune.model.isolation import check_packed_isolation, guard_packing
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 from conftest import make_records
 from oracle_encoder import encode

@@ -72,7 +72,7 @@ def test_plan_and_lr_count_packed_rows_like_training(make_recipe, capsys):
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
     from finetune.commands.lr import _from_recipe
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train.run import plan_numbers
 
     path = make_recipe("chat", n=40, sample_packing=True, sequence_len=256, micro_batch_size=2, num_epochs=2,

@@ -94,7 +94,7 @@ def test_plan_a_dpo_recipe(tmp_path, tiny_model_dir, capsys):
 def test_kto_from_pairs_counts_two_examples_per_pair(tmp_path, tiny_model_dir):
     from finetune.commands.plan import _steps_line
     from finetune.plan.steps import optimizer_steps
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     dpo = load_recipe(_dpo_recipe(tmp_path, tiny_model_dir))
     # KTO's loss is not wired into the trainer yet (the recipe refuses it); its data and step count are
@@ -108,7 +108,7 @@ def test_kto_from_pairs_counts_two_examples_per_pair(tmp_path, tiny_model_dir):
 def test_planned_steps_and_memory_are_the_dpo_runs(tmp_path, tiny_model_dir, capsys):
     """Packed pairs: the plan's step count is the Trainer's, and run.json's planned memory counts 2 sequences."""
     from finetune.plan.run_memory import planned_memory, recipe_shape
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train.run import run_training
 
     path = _dpo_recipe(tmp_path, tiny_model_dir, n=20, sample_packing=True, micro_batch_size=2, num_epochs=1,

@@ -34,7 +34,7 @@ def _accounted_for(key: str, text: str, recipe: dict) -> bool:
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_port_of_an_axolotl_example_validates_and_accounts_for_every_key(name, tmp_path, tiny_model_dir, capsys):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     assert len(EXAMPLES) >= 6
     source = yaml.safe_load((ASSETS / name).read_text())

@@ -15,7 +15,7 @@ import yaml
 
 from finetune.cli import main
 from finetune.errors import DataError
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from tests.conftest import make_records
 
 LLAMA3_FFT = """

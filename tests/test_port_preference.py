@@ -15,9 +15,9 @@ import yaml
 from conftest import sentence, write_jsonl
 from finetune.cli import main
 from finetune.ingest.preference import RecordProblem, canonical
-from finetune.port import preference_records
-from finetune.recipe_load import load_recipe
-from finetune.recipe_method import method_settings
+from finetune.port.preference import records as preference_records
+from finetune.recipe import load_recipe
+from finetune.recipe.methods import method_settings
 from test_port import _accounted_for, _flat
 
 RL_ASSETS = Path(__file__).parent / "assets" / "axolotl" / "rl"

@@ -14,9 +14,9 @@ import yaml
 
 from conftest import sentence, write_jsonl
 from finetune.contract import CHATML_TEMPLATE
-from finetune.data.preference import Renderer, fit
+from finetune.data.preference.pairs import Renderer, fit
 from finetune.errors import DataError
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 def chat_pair(rng, prefix_chosen="yes", prefix_rejected="no") -> dict:
@@ -131,7 +131,7 @@ def test_the_reference_is_the_sft_model_the_run_continues(tmp_path, tiny_model_d
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from finetune.train.reference import reference_path
+    from finetune.train.preference.reference import reference_path
     from finetune.train.run import run_training
 
     sft = load_recipe(make_recipe("chat", n=16, adapter="lora", learning_rate=5e-3, num_epochs=3))

@@ -39,7 +39,7 @@ import yaml
 from safetensors.torch import load_file
 
 from conftest import write_jsonl
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train.launch import free_port
 from test_distributed import DRIVER, TOLERANCE, assert_same_losses, losses
 from test_preference_data import chat_pair
@@ -203,7 +203,7 @@ class _Lengths:
 def test_every_process_runs_as_many_reference_batches_and_the_shares_cover_every_item(items, world, budget):
     """What keeps the reference pass from hanging: the same number of forwards on every process. A forward holds
     at most `budget` padded token slots (items x the longest), or one item longer than that."""
-    from finetune.train.reference import my_batches
+    from finetune.train.preference.reference import my_batches
 
     store = _Lengths(random.Random(items).choices(range(5, 90), k=items))
     shares = [my_batches(store, budget, rank, world) for rank in range(world)]

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from conftest import write_jsonl
 from finetune.errors import DataError, ModelError
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train.run import run_training
 from test_preference_data import _sequence_logps, chat_pair, dpo_recipe
 
@@ -81,8 +81,8 @@ def test_packed_pairs_train_exactly_as_unpacked(tmp_path, tiny_model_dir, sft_te
 def _probe_batch(tiny_model_dir, tmp_path):
     """A packed DPO setup: the store, a packed batch of its first rows (the real collator) and the model."""
     from finetune.data import build_dataset
-    from finetune.data.preference_collate import PreferenceCollator
-    from finetune.data.preference_rows import PACKED
+    from finetune.data.preference.collate import PreferenceCollator
+    from finetune.data.preference.rows import PACKED
     from finetune.model import build_model
     from finetune.model.loader import load_tokenizer
 
@@ -100,7 +100,7 @@ def test_no_packed_segment_sees_another(tmp_path, tiny_model_dir):
     """The preference collator's packed rows (chosen and rejected of several pairs back to back, sharing their
     prompt text) give every response the log-prob it has alone; the guard passes such a model."""
     from finetune.model.sequence_logps import response_logps
-    from finetune.train.preference_setup import probe_preference
+    from finetune.train.preference.setup import probe_preference
 
     store, collator, batch, model = _probe_batch(tiny_model_dir, tmp_path)
     assert "position_ids" in batch and "attention_mask" not in batch
@@ -118,7 +118,7 @@ def test_no_packed_segment_sees_another(tmp_path, tiny_model_dir):
 def test_the_guard_refuses_a_model_whose_packed_segments_see_each_other(tmp_path, tiny_model_dir):
     """The same model with its position_ids dropped (what an attention path ignoring packed boundaries does):
     a preference run with sample_packing refuses to start, naming the way out."""
-    from finetune.train.preference_setup import probe_preference
+    from finetune.train.preference.setup import probe_preference
 
     _, collator, _, model = _probe_batch(tiny_model_dir, tmp_path)
 

@@ -1,4 +1,4 @@
-"""The preference losses (finetune/train/preference_loss.py) against TRL 1.16 as the oracle.
+"""The preference losses (finetune/train/preference/loss.py) against TRL 1.16 as the oracle.
 
 For each method, TRL's own trainer (DPOTrainer, KTOTrainer, experimental ORPOTrainer and CPOTrainer with
 loss_type="simpo") computes its loss on ONE batch from its own dataset preparation and collator; then, on the
@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from finetune.train import preference_loss as L
+from finetune.train.preference import loss as L
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL's trainers ping the hub at construction
 

@@ -54,7 +54,7 @@ def test_kto_learns_from_unpaired_records(tmp_path, tiny_model_dir):
 def test_kto_kl_partners_are_a_seeded_derangement_within_each_split():
     from datasets import Dataset
 
-    from finetune.data.preference_rows import PairStore
+    from finetune.data.preference.rows import PairStore
 
     def split(n, offset):
         return Dataset.from_dict({"prompt_ids": [[offset + i] for i in range(n)],

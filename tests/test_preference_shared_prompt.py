@@ -1,4 +1,4 @@
-"""Packed pairs that share their prompt (prompt once, then chosen, then rejected: finetune/data/preference_collate.py)
+"""Packed pairs that share their prompt (prompt once, then chosen, then rejected: finetune/data/preference/collate.py)
 score exactly as pairs that repeat it: the same per-response log-probs, DPO loss and LoRA gradients, the same
 reference table, honest token counts; the attention branch is the prompt's keys plus the response's own, causally;
 the guard proves chosen, rejected and other pairs do not see each other; and the sharing is used only on the path
@@ -24,8 +24,8 @@ TOLERANCE = 1e-5  # fp32: the same sums over other matmul shapes differ ~1e-7 of
 def setup(tiny_model_dir, tmp_path_factory):
     """(store, unshared collator, shared collator, two packed rows of pairs, LoRA model on the per-example path)."""
     from finetune.data import build_dataset
-    from finetune.data.preference_collate import PreferenceCollator
-    from finetune.data.preference_rows import PACKED
+    from finetune.data.preference.collate import PreferenceCollator
+    from finetune.data.preference.rows import PACKED
     from finetune.model import base_causal_lm, build_model
     from finetune.model.loader import load_tokenizer
     from finetune.model.varlen_attention import use_varlen_attention
@@ -66,7 +66,7 @@ def test_the_rejected_response_starts_at_its_prompt_position_and_targets_name_th
 
 def test_shared_prompt_log_probs_loss_and_lora_gradients_equal_the_repeated_prompt(setup):
     from finetune.model.sequence_logps import response_logps
-    from finetune.train.preference_loss import dpo_loss
+    from finetune.train.preference.loss import dpo_loss
 
     store, unshared, shared, rows, model = setup
     head = model.get_output_embeddings()
@@ -100,7 +100,7 @@ def test_shared_prompt_log_probs_loss_and_lora_gradients_equal_the_repeated_prom
 
 
 def test_the_reference_table_is_the_same_shared_or_not(setup):
-    from finetune.train.reference import compute_table
+    from finetune.train.preference.reference import compute_table
 
     store, unshared, shared, _, model = setup
     head = model.get_output_embeddings()
@@ -176,7 +176,7 @@ def test_a_branch_attends_to_its_prompt_and_itself_causally(seed):
 
 def test_the_guard_passes_shared_prompts_and_falls_back_when_a_response_sees_the_other(setup):
     from finetune.model.isolation import MAX_LEAK_FRACTION, shared_prompt_leak
-    from finetune.train.preference_setup import probe_preference
+    from finetune.train.preference.setup import probe_preference
 
     _, _, shared, _, model = setup
     assert shared_prompt_leak(model, shared) < 1e-4

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from conftest import write_jsonl
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from test_preference_loss import PAIRS, _assert_same, _backward, _load, model_dirs, trl  # noqa: F401 (fixtures)
 
 MORE_PAIRS = PAIRS + [
@@ -44,11 +44,11 @@ def _ours(tmp_path, model_dirs, method, packed, **settings):
     False, True, or "shared" (pairs hold their prompt once, on the per-example attention path)."""
     from transformers import TrainingArguments
 
-    from finetune.data.preference_collate import PreferenceCollator
+    from finetune.data.preference.collate import PreferenceCollator
     from finetune.model.varlen_attention import use_varlen_attention
-    from finetune.train.preference import PreferenceTrainer
-    from finetune.train.preference_objective import Objective
-    from finetune.train.reference import compute_table
+    from finetune.train.preference.trainer import PreferenceTrainer
+    from finetune.train.preference.objective import Objective
+    from finetune.train.preference.reference import compute_table
 
     policy, reference = model_dirs
     recipe, prepared = _prepared(tmp_path, policy, method, bool(packed), **settings)
@@ -132,7 +132,7 @@ def _plain_logps(model, store, items, side):
 @pytest.mark.parametrize("packed", [False, True, "shared"], ids=["unpacked", "packed", "shared-prompt"])
 @pytest.mark.parametrize("method", ["simpo", "orpo"])
 def test_reference_free_training_path_equals_the_trl_checked_losses(model_dirs, tmp_path, method, packed):
-    from finetune.train import preference_loss as L
+    from finetune.train.preference import loss as L
 
     settings = {"rl_beta": 2.0, "simpo_gamma": 0.8, "rpo_alpha": 0.3} if method == "simpo" else {"orpo_alpha": 0.2}
     mine, batch, store = _ours(tmp_path, model_dirs, method, packed, **settings)

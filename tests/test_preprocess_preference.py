@@ -13,7 +13,7 @@ from test_preference_data import chat_pair
 from finetune.cli import main
 from finetune.data import build_dataset
 from finetune.model.loader import load_tokenizer
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 def _recipe(tmp_path, tiny_model_dir, records, **overrides):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 pytestmark = [pytest.mark.gpu,

@@ -7,7 +7,7 @@ import yaml
 
 from finetune.cli import main as cli_main
 from finetune.errors import RecipeError
-from finetune.recipe_load import apply_override, load_recipe
+from finetune.recipe.load import apply_override, load_recipe
 
 
 def write(tmp_path, text: str):

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from finetune.run_folder import LOCK_FILE
 from finetune.train.checkpoints import MARKER, read_marker
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 KILLER = Path(__file__).parent / "kill_during_training.py"
@@ -46,7 +46,7 @@ def adapter(folder: Path) -> dict:
 def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp_path, variant):
     settings = {**SETTINGS, **(PACKED if variant == "packed" else {})}
     if variant == "packed":
-        from finetune.recipe import Recipe
+        from finetune.recipe.schema import Recipe
 
         if "sample_packing" not in Recipe.model_fields:
             pytest.skip("sample_packing is not in the recipe yet")

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.redact import redact, redact_text
 from finetune.train import run_training
 

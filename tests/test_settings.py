@@ -13,7 +13,7 @@ from dataclasses import fields
 
 import pytest
 
-from finetune.recipe import AFFECTS_TAGS, INGEST, TOKENS, DatasetSpec, Recipe, field_affects, fields_affecting
+from finetune.recipe.schema import AFFECTS_TAGS, INGEST, TOKENS, DatasetSpec, Recipe, field_affects, fields_affecting
 
 
 @pytest.mark.parametrize("model", [Recipe, DatasetSpec])
@@ -117,7 +117,7 @@ def test_plan_knobs_are_recipe_fields_with_schema_defaults(tiny_model_dir):
 
 def test_output_dir_with_someone_elses_files_is_refused_before_anything_is_written(make_recipe, tmp_path):
     from finetune.errors import RecipeError
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     recipe = make_recipe("completion", n=4)
     out = tmp_path / "out"
@@ -134,7 +134,7 @@ def test_output_dir_with_someone_elses_files_is_refused_before_anything_is_writt
 
 
 def test_a_finetune_run_folder_is_recognised_even_after_a_crash(make_recipe, tmp_path):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.run_folder import OWNER_FILE, foreign_entries
     from finetune.train.checkpoints import claim_output_dir as claim
 

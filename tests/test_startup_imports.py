@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train.imports import unused_libraries
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -66,7 +66,7 @@ def test_steady_state_leaves_the_warm_up_out(monkeypatch):
 
 
 def test_run_json_has_rates_peak_memory_and_the_plan(make_recipe):
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
     from finetune.train import run_training
 
     summary = run_training(load_recipe(make_recipe("completion", n=32, adapter="lora", micro_batch_size=2,

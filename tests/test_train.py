@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 

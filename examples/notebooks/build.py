@@ -178,7 +178,7 @@ quantization); `resume: false` makes re-running this cell start over instead of 
 """),
         code('''
 import yaml
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 recipe_path = work / "recipe.yml"
 recipe_path.write_text(yaml.safe_dump({
@@ -307,7 +307,7 @@ MAX_NEW_TOKENS = 24
         code('''
 import yaml
 from finetune.cli import main as finetune
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 recipe_path = work / "recipe.yml"
 recipe_path.write_text(yaml.safe_dump({
@@ -740,7 +740,7 @@ print(open(work / "pairs.jsonl").readline())
         code('''
 import yaml
 from finetune.cli import main as finetune
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 from finetune.train import run_training
 
 common = {

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from finetune.commands.args import add_overrides
 
-# the same list as finetune.model.gguf_tensors.QUANT_TYPES, spelled here so `--help` never imports the library
+# the same list as finetune.export.gguf_tensors.QUANT_TYPES, spelled here so `--help` never imports the library
 QUANT_CHOICES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 
@@ -30,8 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune.model.export_gguf import export
-    from finetune.model.merge import locate
+    from finetune.export.gguf import export
+    from finetune.model.trained import locate
 
     trained = locate(args.target, args.overrides)
     out = Path(args.output) if args.output else trained.folder / "gguf" / f"{trained.folder.name}.{args.quant}.gguf"

@@ -62,7 +62,7 @@ def _recipe_counts(args: argparse.Namespace):
     """(recipe, training split counts, world size): the data tokenized (cached) as training will see it."""
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     world_size = args.num_processes or 1
     recipe = load_recipe(args.recipe, args.overrides, world_size=world_size)

@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune.model.merge import locate, merge_adapter
+    from finetune.export.merge import merge_adapter
+    from finetune.model.trained import locate
 
     trained = locate(args.target, args.overrides)
     out_dir = Path(args.output) if args.output else trained.folder / "merged"

@@ -19,10 +19,10 @@ from finetune.commands.args import add_overrides
 from finetune.errors import FinetuneError
 from finetune.plan.activations import ATTENTION
 from finetune.plan.memory import GIB
-from finetune.recipe_method import METHODS
+from finetune.recipe.methods import METHODS
 
 # flag -> recipe field. Planning from a bare model config, a knob without its flag takes the recipe schema's
-# default (finetune/recipe.py is the only place a default lives).
+# default (finetune/recipe/schema.py is the only place a default lives).
 KNOBS = {
     "adapter": "adapter", "lora_r": "lora_r", "precision": "precision", "optimizer": "optimizer",
     "seq_len": "sequence_len", "micro_batch_size": "micro_batch_size",
@@ -83,7 +83,7 @@ def _precision_warning(args: argparse.Namespace, precision: str) -> str | None:
 def _knobs(args: argparse.Namespace, recipe) -> dict:
     """Each knob from the flag, else the recipe, else the bare-config default."""
     out = {}
-    from finetune.recipe import Recipe
+    from finetune.recipe.schema import Recipe
 
     for flag, field in KNOBS.items():
         value = getattr(args, flag)
@@ -103,7 +103,7 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
 
 def _batch_shape(knobs: dict) -> dict:
     """PlanInputs' sequences_per_item / packed: a preference pair is two sequences (chosen, rejected)."""
-    from finetune.recipe_method import PAIRED_METHODS
+    from finetune.recipe.methods import PAIRED_METHODS
 
     return {"sequences_per_item": 2 if knobs["method"] in PAIRED_METHODS else 1, "packed": knobs["packed"]}
 
@@ -147,7 +147,7 @@ def _steps_line(recipe, world_size: int) -> str:
 
 def _items(recipe, split: dict) -> str:
     """What the training split holds, in the method's unit: examples, pairs, or KTO examples (a pair is two)."""
-    from finetune.recipe_method import PAIRED_METHODS
+    from finetune.recipe.methods import PAIRED_METHODS
 
     n = split["examples"]
     if recipe.method in PAIRED_METHODS:
@@ -167,7 +167,7 @@ def _load(args: argparse.Namespace):
             raise FinetuneError("--set applies to a recipe; with a model config use the flags (--adapter, --seq-len...)")
         return None, load_config(args.source)
     from finetune.model.loader import resolve_model_path
-    from finetune.recipe_load import load_recipe
+    from finetune.recipe import load_recipe
 
     recipe = load_recipe(args.source, args.overrides, world_size=args.num_gpus)
     return recipe, load_config(resolve_model_path(recipe.base_model, recipe.cache_dir), recipe.trust_remote_code)
@@ -175,7 +175,7 @@ def _load(args: argparse.Namespace):
 
 def _micro_batch(knobs: dict) -> str:
     """The setup line's micro batch, in the method's unit."""
-    from finetune.recipe_method import PAIRED_METHODS
+    from finetune.recipe.methods import PAIRED_METHODS
 
     mbs, seq = knobs["micro_batch_size"], knobs["seq_len"]
     if knobs["method"] not in PAIRED_METHODS:
@@ -186,7 +186,7 @@ def _micro_batch(knobs: dict) -> str:
 
 
 def _reference_line(method: str) -> str | None:
-    from finetune.recipe_method import PREFERENCE_METHODS, REFERENCE_METHODS
+    from finetune.recipe.methods import PREFERENCE_METHODS, REFERENCE_METHODS
 
     if method in REFERENCE_METHODS:
         return (f"reference: no reference weights in memory: `method: {method}`'s reference log-probs are computed "
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe, config = _load(args)
     knobs = _knobs(args, recipe)
-    from finetune.recipe import Recipe
+    from finetune.recipe.schema import Recipe
 
     defaults = Recipe.model_fields  # a bare model config: the schema's defaults
     targets = recipe.lora_target_modules if recipe is not None else defaults["lora_target_modules"].get_default()

@@ -51,7 +51,7 @@ def _write(path: Path, text: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from finetune import __version__
     from finetune.port.convert import port_axolotl, render
-    from finetune.recipe_load import apply_override, recipe_from_dict
+    from finetune.recipe.load import apply_override, recipe_from_dict
 
     source, output = Path(args.axolotl_recipe), Path(args.output)
     if output.exists() and not args.force:

@@ -10,7 +10,7 @@ import argparse
 
 from finetune.commands.args import add_recipe_arguments
 from finetune.contract import IGNORE_INDEX
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

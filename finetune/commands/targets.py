@@ -34,7 +34,7 @@ def build_report(args: argparse.Namespace):
 
     targets = saved = None
     if is_recipe(args.model):
-        from finetune.recipe_load import load_recipe
+        from finetune.recipe import load_recipe
 
         recipe = load_recipe(args.model, args.overrides)
         source, trust, rank = recipe.base_model, recipe.trust_remote_code, args.rank or recipe.lora_r
@@ -42,7 +42,7 @@ def build_report(args: argparse.Namespace):
             targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
         cache_dir = recipe.cache_dir
     else:
-        from finetune.recipe import _default_cache_dir
+        from finetune.recipe.schema import _default_cache_dir
 
         source, trust, rank, cache_dir = args.model, args.trust_remote_code, args.rank or 8, _default_cache_dir()
     if Path(source).name == "config.json":

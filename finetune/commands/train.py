@@ -12,7 +12,7 @@ import os
 
 from finetune.commands.args import add_recipe_arguments
 from finetune.log import get_logger, rank
-from finetune.recipe_load import load_recipe
+from finetune.recipe import load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from finetune.commands.args import add_recipe_arguments
-from finetune.recipe_load import dump_recipe, load_recipe
+from finetune.recipe.load import dump_recipe, load_recipe
 from finetune.redact import redact_text
 
 

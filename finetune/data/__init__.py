@@ -18,7 +18,7 @@ from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
 from finetune.ingest.records import read_records, require_records_file
-from finetune.recipe import RECORD_TYPES
+from finetune.recipe.schema import RECORD_TYPES
 
 
 @dataclass
@@ -199,7 +199,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
 
-    from finetune.recipe_method import is_preference
+    from finetune.recipe.methods import is_preference
 
     if is_preference(recipe):
         return build_preference_dataset(recipe, tokenizer)
@@ -242,10 +242,10 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
 
 def build_preference_dataset(recipe, tokenizer) -> Prepared:
     """Preference methods: tokenized pairs (KTO: unpaired examples), cached like SFT examples; the Trainer's
-    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference_rows.py)."""
+    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py)."""
     from datasets import DatasetDict
 
-    from finetune.data.preference import item_stats, to_dataset, tokenize_preferences
+    from finetune.data.preference.pairs import item_stats, to_dataset, tokenize_preferences
 
     files, prepared = cache_entry(recipe, tokenizer)
     if prepared.reused:
@@ -268,7 +268,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
 def preference_prepared(recipe, prepared: Prepared) -> Prepared:
     """The token store and the rows of ids the Trainer iterates, packed where the recipe packs."""
     from finetune.data.packing import packed_splits
-    from finetune.data.preference_rows import PairStore, preference_rows, row_capacity
+    from finetune.data.preference.rows import PairStore, preference_rows, row_capacity
 
     store = PairStore(prepared.train, prepared.eval, recipe.seed)
     train_packing, eval_packing = packed_splits(recipe)

@@ -21,7 +21,7 @@ NOT_METRICS = ("alias", "sample_len", "sample_count")  # lm-eval's bookkeeping b
 
 
 def require_lm_eval() -> None:
-    from finetune.recipe_checks import LM_EVAL_INSTALL, lm_eval_missing
+    from finetune.recipe.checks import LM_EVAL_INSTALL, lm_eval_missing
 
     if lm_eval_missing():
         raise FinetuneError(f"lm-eval tasks were asked for, but lm-evaluation-harness is not installed: "

@@ -39,7 +39,7 @@ def _check_shapes(path: str, found: set[str], trained: set[str]) -> None:
 
 def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
     """The held-out examples and their records: `data_path`'s records, or the recipe's eval split."""
-    from finetune.recipe_method import is_preference
+    from finetune.recipe.methods import is_preference
 
     recipe = subject.recipe
     if data_path:
@@ -86,7 +86,7 @@ def _held_indices(items: list, recipe) -> list[int]:
 
 def _preference(recipe, tokenizer, files, source: str, split_off: bool) -> Heldout:
     """Preference pairs (and their records) as training tokenized them."""
-    from finetune.data.preference import tokenize_preferences
+    from finetune.data.preference.pairs import tokenize_preferences
     from finetune.ingest.records import read_records
 
     items, _ = tokenize_preferences(recipe, tokenizer, files)

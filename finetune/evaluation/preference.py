@@ -49,7 +49,7 @@ def reward_metrics(policy: list[tuple[float, float]], reference: list[tuple[floa
 
 
 def paired(items) -> list:
-    from finetune.data.preference import Pair
+    from finetune.data.preference.pairs import Pair
 
     pairs = [item for item in items if isinstance(item, Pair)]
     if not pairs:

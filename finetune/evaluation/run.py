@@ -18,7 +18,7 @@ def resolve_spec(recipe, changes: dict | None):
     """The recipe's `eval:` section (the schema's defaults when it has none) with the command's changes."""
     from pydantic import ValidationError
 
-    from finetune.recipe import EvalSpec
+    from finetune.recipe.schema import EvalSpec
 
     base = recipe.eval.model_dump() if recipe.eval is not None else {}
     try:
@@ -33,7 +33,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     """Evaluate the run `target` (a recipe or its output folder; `recipe`: the Recipe already loaded); write
     OUT/report.{json,md,png} (default: the run's output folder / eval) and return the report."""
     from finetune.evaluation.subject import Models, find_gguf, locate_subject
-    from finetune.recipe_method import is_preference
+    from finetune.recipe.methods import is_preference
 
     subject = locate_subject(target, overrides, recipe)
     spec = resolve_spec(subject.recipe, changes)
@@ -45,7 +45,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     other = read_other(compare) if compare else None
     gguf = find_gguf(subject, spec.gguf)
     held = None
-    from finetune.model.merge import saved_tokenizer
+    from finetune.model.trained import saved_tokenizer
 
     tokenizer = saved_tokenizer(subject.folder)
     if spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
@@ -94,7 +94,7 @@ def _heldout(models, held, sides) -> dict:
 
 def _preference(models, held, recipe) -> dict:
     from finetune.evaluation.preference import log_prob_preference, paired, response_logps, reward_metrics
-    from finetune.recipe_method import method_setting
+    from finetune.recipe.methods import method_setting
 
     pairs = paired(held.examples)
     logps = {}

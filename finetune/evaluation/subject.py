@@ -47,10 +47,10 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     """A recipe (its output_dir) or a run's output folder -> the Subject. ModelError when no trained model is
     there; FinetuneError when the folder does not say which recipe trained it."""
     from finetune.model.loader import resolve_model_path
-    from finetune.model.merge import locate
+    from finetune.model.trained import locate
     from finetune.model.prompt_format import served_format
 
-    from finetune.model.merge import is_recipe_path
+    from finetune.model.trained import is_recipe_path
 
     if overrides and not is_recipe_path(target):
         raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
@@ -76,7 +76,7 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
 def recorded_recipe(data: dict):
     """The Recipe run.json records (a full dump, validated when it trained; its paths absolute). A dataset entry's
     raw-source options are dumped with their defaults, which a records entry refuses as set: keep what differs."""
-    from finetune.recipe import DatasetSpec, Recipe
+    from finetune.recipe.schema import DatasetSpec, Recipe
 
     defaults = {name: field.default for name, field in DatasetSpec.model_fields.items() if not field.is_required()}
     datasets = [{k: v for k, v in spec.items() if k in ("path", "type") or defaults.get(k, object()) != v}
@@ -104,7 +104,7 @@ class Models:
     """The run's tokenizer and its models, base and tuned (and a GGUF export when given), one at a time."""
 
     def __init__(self, subject: Subject, gguf: Path | None = None, tokenizer=None):
-        from finetune.model.merge import Trained, load_adapter_model, saved_tokenizer
+        from finetune.model.trained import Trained, load_adapter_model, saved_tokenizer
 
         self.subject, self.gguf = subject, gguf
         self.tokenizer = tokenizer or saved_tokenizer(subject.folder)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from finetune.errors import ModelError
 from finetune.log import get_logger
-from finetune.model.gguf_tensors import QUANT_TYPES
+from finetune.export.gguf_tensors import QUANT_TYPES
 
 
 @dataclass
@@ -31,7 +31,7 @@ def _log(message: str) -> None:
 
 
 def check_output(out: Path) -> None:
-    from finetune.model.ollama import modelfile_path
+    from finetune.export.ollama import modelfile_path
 
     for path in (out, modelfile_path(out)):
         if path.exists():
@@ -45,7 +45,7 @@ def load_model(trained, tokenizer):
     """The model in fp32: the adapter merged into its unquantized base, or the full model as trained.
     `tokenizer`: the run's (merge.saved_tokenizer)."""
     if trained.is_adapter:
-        from finetune.model.merge import load_adapter_model
+        from finetune.model.trained import load_adapter_model
 
         _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
         return load_adapter_model(trained, "fp32", tokenizer=tokenizer)[0].merge_and_unload()
@@ -60,7 +60,7 @@ def check_family(folder: Path):
     """Refuse an unsupported family or head from config.json alone, before loading any weight."""
     from transformers import AutoConfig
 
-    from finetune.model.gguf_tensors import family_of
+    from finetune.export.gguf_tensors import family_of
 
     try:
         config = AutoConfig.from_pretrained(str(folder))
@@ -81,9 +81,9 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
     """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
     import gguf
 
-    from finetune.model.gguf_tensors import add_hyperparameters, encode, family_of, gguf_tensors
-    from finetune.model.gguf_vocab import add_tokenizer
-    from finetune.model.ollama import write_modelfile
+    from finetune.export.gguf_tensors import add_hyperparameters, encode, family_of, gguf_tensors
+    from finetune.export.gguf_vocab import add_tokenizer
+    from finetune.export.ollama import write_modelfile
 
     check_quant(quant)
     config = model.config
@@ -119,9 +119,9 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
 
 
 def export(trained, out: Path, quant: str) -> Exported:
-    """A located run (finetune.model.merge.locate) -> GGUF + Modelfile at `out`."""
-    from finetune.model.gguf_vocab import check_tokenizer
-    from finetune.model.merge import saved_tokenizer
+    """A located run (finetune.model.trained.locate) -> GGUF + Modelfile at `out`."""
+    from finetune.export.gguf_vocab import check_tokenizer
+    from finetune.model.trained import saved_tokenizer
 
     check_output(out)
     check_quant(quant)

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from finetune.errors import DataError
-from finetune.recipe_parts import looks_like_hub_id
+from finetune.recipe.data import looks_like_hub_id
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow"}
 SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what save_to_disk writes at a folder's top

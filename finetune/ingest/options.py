@@ -1,6 +1,6 @@
 """IngestOptions: every setting that changes what an ingest run writes, in one frozen object.
 
-The recipe schema (`DatasetSpec` in finetune/recipe.py) is the home of every ingestion option: its name, its
+The recipe schema (`DatasetSpec` in finetune/recipe/schema.py) is the home of every ingestion option: its name, its
 default, its choices and what it affects. IngestOptions takes its defaults and choices from there; the recipe
 (`datasets:` entries with a raw source type, `from_spec`) and the CLI (`finetune ingest`, whose flags a test
 checks against this class) both build one. `fingerprint()` is part of the content-hash cache key: it covers
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import get_args
 
 from finetune.errors import DataError
-from finetune.recipe import INGEST, RECORD_TYPES, DatasetSpec, fields_affecting
+from finetune.recipe.schema import INGEST, RECORD_TYPES, DatasetSpec, fields_affecting
 
 # IngestOptions field -> DatasetSpec field where the names differ because the shapes do: the recipe's `map:` is a
 # mapping, the option an ordered tuple of pairs (the CLI's repeated --map); the recipe takes one `slop_file`, the

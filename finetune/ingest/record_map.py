@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from finetune.errors import DataError
 from finetune.ingest.mapping import build_mapper
-from finetune.recipe_parts import CONVERSATION_MAP_FIELDS as CONVERSATION_FIELDS
+from finetune.recipe.data import CONVERSATION_MAP_FIELDS as CONVERSATION_FIELDS
 
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
 SHAREGPT_FIELD = "conversations"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from finetune.contract import alpaca_prompt
-from finetune.model.merge import Trained, load_adapter_model, locate
+from finetune.model.trained import Trained, load_adapter_model, locate
 from finetune.model.prompt_format import served_format
 
 
@@ -33,7 +33,7 @@ def load_for_inference(target: str, overrides: list[str] = ()):
 
 
 def served_format_of(target: str, overrides: list[str] = ()) -> tuple[str, str]:
-    """served_format of what a recipe / folder holds (finetune.model.merge.locate)."""
+    """served_format of what a recipe / folder holds (finetune.model.trained.locate)."""
     return served_format(locate(target, overrides).folder)
 
 
@@ -42,7 +42,7 @@ def base_settings(recipe) -> tuple[str, object]:
     if recipe is None:
         return "fp32" if device() == "cpu" else "bf16", None
     from finetune.model import get_quantization_config, resolve_precision
-    from finetune.model.merge import torch_dtype
+    from finetune.model.trained import torch_dtype
 
     precision = resolve_precision(recipe)
     return precision, get_quantization_config(recipe, torch_dtype(precision))

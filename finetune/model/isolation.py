@@ -6,7 +6,7 @@ example `a` through the real collator, in a batch with a second, padded row, and
 sequence (what cross-attention would look like). Packed logits must match the alone logits far more
 closely than the glued ones do; otherwise training refuses to start. Three forward passes of ~20 tokens.
 
-Pairs that share their prompt (finetune/data/preference_collate.py) are checked the same way with their own
+Pairs that share their prompt (finetune/data/preference/collate.py) are checked the same way with their own
 layout: a pair packed after another, prompt once then chosen then rejected, must give its chosen and its rejected
 response the logits each has after its own prompt alone; glued (the whole row one sequence, so the rejected
 response sees the chosen one and the other pair) is the scale of a leak.
@@ -99,7 +99,7 @@ def shared_prompt_gap(model, collator) -> tuple[float, float]:
 
     import torch
 
-    from finetune.data.preference_rows import PACKED
+    from finetune.data.preference.rows import PACKED
 
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)

@@ -1,6 +1,6 @@
 """Per-sequence log-probabilities of the response tokens, the quantity every preference loss is made of.
 
-For a batch from finetune/data/preference_collate.py: one forward pass of the model as the Trainer holds it
+For a batch from finetune/data/preference/collate.py: one forward pass of the model as the Trainer holds it
 (DDP / DeepSpeed wrappers included, so their gradient hooks run), then, for every supervised token, log p(token)
 at the position that predicts it (the one before it; where pairs share their prompt, the prompt's last position
 predicts both responses' first tokens), summed per sequence. The LM head runs only on those
@@ -44,10 +44,10 @@ class _GatherRows:
 def supervised_targets(batch: dict):
     """(rows, positions, target ids, sequences): for every supervised token, the position whose hidden state
     predicts it, the token, and the sequence it belongs to. A batch whose pairs share their prompt lists them
-    (finetune/data/preference_collate.py); otherwise position t predicts the label at t + 1."""
+    (finetune/data/preference/collate.py); otherwise position t predicts the label at t + 1."""
     import torch.nn.functional as F
 
-    from finetune.data.preference_collate import TARGET_KEYS
+    from finetune.data.preference.collate import TARGET_KEYS
 
     if TARGET_KEYS[0] in batch:
         return tuple(batch[key] for key in TARGET_KEYS)

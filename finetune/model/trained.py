@@ -1,19 +1,14 @@
-"""Find a trained run's adapter or model, load it for use, and merge a LoRA adapter into its base.
+"""A trained run: find its adapter or model (a recipe's output_dir or a folder) and load it for use.
 
-A merged model is a plain Hugging Face model: W' = W + (alpha / r) * B @ A for every adapted layer, with
-the modules trained in full (modules_to_save) copied in. It is written in full precision from an
-*unquantized* base, also for QLoRA: merging into 4-bit weights would round the update away.
+Serving (inference.py), evaluation and export (finetune/export/: merge, GGUF) all start here.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune.atomic import honour_umask, temp_dir
 from finetune.errors import ModelError
 
 DTYPES = ("fp32", "bf16", "fp16")
@@ -37,7 +32,7 @@ def locate(target: str, overrides: list[str] = ()) -> Trained:
     """A recipe (its output_dir), an adapter folder or a model folder -> what is there. ModelError if nothing."""
     recipe = None
     if is_recipe_path(target):
-        from finetune.recipe_load import load_recipe
+        from finetune.recipe import load_recipe
 
         recipe = load_recipe(target, list(overrides))
         folder, where = Path(recipe.output_dir), f"the recipe's output_dir `{recipe.output_dir}`"
@@ -102,34 +97,3 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
         # the run added tokens: the adapter carries the trained embedding / lm_head rows for them
         base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer
-
-
-def _keep_prompt_format(run_folder: Path, merged_folder: Path) -> None:
-    """The merged model has no run.json: record the prompt format its run trained with beside it."""
-    from finetune.model.prompt_format import FORMAT_FILE, served_format
-
-    name, why = served_format(run_folder)
-    (merged_folder / FORMAT_FILE).write_text(json.dumps({"format": name, "why": why}) + "\n")
-
-
-def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
-    """Write base + adapter as one HF model folder (weights, config, tokenizer), atomically."""
-    if not trained.is_adapter:
-        raise ModelError(f"`{trained.folder}` holds a fully fine-tuned model, not an adapter: nothing to merge, "
-                         "it can be used as it is")
-    model, tokenizer = load_adapter_model(trained, dtype)
-    merged = model.merge_and_unload()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir(out_dir)  # honours the umask, like any other tool's output
-    try:
-        merged.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        _keep_prompt_format(trained.folder, tmp)
-        honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir

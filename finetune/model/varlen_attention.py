@@ -14,7 +14,7 @@ boundaries come from `position_ids` (a position that does not follow its predece
 as transformers itself detects packed rows. Anything else (a padding mask, a KV cache, decoding, models
 with sliding windows or attention extras) goes to the stock SDPA function.
 
-Branches (a prompt shared by a pair's two responses, finetune/data/preference_collate.py): a segment whose
+Branches (a prompt shared by a pair's two responses, finetune/data/preference/collate.py): a segment whose
 positions start at p > 0 instead of 0 continues the first p tokens of the last segment that started at 0. Its
 queries attend to those p keys and, causally, to its own: exactly what they would see after their own copy of
 the prompt (the prompt's keys and values depend only on the prompt, and rotary positions come from

@@ -8,8 +8,8 @@ remaining frozen weights (embeddings, norms, lm_head) to fp32.
 
 Preference methods read each pair as two sequences (chosen and rejected, one forward pass over both): a micro
 batch of B pairs is 2B sequences of up to seq_len tokens unpacked, or B packed rows of 2 x seq_len tokens
-(finetune/data/preference_rows.py); a KTO example is one sequence, as in SFT. No reference model is held: the
-reference log-probs are computed once before training and cached (finetune/train/reference.py).
+(finetune/data/preference/rows.py); a KTO example is one sequence, as in SFT. No reference model is held: the
+reference log-probs are computed once before training and cached (finetune/train/preference/reference.py).
 """
 
 from __future__ import annotations

@@ -36,6 +36,6 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
 def recipe_shape(recipe) -> dict:
     """PlanInputs' `sequences_per_item` and `packed` for a recipe: a preference pair is read as two sequences
     (chosen and rejected), a KTO example or an SFT example as one."""
-    from finetune.recipe_method import PAIRED_METHODS
+    from finetune.recipe.methods import PAIRED_METHODS
 
     return {"sequences_per_item": 2 if recipe.method in PAIRED_METHODS else 1, "packed": bool(recipe.sample_packing)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-from finetune.port import preference, preference_records
+from finetune.port.preference import method as preference, records as preference_records
 
 Settings = dict[str, Any]
 

@@ -13,8 +13,9 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, preference, preference_records
-from finetune.recipe import OPTIMIZERS, DatasetSpec, Recipe
+from finetune.port import axolotl
+from finetune.port.preference import method as preference, records as preference_records
+from finetune.recipe.schema import OPTIMIZERS, DatasetSpec, Recipe
 
 # Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
 _ALIASES = {alias for f in Recipe.model_fields.values() for alias in getattr(f.validation_alias, "choices", ())}

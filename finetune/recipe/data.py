@@ -1,6 +1,6 @@
 """The recipe's building blocks: the `affects` tags every field carries, the strict base model, and one
-`datasets:` entry (DatasetSpec). finetune/recipe.py assembles the whole Recipe from them and re-exports every
-name here, so `from finetune.recipe import DatasetSpec` stays the way to reach it.
+`datasets:` entry (DatasetSpec). finetune/recipe/schema.py assembles the whole Recipe from them and re-exports every
+name here, so `from finetune.recipe.schema import DatasetSpec` stays the way to reach it.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
 from finetune.port import axolotl
-from finetune.recipe import DatasetSpec, EvalSpec, Recipe
-from finetune.recipe_checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
-from finetune.recipe_parts import RECORD_TYPES, looks_like_hub_id
-from finetune.recipe_method import method_problems
+from finetune.recipe.schema import DatasetSpec, EvalSpec, Recipe
+from finetune.recipe.checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
+from finetune.recipe.data import RECORD_TYPES, looks_like_hub_id
+from finetune.recipe.methods import method_problems
 
 # Keys whose values are filesystem paths, resolved relative to the recipe file's folder.
 PATH_KEYS = ("output_dir", "dataset_prepared_path", "cache_dir")

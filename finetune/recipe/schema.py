@@ -2,8 +2,8 @@
 
 Each field's description is the documentation: `finetune schema --markdown` renders docs/recipe.md from it.
 Key names follow axolotl's wherever the concept is the same, so an axolotl recipe ports with few edits.
-The `affects` tags and one `datasets:` entry (DatasetSpec) live in finetune/recipe_parts.py and are
-re-exported here. Loading, error reporting and overrides live in finetune/recipe_load.py.
+The `affects` tags and one `datasets:` entry (DatasetSpec) live in finetune/recipe/data.py and are
+re-exported here. Loading, error reporting and overrides live in finetune/recipe/load.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Literal, Union
 
 from pydantic import AliasChoices, Field, field_validator
 
-from finetune.recipe_method import METHODS
-from finetune.recipe_parts import (  # noqa: F401  (re-exported: finetune.recipe is where the schema is reached)
+from finetune.recipe.methods import METHODS
+from finetune.recipe.data import (  # noqa: F401  (re-exported: finetune.recipe is where the schema is reached)
     AFFECTS_TAGS,
     CONTENT,
     INGEST,
@@ -159,7 +159,7 @@ class Recipe(Strict):
         # axolotl recipes say `gradient_checkpointing: true`
         return {True: "full", False: "off"}.get(value, value) if isinstance(value, bool) else value
 
-    # --- method (finetune/recipe_method.py: which method reads which key, and its default there) ---------
+    # --- method (finetune/recipe/methods.py: which method reads which key, and its default there) ---------
     # tokens too: KTO reads a pair as two unpaired examples, so the method changes what is tokenized
     method: Literal[METHODS] = Field(  # type: ignore[valid-type]
         "sft",

@@ -12,7 +12,7 @@ mid-delete leaves a folder that no longer looks complete.
 
 Pure filesystem code: no torch, no transformers. The read side (Layout, reading a marker, the complete
 checkpoints: finetune/run_folder.py) and the recipe-time checks (where a run may write, what `resume:` names:
-finetune/recipe_checks.py) live below every stage, for the recipe loader; they are re-exported here.
+finetune/recipe/checks.py) live below every stage, for the recipe loader; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from pathlib import Path
 from finetune.atomic import honour_umask
 from finetune.errors import FinetuneError
 from finetune.log import get_logger
-from finetune.recipe import TRAIN, Recipe, fields_affecting
+from finetune.recipe.schema import TRAIN, Recipe, fields_affecting
 # the recipe-time checks and the read side of output_dir live below every stage, for the recipe loader
-from finetune.recipe_checks import location_problems, resume_problem  # noqa: F401
+from finetune.recipe.checks import location_problems, resume_problem  # noqa: F401
 from finetune.run_folder import MARKER, OWNER_FILE, STEP_PREFIX, Layout, complete_checkpoints, read_marker  # noqa: F401
 
 STAGING_FLAG = ".finetune-staging"  # put in a staging folder before the Trainer writes into it
 
 # Settings that must not change between a checkpoint and a run resuming from it: they change what a step is
 # (the data, its order, the batch) or what the weights and optimizer state mean. Derived from the schema's
-# `affects` metadata (finetune/recipe.py), never listed by hand; the data itself enters as the data key.
+# `affects` metadata (finetune/recipe/schema.py), never listed by hand; the data itself enters as the data key.
 FINGERPRINT_FIELDS = fields_affecting(Recipe, TRAIN)
 # Not settings: what the run was fed and on how many processes. A change is a warning with `resume: PATH`
 # (continuing from chosen weights on other data is legitimate), a refusal with `resume: auto`.

@@ -18,7 +18,7 @@ Levels are means over a fifth of the points (at least 3) at each end, so a few n
 A preference run (it logs reward metrics) is not underfit because its loss barely moved when its accuracy ended
 clearly above chance or its margin grew (a preference loss can move little while the ranking is learned), and
 has two more verdicts, checked with the rules above
-(finetune/train/curves_preference.py has their thresholds):
+(finetune/train/preference/curves.py has their thresholds):
     nothing learned          accuracy ended at chance (or at a tie) and the loss stayed at its start (DPO: log 2),
                              checked before diverged / overfit / underfit
     likelihood displacement  the chosen log-prob fell while the reward margin grew, checked after diverged and
@@ -35,9 +35,9 @@ import math
 import re
 from pathlib import Path
 
-from finetune.train.curves_preference import (LOG2, is_preference, learned, likelihood_displacement, nothing_learned,
+from finetune.train.preference.curves import (LOG2, is_preference, learned, likelihood_displacement, nothing_learned,
                                               plot_panels)
-from finetune.train.curves_preference import summary as preference_summary
+from finetune.train.preference.curves import summary as preference_summary
 
 MIN_POINTS = 8  # fewer training losses than this: too short to judge
 FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat

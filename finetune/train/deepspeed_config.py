@@ -1,13 +1,13 @@
 """The DeepSpeed JSON as the Trainer gets it: read once the recipe was checked, "auto" values resolved.
 
 Finding the JSON (a shipped config by name, or a path) and checking it against the recipe live in
-finetune/recipe_checks.py, below every stage, because load_recipe runs those checks; they are re-exported
+finetune/recipe/checks.py, below every stage, because load_recipe runs those checks; they are re-exported
 here for the run.
 """
 
 from __future__ import annotations
 
-from finetune.recipe_checks import (  # noqa: F401 (the names the run and others import from here)
+from finetune.recipe.checks import (  # noqa: F401 (the names the run and others import from here)
     SHIPPED,
     deepspeed_problems,
     read_deepspeed_config,

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from finetune.atomic import write_text_atomic
 from finetune.log import get_logger
-from finetune.recipe_load import dump_recipe
+from finetune.recipe.load import dump_recipe
 from finetune.redact import redact, redact_text
 from finetune.train.fast_paths import say
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
@@ -237,7 +237,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     if store is not None:  # preference methods: rows of pair ids into the token store
-        from finetune.train.preference_setup import preference_collator, probe_preference
+        from finetune.train.preference.setup import preference_collator, probe_preference
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
@@ -316,7 +316,7 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         log.info(f"resuming from {resume_from}")
     reference = None
     if prepared.store is not None:  # before the model loads: a resume without its reference table is refused
-        from finetune.train.preference_setup import reference_for
+        from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
     built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store)
@@ -354,8 +354,8 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer_class, own_kwargs = Trainer, {}
     if prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
-        from finetune.train.preference import PreferenceTrainer
-        from finetune.train.preference_setup import preference_trainer_kwargs
+        from finetune.train.preference.trainer import PreferenceTrainer
+        from finetune.train.preference.setup import preference_trainer_kwargs
 
         trainer_class, own_kwargs = PreferenceTrainer, preference_trainer_kwargs(recipe, built, prepared, reference)
     trainer = trainer_class(
@@ -427,7 +427,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "method": recipe.method,
     }
     if prepared.store is not None:
-        from finetune.train.preference_setup import preference_record
+        from finetune.train.preference.setup import preference_record
 
         summary["preference"] = preference_record(recipe, trainer)
     if not trainer.is_world_process_zero():

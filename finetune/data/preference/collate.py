@@ -11,7 +11,7 @@ Every batch, packed or not, says the same things, so the loss has one code path 
   label                  KTO: whether each example's completion is desirable
   kl                     KTO: a batch of its own (input_ids, labels, attention_mask | position_ids,
                          sequence_index, sequence_lengths) holding each example's prompt with its KL partner's
-                         completion (finetune/data/preference_rows.py), in the same order and layout
+                         completion (finetune/data/preference/rows.py), in the same order and layout
   sequence_lengths       tokens of each sequence, its prompt included (throughput counts them)
   response_tokens        supervised tokens of each sequence (IPO, SimPO and the SFT terms normalize by them)
   shared_prompt_tokens   rows that share prompts: per pair, the prompt tokens its rejected response does not
@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from finetune.contract import IGNORE_INDEX
-from finetune.data.preference_rows import PACKED, UNPACKED
+from finetune.data.preference.rows import PACKED, UNPACKED
 
 TARGET_KEYS = ("target_rows", "target_positions", "target_ids", "target_sequences")
 

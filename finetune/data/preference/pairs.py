@@ -134,7 +134,7 @@ def _pair_texts(record: dict, method: str):
 def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list, dict]:
     """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts."""
     from finetune.ingest.records import read_records
-    from finetune.recipe_method import shapes_for
+    from finetune.recipe.methods import shapes_for
 
     renderer = Renderer(tokenizer)
     items, outcome, listed = [], Counter(), []

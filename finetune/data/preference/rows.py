@@ -4,7 +4,7 @@ A pair (or a KTO example) has one global id: the train split's come first, then 
 Trainer's dataset holds only rows of ids (column `pairs`; `packed_pairs` when packed): one id a row unpacked, so `micro_batch_size`
 counts pairs as it counts examples in SFT; several a row with `sample_packing`, best-fit-decreasing packed
 (finetune/data/packing.py) into rows of 2 x sequence_len tokens, so any pair fits a row whole and a packed
-row holds as many tokens as one unpacked pair at its longest. The collator (finetune/data/preference_collate.py)
+row holds as many tokens as one unpacked pair at its longest. The collator (finetune/data/preference/collate.py)
 turns ids into token tensors from the store, and into the reference log-probs computed for them.
 """
 

@@ -1,5 +1,5 @@
 """Each preference method as one objective: per-pair losses from per-sequence log-probs, the metrics it logs,
-and what its loss is normalized by. The math is in finetune/train/preference_loss.py (pure functions, each
+and what its loss is normalized by. The math is in finetune/train/preference/loss.py (pure functions, each
 held equal to TRL's in tests/test_preference_loss.py); this module only routes a batch's numbers to them.
 
     terms(logps, ref, batch, kl)  Terms: per-pair (KTO: per-example) losses, the chosen responses' NLL sum for
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from finetune.recipe_method import method_settings, uses_reference
+from finetune.recipe.methods import method_settings, uses_reference
 
 NLL_WEIGHT_KEY = {"dpo": "rpo_alpha", "ipo": "rpo_alpha", "simpo": "rpo_alpha"}
 
@@ -47,12 +47,12 @@ class Objective:
         return [items, float(batch["response_tokens"][batch["chosen_index"]].sum())]
 
     def kl_estimate(self, policy_kl, ref_kl, all_reduce_mean=None):
-        from finetune.train.preference_loss import kto_kl
+        from finetune.train.preference.loss import kto_kl
 
         return kto_kl(policy_kl, ref_kl, all_reduce_mean)
 
     def terms(self, logps, ref, batch, kl=None) -> Terms:
-        from finetune.train import preference_loss as L
+        from finetune.train.preference import loss as L
 
         if self.method == "kto":
             losses = L.kto_loss(logps, ref[:, 0], batch["label"], kl, self.beta,

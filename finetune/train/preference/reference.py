@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from finetune.atomic import temp_file
-from finetune.data.preference_rows import PACKED, UNPACKED
+from finetune.data.preference.rows import PACKED, UNPACKED
 
 # recipe fields that change the starting model's forward pass (the data key covers data and tokenizer)
 MODEL_FIELDS = ("base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_modules_to_save", "tokens",

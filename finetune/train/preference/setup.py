@@ -11,7 +11,7 @@ log = get_logger(__name__)
 def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
     """`branches`: the attention path runs a segment starting at position p > 0 as a continuation of the prompt
     before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt."""
-    from finetune.data.preference_collate import PreferenceCollator
+    from finetune.data.preference.collate import PreferenceCollator
 
     share = branches and not store.unpaired
     if share:
@@ -28,7 +28,7 @@ def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> b
     """The packing guard (segments isolated by position_ids, as in SFT rows) and the gathered-head probe;
     returns whether the loss must read the model's full logits."""
     from finetune.data.collate import Collator
-    from finetune.data.preference_rows import UNPACKED
+    from finetune.data.preference.rows import UNPACKED
     from finetune.model import base_causal_lm
     from finetune.model.sequence_logps import probe_gathered_head
 
@@ -67,8 +67,8 @@ def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object
     """(the cached reference table or None, where it is stored). A resumed run without its table is refused:
     its model is no longer the one the run started from."""
     from finetune.errors import DataError
-    from finetune.recipe_method import uses_reference
-    from finetune.train.reference import load_table, reference_path
+    from finetune.recipe.methods import uses_reference
+    from finetune.train.preference.reference import load_table, reference_path
 
     if not uses_reference(recipe):
         return None, None
@@ -87,9 +87,9 @@ def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object
 
 def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict:
     """PreferenceTrainer's own arguments; `reference` is reference_for's answer."""
-    from finetune.data.preference_rows import row_capacity
+    from finetune.data.preference.rows import row_capacity
     from finetune.model import base_causal_lm
-    from finetune.train.preference_objective import Objective
+    from finetune.train.preference.objective import Objective
 
     table, path = reference
     budget = recipe.micro_batch_size * row_capacity(recipe, prepared.store)  # a training micro batch's tokens
@@ -101,7 +101,7 @@ def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict
 
 def preference_record(recipe, trainer) -> dict:
     """What run.json records of a preference run: the method's settings, the reference pass, the last metrics."""
-    from finetune.recipe_method import method_settings
+    from finetune.recipe.methods import method_settings
 
     history = trainer.state.log_history
     shared = bool(getattr(getattr(trainer, "reference_collator", None), "share_prompt", False))
@@ -110,7 +110,7 @@ def preference_record(recipe, trainer) -> dict:
     last_eval = next((e for e in reversed(history) if any(k.startswith("eval_rewards/") for k in e)), {})
     return {
         "settings": method_settings(recipe),
-        # packed pairs held their prompt once, both responses after it (finetune/data/preference_collate.py), so
+        # packed pairs held their prompt once, both responses after it (finetune/data/preference/collate.py), so
         # the train split's rows held fewer tokens than data.train.tokens counts (a prompt per response)
         "shared_prompt": shared,
         "train_tokens_in_rows": sum(store.length(i) - (len(store.prompts[i]) if shared else 0)

@@ -14,7 +14,7 @@ weigh pairs unequally; summing per-pair losses and dividing by the pairs of the 
 processes) gives every pair the same weight, packed or not, one process or several. DDP and DeepSpeed average
 gradients over processes, so each process's loss is multiplied by their number (the sum is then exact).
 
-The reference table (finetune/train/reference.py) is computed at the first loss, through the model as the
+The reference table (finetune/train/preference/reference.py) is computed at the first loss, through the model as the
 Trainer holds it, unless the run found it cached.
 """
 
@@ -90,7 +90,7 @@ class PreferenceTrainer(Trainer):
         return loss.detach(), None, None
 
     def _reference_table(self, model):
-        from finetune.train.reference import compute_table, save_table
+        from finetune.train.preference.reference import compute_table, save_table
 
         started = time.time()
         log.info(f"reference log-probs: one no-grad pass over {len(self.store):,} "

@@ -1,0 +1,23 @@
+"""The recipe: one flat `Recipe` (the only place a default lives), its loading and its checks.
+
+    schema.py    Recipe, composed of the key groups below (the YAML keys are flat; the groups are for readers)
+    model.py     the base model, its tokenizer, attention, compile, checkpointing
+    adapter.py   full / LoRA / QLoRA and the quantized base
+    methods.py   `method:` and each method's settings (which method reads which key, its default there)
+    data.py      `datasets:` (one DatasetSpec per source) and how records become tokens
+    training.py  batch, schedule, optimizer, precision, scale-out
+    output.py    output_dir, logging, checkpoints, resume, the guard, trackers
+    evaluation.py  `eval:` (EvalSpec)
+    tags.py      what each key affects (the cache and checkpoint fingerprints read these), the Strict base
+    load.py      load_recipe(): YAML + --set -> Recipe, every problem gathered into one RecipeError
+    checks.py    cross-key checks that read the filesystem (output_dir, resume, DeepSpeed JSON, lm-eval)
+
+`from finetune.recipe import Recipe, load_recipe` is the public face. Pure Python: nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+from finetune.recipe.load import dump_recipe, load_recipe, recipe_from_dict
+from finetune.recipe.schema import Recipe
+
+__all__ = ["Recipe", "dump_recipe", "load_recipe", "recipe_from_dict"]
