@@ -100,7 +100,7 @@ def resolved_training_arguments(recipe, prepared=None):
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
     from finetune.train.launch import start_process_group
-    from finetune.train.run import training_arguments
+    from finetune.train.arguments import training_arguments
     from finetune.train.settings import resolve
 
     state = start_process_group(recipe, cuda=False)

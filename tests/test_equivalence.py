@@ -100,7 +100,7 @@ def test_micro_batch_4_equals_4_accumulated_micro_batches_of_1(make_recipe, tmp_
 
 
 def test_packed_equals_unpacked(make_recipe, tmp_path):
-    from finetune.recipe.schema import Recipe
+    from finetune.recipe import Recipe
 
     if "sample_packing" not in Recipe.model_fields:
         pytest.skip("sample_packing is not in the recipe yet")

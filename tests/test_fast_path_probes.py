@@ -269,7 +269,7 @@ def test_the_colab_notebooks_recipe_takes_the_safe_path_on_a_t4_by_construction(
     """The notebook leaves precision, attention and compile to `auto`; on a T4 (compute capability 7.5) `auto`
     picks fp16, sdpa and eager from the capability alone, with or without packing or flash-attn, and nothing is
     probed. The same recipe on an A10G would compile, probed first."""
-    from finetune.recipe.schema import Recipe
+    from finetune.recipe import Recipe
 
     monkeypatch.setattr(attention, "_flex_available", lambda: True)
     monkeypatch.setattr(attention.importlib.util, "find_spec", lambda name: object())  # flash-attn "installed" too

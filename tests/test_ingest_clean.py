@@ -239,7 +239,7 @@ def test_ingestion_never_imports_torch():
 def test_dataset_spec_cross_field_checks():
     from pydantic import ValidationError
 
-    from finetune.recipe.schema import DatasetSpec
+    from finetune.recipe.data import DatasetSpec
 
     DatasetSpec(path="d.sql", type="sql", table="posts", map={"instruction": "title", "output": "body"})
     for kwargs, message in [
@@ -254,7 +254,7 @@ def test_dataset_spec_cross_field_checks():
 
 def test_materialize_caches_by_content_and_options(tmp_path, capsys):
     from finetune.ingest.source import materialize
-    from finetune.recipe.schema import DatasetSpec
+    from finetune.recipe.data import DatasetSpec
 
     csv = tmp_path / "faq.csv"
     shutil.copy(ASSETS / "csv" / "faq.csv", csv)

@@ -210,7 +210,7 @@ def test_preference_pairs_from_parquet_read_as_they_are(tmp_path):
     """Preference records go through the same reader: a parquet file of sharegpt-style pairs comes out canonical."""
     from finetune.ingest.records import read_records
     from finetune.ingest.records_source import materialize_records
-    from finetune.recipe.schema import DatasetSpec
+    from finetune.recipe.data import DatasetSpec
 
     pairs = [{"conversations": [{"from": "human", "value": f"q{i}"}], "chosen": {"from": "gpt", "value": f"yes {i}"},
               "rejected": {"from": "gpt", "value": f"no {i}"}} for i in range(3)]

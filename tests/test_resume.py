@@ -46,7 +46,7 @@ def adapter(folder: Path) -> dict:
 def test_sigkill_mid_step_then_resume_matches_uninterrupted_run(make_recipe, tmp_path, variant):
     settings = {**SETTINGS, **(PACKED if variant == "packed" else {})}
     if variant == "packed":
-        from finetune.recipe.schema import Recipe
+        from finetune.recipe import Recipe
 
         if "sample_packing" not in Recipe.model_fields:
             pytest.skip("sample_packing is not in the recipe yet")

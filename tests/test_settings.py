@@ -13,7 +13,9 @@ from dataclasses import fields
 
 import pytest
 
-from finetune.recipe.schema import AFFECTS_TAGS, INGEST, TOKENS, DatasetSpec, Recipe, field_affects, fields_affecting
+from finetune.recipe import Recipe
+from finetune.recipe.data import DatasetSpec
+from finetune.recipe.tags import AFFECTS_TAGS, INGEST, TOKENS, field_affects, fields_affecting
 
 
 @pytest.mark.parametrize("model", [Recipe, DatasetSpec])

@@ -28,7 +28,7 @@ def _history(train_fn, eval_fn, steps: int = 60, eval_every: int = 10, seed: int
 def _preference_history(loss_fn, accuracy_fn, margin_fn, chosen_fn, rejected_fn, steps: int = 60,
                         log_every: int = 3, eval_every: int = 10, seed: int = 0) -> list[dict]:
     """A DPO run's log: the loss every step, the preference metrics every `log_every` steps (train) and at
-    every evaluation (eval_), as finetune/train/preference.py logs them."""
+    every evaluation (eval_), as finetune/train/preference/trainer.py logs them."""
     rng = random.Random(seed)
     history = []
     for step in range(1, steps + 1):

@@ -83,7 +83,7 @@ def _precision_warning(args: argparse.Namespace, precision: str) -> str | None:
 def _knobs(args: argparse.Namespace, recipe) -> dict:
     """Each knob from the flag, else the recipe, else the bare-config default."""
     out = {}
-    from finetune.recipe.schema import Recipe
+    from finetune.recipe import Recipe
 
     for flag, field in KNOBS.items():
         value = getattr(args, flag)
@@ -226,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
     recipe, config = _load(args)
     knobs = _knobs(args, recipe)
-    from finetune.recipe.schema import Recipe
+    from finetune.recipe import Recipe
 
     defaults = Recipe.model_fields  # a bare model config: the schema's defaults
     targets = recipe.lora_target_modules if recipe is not None else defaults["lora_target_modules"].get_default()

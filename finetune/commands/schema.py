@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from finetune.recipe.schema import DatasetSpec, EvalSpec, Recipe, field_affects
+from finetune.recipe.schema import GROUPS, Recipe
+from finetune.recipe.data import DatasetSpec
+from finetune.recipe.evaluation import EvalSpec
+from finetune.recipe.tags import field_affects
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,13 +37,22 @@ def _type(schema: dict) -> str:
     return f"`{schema.get('type', 'any')}`"
 
 
-def _table(model) -> list[str]:
+def _table(model, names=None) -> list[str]:
+    """A markdown table of `model`'s fields (only `names`, in their order, when given)."""
     props = model.model_json_schema()["properties"]
     rows = ["| key | type | default | affects | meaning |", "| --- | --- | --- | --- | --- |"]
-    for name, field in model.model_fields.items():
+    for name in names or model.model_fields:
+        field = model.model_fields[name]
         tags = ", ".join(field_affects(model, name) or ()) or "-"
         rows.append(f"| `{name}` | {_type(props[name])} | {_default(field)} | {tags} | {field.description or ''} |")
     return rows
+
+
+def _groups() -> list[str]:
+    lines = []
+    for title, group in GROUPS:
+        lines += [f"### {title}", "", *_table(Recipe, list(group.model_fields)), ""]
+    return lines
 
 
 def recipe_markdown() -> str:
@@ -61,8 +73,9 @@ def recipe_markdown() -> str:
         "",
         "## Top-level keys",
         "",
-        *_table(Recipe),
+        "The keys are flat in the YAML; they are grouped here as the schema groups them (finetune/recipe/).",
         "",
+        *_groups(),
         "## `datasets` entries",
         "",
         *_table(DatasetSpec),

@@ -42,7 +42,7 @@ def build_report(args: argparse.Namespace):
             targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
         cache_dir = recipe.cache_dir
     else:
-        from finetune.recipe.schema import _default_cache_dir
+        from finetune.recipe.data import _default_cache_dir
 
         source, trust, rank, cache_dir = args.model, args.trust_remote_code, args.rank or 8, _default_cache_dir()
     if Path(source).name == "config.json":

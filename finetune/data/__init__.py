@@ -18,7 +18,7 @@ from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
 from finetune.ingest.records import read_records, require_records_file
-from finetune.recipe.schema import RECORD_TYPES
+from finetune.recipe.data import RECORD_TYPES
 
 
 @dataclass

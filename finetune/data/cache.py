@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 
 from finetune.atomic import temp_dir
-from finetune.recipe.schema import TOKENS, Recipe, fields_affecting
+from finetune.recipe import Recipe
+from finetune.recipe.tags import TOKENS, fields_affecting
 
 # Recipe fields that change what build_dataset produces, by value: the schema's `tokens` tag (finetune/recipe/schema.py).
 # Anything else (learning rate, LoRA rank, ...) may change freely without re-tokenizing. The data files and the

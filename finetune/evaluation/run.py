@@ -18,7 +18,7 @@ def resolve_spec(recipe, changes: dict | None):
     """The recipe's `eval:` section (the schema's defaults when it has none) with the command's changes."""
     from pydantic import ValidationError
 
-    from finetune.recipe.schema import EvalSpec
+    from finetune.recipe.evaluation import EvalSpec
 
     base = recipe.eval.model_dump() if recipe.eval is not None else {}
     try:

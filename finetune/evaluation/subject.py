@@ -76,7 +76,8 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
 def recorded_recipe(data: dict):
     """The Recipe run.json records (a full dump, validated when it trained; its paths absolute). A dataset entry's
     raw-source options are dumped with their defaults, which a records entry refuses as set: keep what differs."""
-    from finetune.recipe.schema import DatasetSpec, Recipe
+    from finetune.recipe import Recipe
+    from finetune.recipe.data import DatasetSpec
 
     defaults = {name: field.default for name, field in DatasetSpec.model_fields.items() if not field.is_required()}
     datasets = [{k: v for k, v in spec.items() if k in ("path", "type") or defaults.get(k, object()) != v}

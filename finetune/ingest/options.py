@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, fields
 from typing import get_args
 
 from finetune.errors import DataError
-from finetune.recipe.schema import INGEST, RECORD_TYPES, DatasetSpec, fields_affecting
+from finetune.recipe.data import DatasetSpec, RECORD_TYPES
+from finetune.recipe.tags import INGEST, fields_affecting
 
 # IngestOptions field -> DatasetSpec field where the names differ because the shapes do: the recipe's `map:` is a
 # mapping, the option an ordered tuple of pairs (the CLI's repeated --map); the recipe takes one `slop_file`, the

@@ -15,7 +15,9 @@ import yaml
 from finetune.errors import FinetuneError
 from finetune.port import axolotl
 from finetune.port.preference import method as preference, records as preference_records
-from finetune.recipe.schema import OPTIMIZERS, DatasetSpec, Recipe
+from finetune.recipe import Recipe
+from finetune.recipe.data import DatasetSpec
+from finetune.recipe.training import OPTIMIZERS
 
 # Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
 _ALIASES = {alias for f in Recipe.model_fields.values() for alias in getattr(f.validation_alias, "choices", ())}

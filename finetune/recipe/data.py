@@ -1,7 +1,5 @@
-"""The recipe's building blocks: the `affects` tags every field carries, the strict base model, and one
-`datasets:` entry (DatasetSpec). finetune/recipe/schema.py assembles the whole Recipe from them and re-exports every
-name here, so `from finetune.recipe.schema import DatasetSpec` stays the way to reach it.
-"""
+"""The recipe's data keys: `datasets:` (one DatasetSpec per source: a records file, or a raw source ingested
+first) and how records become tokens (chat template, sequence length, packing, the eval split, caches)."""
 
 from __future__ import annotations
 
@@ -9,7 +7,11 @@ import re
 from pathlib import PurePath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+import os
+
+from pydantic import Field, model_validator
+
+from finetune.recipe.tags import CONTENT, INGEST, TOKENS, TRAIN, Strict, affects
 
 RECORD_TYPES = ("auto", "completion", "instruction", "chat", "preference", "unpaired")
 # What a records dataset's `map:` may name: the raw sources' record fields, and the conversation (the field of
@@ -38,41 +40,6 @@ def records_map_problems(mapping: dict) -> list[str]:
         problems.append(f"`map` mixes a conversation ({', '.join(sorted(conversation))}) with flat fields "
                         f"({', '.join(sorted(flat))}); map one record shape")
     return problems
-
-
-# What changing a setting changes. Every field of Recipe and DatasetSpec carries `affects` in its metadata
-# (tests/test_settings.py fails on a field without it); the resume fingerprint, the tokenization cache key and
-# the ingest cache key are derived from these tags, never listed by hand. A field may carry several tags;
-# an empty tuple means: changes neither the data nor what a step is (paths, logging, checkpoint cadence...).
-TRAIN = "train"  # what an optimizer step is, or what the weights and optimizer state mean: the resume fingerprint
-TOKENS = "tokens"  # the tokenized examples, keyed by the value: the tokenization cache key (data/cache.py)
-CONTENT = "content"  # the data or the tokenizer, keyed by the CONTENT hash of the files / tokenizer, not the value
-INGEST = "ingest"  # what ingesting a raw source writes: the ingest cache key (ingest/source.py)
-# How long training runs (num_epochs, max_steps). Not fingerprinted: a resumed run with a larger value is a
-# legitimate "train longer"; the learning-rate schedule is then re-planned over the new total.
-LENGTH = "length"
-AFFECTS_TAGS = (TRAIN, TOKENS, CONTENT, INGEST, LENGTH)
-
-
-def affects(*tags: str) -> dict:
-    """Field metadata: `Field(..., json_schema_extra=affects(TRAIN))` (it also shows in the JSON schema)."""
-    return {"affects": tags}
-
-
-def field_affects(model: type[BaseModel], name: str) -> tuple[str, ...] | None:
-    """The `affects` tags of one field; None when the field was never classified."""
-    extra = model.model_fields[name].json_schema_extra
-    return tuple(extra["affects"]) if isinstance(extra, dict) and "affects" in extra else None
-
-
-def fields_affecting(model: type[BaseModel], tag: str) -> tuple[str, ...]:
-    """The fields of `model` tagged `tag`, in declaration order."""
-    return tuple(name for name in model.model_fields if tag in (field_affects(model, name) or ()))
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
 
 class DatasetSpec(Strict):
     """One training data source: a records file, or a raw source (HTML, CSV, SQL...) ingested first."""
@@ -257,58 +224,85 @@ class DatasetSpec(Strict):
         return self
 
 
-class EvalSpec(Strict):
-    """`eval:`: the checks `finetune eval` runs, and that run when training ends when the recipe has this section
-    (docs/evaluation.md). The command's options override these values for one evaluation."""
+def _default_cache_dir() -> str:
+    return os.environ.get("FINETUNE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "finetune")
 
-    heldout_loss: bool = Field(
-        True,
-        description=("Held-out loss and perplexity, base and tuned, on supervised tokens only, tokenized and masked "
-                     "exactly as training does; preference runs: reward accuracy and margin on held-out pairs."),
-        json_schema_extra=affects(),
+
+class DataKeys(Strict):
+    """Where the training data comes from and how it becomes tokens."""
+
+    datasets: list[DatasetSpec] = Field(
+        min_length=1, description="Training data sources.", json_schema_extra=affects(CONTENT),
     )
-    data: str | None = Field(
-        None,
-        description=("A records file to evaluate on, of the run's record shape (relative to the recipe). Default: "
-                     "the recipe's eval split (`val_set_size`)."),
-        json_schema_extra=affects(),
+
+    chat_template: Literal["tokenizer_default", "chatml", "jinja"] = Field(
+        "tokenizer_default",
+        description=(
+            "How chat records are rendered: the tokenizer's own template (ChatML if it has none), ChatML, "
+            "or the Jinja template in chat_template_jinja."
+        ),
+        json_schema_extra=affects(TOKENS),
     )
-    generations: int = Field(
-        4, ge=0,
-        description=("Held-out prompts answered greedily by base and tuned, in the format the run trained with; "
-                     "each answer is checked: did it end, is it empty, does it loop. 0: none."),
-        json_schema_extra=affects(),
+
+    chat_template_jinja: str | None = Field(
+        None, description="A Jinja chat template, with `chat_template: jinja`.", json_schema_extra=affects(TOKENS),
     )
-    max_new_tokens: int = Field(
-        64, gt=0, description="Longest generated answer, in tokens: an answer still going at this length never ended.",
-        json_schema_extra=affects(),
+
+    # tokens (truncation, drops) and train: with sample_packing it is the packed row length, packed after the cache
+    sequence_len: int = Field(
+        2048, gt=0, description="Longest example, in tokens.", json_schema_extra=affects(TOKENS, TRAIN),
     )
-    tasks: list[str] = Field(
-        [],
-        description=("lm-evaluation-harness tasks to run on base and tuned (needs the `eval` extra: "
-                     "`pip install finetune[eval]`), e.g. [tiny_facts], the example task finetune ships. "
-                     "Empty: no benchmarks."),
-        json_schema_extra=affects(),
+
+    excess_length_strategy: Literal["drop", "truncate", "error"] = Field(
+        "drop", description="What to do with an example longer than sequence_len. Counted and reported.",
+        json_schema_extra=affects(TOKENS),
     )
-    tasks_dir: str | None = Field(
-        None,
-        description=("A folder of local lm-eval tasks (task YAML files and their local data files). With `tasks` "
-                     "empty, every task in it runs."),
-        json_schema_extra=affects(),
-    )
-    task_limit: int | None = Field(
-        None, gt=0, description="Examples per lm-eval task (default: all): a quick look, not a score to quote.",
-        json_schema_extra=affects(),
-    )
-    apply_chat_template: bool = Field(
+
+    sample_packing: bool = Field(
         False,
-        description=("lm-eval: wrap each task's prompts in the tokenizer's chat template (the report says which). "
-                     "Off: plain text, as most published scores are."),
+        description=(
+            "Pack whole training examples into rows of sequence_len tokens (best-fit decreasing, seeded), position "
+            "ids restarting at each example so examples never attend to each other (checked on the model before "
+            "training). micro_batch_size then counts packed rows, not examples."
+        ),
+        json_schema_extra=affects(TRAIN),
+    )
+
+    # affects nothing a checkpoint holds: only how the eval split is batched
+    eval_sample_packing: bool | None = Field(
+        None, description="Pack the eval split too. Default: the same as sample_packing.", json_schema_extra=affects(),
+    )
+
+    # train: it changes the data order, so what each step sees
+    group_by_length: bool = Field(
+        False,
+        description="Without packing: batch examples of similar length together to cut padding (order less random).",
+        json_schema_extra=affects(TRAIN),
+    )
+
+    dataset_processes: int = Field(
+        1, gt=0, description="Processes that tokenize records (worth it from ~100k records; each loads the tokenizer).",
         json_schema_extra=affects(),
     )
-    gguf: str | None = Field(
-        None,
-        description=("A GGUF file to evaluate beside the merged model (export drift as a number). Default: the "
-                     "GGUF `finetune export` wrote into the output folder, if any."),
+
+    train_on_inputs: bool = Field(
+        False,
+        description="Supervise prompts too. Off: only responses / assistant turns carry a loss.",
+        json_schema_extra=affects(TOKENS),
+    )
+
+    val_set_size: float = Field(
+        0.0, ge=0.0, description="Held-out eval split: a fraction (< 1) or a number of examples (>= 1).",
+        json_schema_extra=affects(TOKENS),
+    )
+
+    dataset_prepared_path: str | None = Field(
+        None, description="Where tokenized datasets are cached. Default: cache_dir/prepared.",
+        json_schema_extra=affects(),
+    )
+
+    cache_dir: str = Field(
+        default_factory=_default_cache_dir,
+        description="Cache for converted models and prepared data. Default: $FINETUNE_CACHE_DIR or ~/.cache/finetune.",
         json_schema_extra=affects(),
     )

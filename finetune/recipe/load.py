@@ -13,7 +13,9 @@ from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
 from finetune.port import axolotl
-from finetune.recipe.schema import DatasetSpec, EvalSpec, Recipe
+from finetune.recipe.schema import Recipe
+from finetune.recipe.data import DatasetSpec
+from finetune.recipe.evaluation import EvalSpec
 from finetune.recipe.checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
 from finetune.recipe.data import RECORD_TYPES, looks_like_hub_id
 from finetune.recipe.methods import method_problems

@@ -7,10 +7,16 @@ Every method setting is a flat recipe key named as axolotl names it (`rl_beta`, 
 is the only place a default lives: this module is part of it), and `method_setting(recipe, key)` reads
 the value a run trains with. A key the recipe's method does not read is an error, never silently ignored.
 
-Pure Python: the recipe imports nothing heavy.
+The keys themselves are MethodKeys, at the end. Pure Python: the recipe imports nothing heavy.
 """
 
 from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from finetune.recipe.tags import TOKENS, TRAIN, Strict, affects
 
 METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto")
 PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
@@ -106,3 +112,61 @@ def _shape_problem(index: int, shape: str, method: str, allowed: tuple[str, ...]
                 f"`method: sft`; set `method: dpo` (or ipo, orpo, simpo, kto), or point it at SFT records")
     return (f"`datasets.{index}.type: {shape}` holds supervised records, but `method: {method}` trains on "
             f"{' or '.join(allowed)} records (docs/preference.md); set `method: sft`, or point it at preference data")
+
+
+class MethodKeys(Strict):
+    """The training method and its settings (METHOD_SETTINGS above holds each one's default per method)."""
+
+    # tokens too: KTO reads a pair as two unpaired examples, so the method changes what is tokenized
+    method: Literal[METHODS] = Field(  # type: ignore[valid-type]
+        "sft",
+        description=(
+            "`sft`: supervised fine-tuning on completion / instruction / chat records. Preference tuning on "
+            "{prompt, chosen, rejected} pairs: `dpo`, `ipo` (against the reference: the model as it is before the "
+            "first step), `orpo`, `simpo` (no reference); `kto` on {prompt, completion, label} records or pairs. "
+            "docs/preference.md."
+        ),
+        json_schema_extra=affects(TRAIN, TOKENS),
+    )
+
+    rl_beta: float | None = Field(
+        None, gt=0.0,
+        description=("How far the policy may move from the reference (DPO, IPO's tau, KTO) or the reward scale "
+                     "(SimPO). Default: 0.1; SimPO 2.0."),
+        json_schema_extra=affects(TRAIN),
+    )
+
+    dpo_label_smoothing: float | None = Field(
+        None, ge=0.0,
+        description="DPO: the assumed probability that a pair's labels are flipped (conservative DPO), in [0, 0.5). Default 0.",
+        json_schema_extra=affects(TRAIN),
+    )
+
+    rpo_alpha: float | None = Field(
+        None, ge=0.0,
+        description=("DPO, IPO, SimPO: weight of an SFT term, the mean negative log-likelihood of the chosen "
+                     "responses' tokens, added to the loss (RPO; SimPO's `cpo_alpha`). Default 0: off."),
+        json_schema_extra=affects(TRAIN),
+    )
+
+    simpo_gamma: float | None = Field(
+        None, ge=0.0, description="SimPO: the target reward margin gamma. Default 1.0 (gamma / beta = 0.5).",
+        json_schema_extra=affects(TRAIN),
+    )
+
+    orpo_alpha: float | None = Field(
+        None, gt=0.0, description="ORPO: weight (lambda) of the odds-ratio term beside the chosen NLL. Default 0.1.",
+        json_schema_extra=affects(TRAIN),
+    )
+
+    kto_desirable_weight: float | None = Field(
+        None, gt=0.0, description="KTO: weight of desirable examples' loss. Default 1.0.",
+        json_schema_extra=affects(TRAIN),
+    )
+
+    kto_undesirable_weight: float | None = Field(
+        None, gt=0.0,
+        description=("KTO: weight of undesirable examples' loss. Default 1.0; with unbalanced data, aim for "
+                     "desirable_weight x desirable count / (undesirable_weight x undesirable count) in [1, 4/3]."),
+        json_schema_extra=affects(TRAIN),
+    )

@@ -26,7 +26,8 @@ from pathlib import Path
 from finetune.atomic import honour_umask
 from finetune.errors import FinetuneError
 from finetune.log import get_logger
-from finetune.recipe.schema import TRAIN, Recipe, fields_affecting
+from finetune.recipe import Recipe
+from finetune.recipe.tags import TRAIN, fields_affecting
 # the recipe-time checks and the read side of output_dir live below every stage, for the recipe loader
 from finetune.recipe.checks import location_problems, resume_problem  # noqa: F401
 from finetune.run_folder import MARKER, OWNER_FILE, STEP_PREFIX, Layout, complete_checkpoints, read_marker  # noqa: F401

@@ -8,10 +8,10 @@ from them, build the model, train, evaluate, save, record what ran.
       resolve               ONE frozen Resolved: precision, attention, optimizer, learning rate with its plan,
                             packing, step numbers, world size, the DeepSpeed JSON (finetune/train/settings.py);
                             each GPU fast path it chooses is probed on the device first (train/fast_paths.py)
-      training_arguments    TrainingArguments, once, from the recipe and the Resolved
+      training_arguments    TrainingArguments, once, from the recipe and the Resolved (train/arguments.py)
       prepare_model         the model (+ the packing guard, the supervised-logits probe, compile), the collator
       train                 Trainer: eval before, train, the final eval (once)
-      save_and_record       model, tokenizer, recipe.resolved.yml, run.json, loss curve
+      save_and_record       model, tokenizer, recipe.resolved.yml, run.json, loss curve (train/record.py)
 
 The command line (`finetune train`, `python -m finetune.train`, `accelerate launch -m finetune.train`)
 lives in finetune/commands/train.py; this module is the library it calls.
@@ -23,97 +23,19 @@ is created, so a bad run leaves nothing half-written behind.
 from __future__ import annotations
 
 import functools
-import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import NamedTuple
 
-from finetune.atomic import write_text_atomic
 from finetune.log import get_logger
-from finetune.recipe.load import dump_recipe
-from finetune.redact import redact, redact_text
 from finetune.train.fast_paths import say
+from finetune.train.arguments import training_arguments
+from finetune.train.record import save_and_record
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
 
 log = get_logger(__name__)
 
 __all__ = ["plan_numbers", "run_training", "training_arguments"]
-
-
-def _reporters(recipe) -> list[str]:
-    """The recipe's `report_to`, with the folders those trackers write to pinned inside output_dir."""
-    reporters = [r for r in recipe.report_to if r != "none"]
-    if "tensorboard" in reporters:
-        # transformers 5 may open its SummaryWriter before it knows output_dir, which then writes to
-        # ./runs in the current directory; its documented env var pins the folder inside output_dir.
-        os.environ["TENSORBOARD_LOGGING_DIR"] = os.path.join(recipe.output_dir, "tensorboard")
-    if "wandb" in reporters and recipe.wandb_project:
-        os.environ.setdefault("WANDB_PROJECT", recipe.wandb_project)
-    if "wandb" in reporters:
-        os.environ.setdefault("WANDB_DIR", recipe.output_dir)  # wandb's files stay in output_dir, not ./wandb
-    return reporters
-
-
-def training_arguments(recipe, settings: Resolved):
-    """TrainingArguments from the recipe and its resolved settings: the one place recipe keys become Trainer
-    settings. Built once; a DeepSpeed JSON's "auto" values are filled from these arguments as they are built.
-    Adopts the process group start_process_group formed (use_configured_state)."""
-    from transformers import TrainingArguments
-
-    warmup = recipe.warmup_steps if recipe.warmup_steps is not None else (recipe.warmup_ratio or 0)
-    scheduler, scheduler_kwargs = recipe.lr_scheduler, None
-    if recipe.lr_scheduler == "cosine" and recipe.cosine_min_lr_ratio is not None:
-        scheduler, scheduler_kwargs = "cosine_with_min_lr", {"min_lr_rate": recipe.cosine_min_lr_ratio}
-    full_checkpointing = recipe.gradient_checkpointing == "full"
-    reporters = _reporters(recipe)
-    return TrainingArguments(
-        output_dir=recipe.output_dir,
-        per_device_train_batch_size=recipe.micro_batch_size,
-        per_device_eval_batch_size=recipe.micro_batch_size,
-        gradient_accumulation_steps=recipe.gradient_accumulation_steps,
-        num_train_epochs=recipe.num_epochs,
-        max_steps=recipe.max_steps or -1,
-        learning_rate=settings.learning_rate,
-        lr_scheduler_type=scheduler,
-        lr_scheduler_kwargs=scheduler_kwargs,
-        warmup_steps=warmup,  # an int is steps, a float < 1 a ratio of all steps
-        weight_decay=recipe.weight_decay,
-        adam_beta1=recipe.adam_beta1,
-        adam_beta2=recipe.adam_beta2,
-        adam_epsilon=recipe.adam_epsilon,
-        max_grad_norm=recipe.max_grad_norm,
-        optim=settings.optimizer,
-        seed=recipe.seed,
-        data_seed=recipe.seed,
-        bf16=settings.precision == "bf16",
-        fp16=settings.precision == "fp16",
-        # non-reentrant checkpointing: works with frozen inputs (LoRA) and without use_cache tricks
-        # (`gradient_checkpointing: mlp` is applied to the model by build_model instead)
-        activation_checkpointing=full_checkpointing,
-        activation_checkpointing_kwargs={"use_reentrant": False} if full_checkpointing else None,
-        dataloader_pin_memory=settings.cuda,
-        logging_steps=recipe.logging_steps,
-        logging_first_step=True,
-        eval_strategy="no" if not settings.has_eval else ("steps" if recipe.eval_steps else "epoch"),
-        eval_steps=recipe.eval_steps,
-        # Saving is scheduled, staged, completed and rotated by finetune/train/callbacks/checkpoint.CheckpointCallback
-        # (checkpoint_interval, export_interval, max_checkpoints): the Trainer only writes when asked.
-        save_strategy="no",
-        save_total_limit=None,
-        # `stop` must see a NaN loss in the logs; `skip` leaves it out of the logged average like HF does
-        logging_nan_inf_filter=recipe.on_nonfinite == "skip",
-        report_to=reporters or "none",
-        remove_unused_columns=False,  # our columns are exactly what the model takes
-        train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
-        disable_tqdm=not sys.stderr.isatty(),
-        deepspeed=settings.deepspeed,  # its "auto" values are filled from the arguments above
-        # several CPU processes without DeepSpeed: a gloo group (see start_process_group)
-        use_cpu=not settings.cuda and settings.world_size > 1 and settings.deepspeed is None,
-        accelerator_config={"use_configured_state": True},
-        ddp_timeout=recipe.ddp_timeout,
-    )
 
 
 def count_data(recipe, state):
@@ -160,30 +82,6 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
         log.info(settings.optimizer_notice)
-
-
-def losses(log_history: list[dict]) -> dict:
-    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
-    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
-    return {
-        "first_train_loss": train[0][1] if train else None,
-        "final_train_loss": train[-1][1] if train else None,
-        "first_eval_loss": evals[0][1] if evals else None,
-        "final_eval_loss": evals[-1][1] if evals else None,
-    }
-
-
-def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": sys.version.split()[0]}
-    for name in ("finetune", "torch", "transformers", "peft", "accelerate", "datasets", "tokenizers",
-                 "bitsandbytes", "deepspeed"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            pass
-    return out
 
 
 def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
@@ -383,63 +281,3 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput}
 
 
-def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, started: float) -> dict:
-    """Save the model and tokenizer, then write recipe.resolved.yml, run.json and the loss curve."""
-    from finetune.atomic import honour_umask
-    from finetune.model import base_causal_lm
-    from finetune.model.loader import resolve_model_path
-    from finetune.model.varlen_attention import restore_sdpa
-    from finetune.train.callbacks.checkpoint import clear_write_errors
-    from finetune.train.callbacks.throughput import throughput_line
-    from finetune.train.curves import write_curves
-
-    trainer, output_dir = run["trainer"], Path(recipe.output_dir)
-    restore_sdpa(base_causal_lm(trainer.model))  # the saved config must name an attention every loader has
-    with clear_write_errors(layout, "the trained model"):
-        trainer.save_model(str(output_dir))
-        if trainer.is_world_process_zero():
-            run["tokenizer"].save_pretrained(str(output_dir))
-            honour_umask(output_dir)  # safetensors writes 0600 files (finetune/atomic.py)
-    history = trainer.state.log_history
-    summary = {
-        "recipe": recipe.model_dump(mode="json"),
-        "versions": package_versions(),
-        "base_model_path": resolve_model_path(recipe.base_model, recipe.cache_dir),
-        "data_hash": prepared.data_hash,
-        "dataset_cache": prepared.cache_path,
-        "data": prepared.stats,
-        "plan": settings.numbers,
-        "steps": trainer.state.global_step,
-        "trainable_parameters": run["trainable"],
-        "total_parameters": run["total"],
-        "eval_loss_before": run["eval_before"],
-        **losses(history),
-        "final_eval_loss": run["eval_after"],
-        **settings.record(),  # precision, learning_rate, learning_rate_plan
-        "train_runtime_s": run["result"].metrics.get("train_runtime"),
-        "wall_time_s": time.time() - started,
-        "log_history": history,
-        "resumed_from": run["resumed_from"],
-        "checkpoints_written": run["saver"].saved,
-        "nonfinite_skipped_steps": run["guard"].skipped_steps,
-        "loss_spikes": run["guard"].spikes,
-        "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
-        "method": recipe.method,
-    }
-    if prepared.store is not None:
-        from finetune.train.preference.setup import preference_record
-
-        summary["preference"] = preference_record(recipe, trainer)
-    if not trainer.is_world_process_zero():
-        return redact(summary)
-    summary["curves"] = write_curves(output_dir, history)  # loss_curve.png + verdict
-    log.info(f"learning curve: {summary['curves'].get('verdict')}: {summary['curves'].get('reason', '')}")
-    summary = redact(summary)  # no password, token or API key reaches run.json
-    with clear_write_errors(layout, "run.json"):
-        (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
-        write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
-    log.info(throughput_line(summary["throughput"]))
-    log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
-             f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
-             f"saved to {output_dir}")
-    return summary

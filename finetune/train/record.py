@@ -1,0 +1,103 @@
+"""What a finished run writes: the model or adapter and its tokenizer, recipe.resolved.yml, run.json (the resolved
+recipe, package versions, data hash, steps, token counts, losses, throughput) and the learning curve."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from finetune.atomic import write_text_atomic
+from finetune.log import get_logger
+from finetune.recipe.load import dump_recipe
+from finetune.redact import redact, redact_text
+from finetune.train.settings import Resolved
+
+log = get_logger(__name__)
+
+
+def losses(log_history: list[dict]) -> dict:
+    train = [(e["step"], e["loss"]) for e in log_history if "loss" in e]
+    evals = [(e["step"], e["eval_loss"]) for e in log_history if "eval_loss" in e]
+    return {
+        "first_train_loss": train[0][1] if train else None,
+        "final_train_loss": train[-1][1] if train else None,
+        "first_eval_loss": evals[0][1] if evals else None,
+        "final_eval_loss": evals[-1][1] if evals else None,
+    }
+
+
+def package_versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": sys.version.split()[0]}
+    for name in ("finetune", "torch", "transformers", "peft", "accelerate", "datasets", "tokenizers",
+                 "bitsandbytes", "deepspeed"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, started: float) -> dict:
+    """Save the model and tokenizer, then write recipe.resolved.yml, run.json and the loss curve."""
+    from finetune.atomic import honour_umask
+    from finetune.model import base_causal_lm
+    from finetune.model.loader import resolve_model_path
+    from finetune.model.varlen_attention import restore_sdpa
+    from finetune.train.callbacks.checkpoint import clear_write_errors
+    from finetune.train.callbacks.throughput import throughput_line
+    from finetune.train.curves import write_curves
+
+    trainer, output_dir = run["trainer"], Path(recipe.output_dir)
+    restore_sdpa(base_causal_lm(trainer.model))  # the saved config must name an attention every loader has
+    with clear_write_errors(layout, "the trained model"):
+        trainer.save_model(str(output_dir))
+        if trainer.is_world_process_zero():
+            run["tokenizer"].save_pretrained(str(output_dir))
+            honour_umask(output_dir)  # safetensors writes 0600 files (finetune/atomic.py)
+    history = trainer.state.log_history
+    summary = {
+        "recipe": recipe.model_dump(mode="json"),
+        "versions": package_versions(),
+        "base_model_path": resolve_model_path(recipe.base_model, recipe.cache_dir),
+        "data_hash": prepared.data_hash,
+        "dataset_cache": prepared.cache_path,
+        "data": prepared.stats,
+        "plan": settings.numbers,
+        "steps": trainer.state.global_step,
+        "trainable_parameters": run["trainable"],
+        "total_parameters": run["total"],
+        "eval_loss_before": run["eval_before"],
+        **losses(history),
+        "final_eval_loss": run["eval_after"],
+        **settings.record(),  # precision, learning_rate, learning_rate_plan
+        "train_runtime_s": run["result"].metrics.get("train_runtime"),
+        "wall_time_s": time.time() - started,
+        "log_history": history,
+        "resumed_from": run["resumed_from"],
+        "checkpoints_written": run["saver"].saved,
+        "nonfinite_skipped_steps": run["guard"].skipped_steps,
+        "loss_spikes": run["guard"].spikes,
+        "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
+        "method": recipe.method,
+    }
+    if prepared.store is not None:
+        from finetune.train.preference.setup import preference_record
+
+        summary["preference"] = preference_record(recipe, trainer)
+    if not trainer.is_world_process_zero():
+        return redact(summary)
+    summary["curves"] = write_curves(output_dir, history)  # loss_curve.png + verdict
+    log.info(f"learning curve: {summary['curves'].get('verdict')}: {summary['curves'].get('reason', '')}")
+    summary = redact(summary)  # no password, token or API key reaches run.json
+    with clear_write_errors(layout, "run.json"):
+        (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
+        write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
+    log.info(throughput_line(summary["throughput"]))
+    log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
+             f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
+             f"saved to {output_dir}")
+    return summary
