@@ -199,10 +199,12 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
 
-    from finetune.recipe.methods import is_preference
+    from finetune.recipe.methods import is_grpo, is_preference
 
     if is_preference(recipe):
         return build_preference_dataset(recipe, tokenizer)
+    if is_grpo(recipe):
+        return build_prompt_dataset(recipe, tokenizer)
     files, prepared = cache_entry(recipe, tokenizer)
     if prepared.reused:
         return pack_prepared(recipe, prepared)
@@ -284,6 +286,31 @@ def preference_prepared(recipe, prepared: Prepared) -> Prepared:
     prepared.store = store
     prepared.stats = {**prepared.stats, "packing": packing}
     return prepared
+
+
+def build_prompt_dataset(recipe, tokenizer) -> Prepared:
+    """GRPO: tokenized prompts, each with its record (the rewards read its columns), cached like SFT examples; the
+    Trainer iterates prompts, and the run generates their completions."""
+    from datasets import DatasetDict
+
+    from finetune.data.grpo.prompts import prompt_stats, to_dataset, tokenize_prompts
+
+    files, prepared = cache_entry(recipe, tokenizer)
+    if prepared.reused:
+        return prepared
+    items, outcome = tokenize_prompts(recipe, tokenizer, files)
+    train, held = split(items, recipe)
+    stats = {
+        "records": outcome.get("records", 0),
+        "dropped_too_long": outcome.get("too_long", 0),
+        "truncated": outcome.get("truncated", 0),
+        "dropped_listed": outcome["dropped_listed"],
+        "train": prompt_stats(train),
+        "eval": prompt_stats(held),
+        "packing": {},
+    }
+    dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
+    return store_entry(prepared, dd, stats)
 
 
 __all__ = ["Prepared", "build_dataset"]

@@ -1,11 +1,12 @@
 """Records: the contract between ingestion and training.
 
-JSONL, one object a line, in one of five shapes:
+JSONL, one object a line, in one of six shapes:
   completion   {"text": ...}
   instruction  {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
   chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
   preference   {"prompt": ..., "chosen": ..., "rejected": ...}, in any form finetune/ingest/preference.py accepts
   unpaired     {"prompt": ..., "completion": ..., "label": true | false} (KTO)
+  prompt       {"prompt": "text" | [messages], ...any other columns} (GRPO: the columns go to the reward functions)
 
 Supervised records (the first three) are read as they are; preference and unpaired records come out in their
 canonical form (finetune/ingest/preference.py). A file holds one kind: supervised, preference or unpaired.
@@ -25,7 +26,8 @@ from finetune.errors import DataError
 from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical
 
 SFT_SHAPES = ("completion", "instruction", "chat")
-SHAPES = SFT_SHAPES + PREFERENCE_SHAPES
+PROMPT_SHAPE = "prompt"
+SHAPES = SFT_SHAPES + PREFERENCE_SHAPES + (PROMPT_SHAPE,)
 ROLES = ("system", "user", "assistant")
 
 
@@ -44,6 +46,8 @@ def detect_shape(record: dict) -> str | None:
         return "completion"
     if "completion" in record and "label" in record:  # TRL's unlabelled {prompt, completion} is no shape here
         return "unpaired"
+    if "prompt" in record and "completion" not in record:  # GRPO: a prompt alone (other columns for the rewards)
+        return PROMPT_SHAPE
     return None
 
 
@@ -78,6 +82,8 @@ def record_problem(record: object, shape: str) -> str | None:
             canonical(record, shape)
         except RecordProblem as problem:
             return str(problem)
+    elif shape == PROMPT_SHAPE:
+        return prompt_problem(record.get("prompt"))
     elif shape == "completion":
         if not isinstance(record.get("text"), str):
             return 'a completion record needs "text" as a string'
@@ -110,6 +116,21 @@ def record_problem(record: object, shape: str) -> str | None:
             return "the conversation has no assistant turn: nothing to supervise"
     else:
         return f"unknown shape {shape!r}"
+    return None
+
+
+def prompt_problem(prompt: object) -> str | None:
+    """Why a GRPO prompt (a string, or a conversation ending on a user or system turn) is unusable, or None."""
+    if isinstance(prompt, str):
+        return None if prompt.strip() else '"prompt" is empty'
+    if not isinstance(prompt, list) or not prompt:
+        return 'a prompt record needs "prompt" as a string or a non-empty list of messages'
+    for i, msg in enumerate(prompt):
+        if not isinstance(msg, dict) or not isinstance(msg.get("content"), str) or msg.get("role") not in ROLES:
+            return f'prompt[{i}] needs "role" (system, user or assistant) and "content" (a string)'
+    if prompt[-1]["role"] == "assistant":
+        return ("the prompt's last message is the assistant's; a prompt ends on the user's turn, and the model "
+                "generates the assistant's answer")
     return None
 
 
@@ -190,8 +211,8 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
             if rec_shape is None:
                 raise DataError(
                     f"`{path}` {where}: cannot tell the record's shape; expected a \"text\", "
-                    f'"instruction"/"output" or "messages" key, or a preference record\'s "chosen"/"rejected" '
-                    f'or "completion"/"label"'
+                    f'"instruction"/"output" or "messages" key, a preference record\'s "chosen"/"rejected" '
+                    f'or "completion"/"label", or a GRPO prompt record\'s "prompt"'
                 )
             first = first or (where, rec_shape)
             if family(rec_shape) != family(first[1]):

@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from finetune.recipe.tags import CONTENT, INGEST, TOKENS, TRAIN, Strict, affects
 
-RECORD_TYPES = ("auto", "completion", "instruction", "chat", "preference", "unpaired")
+RECORD_TYPES = ("auto", "completion", "instruction", "chat", "preference", "unpaired", "prompt")
 # What a records dataset's `map:` may name: the raw sources' record fields, and the conversation (the field of
 # turns, the keys of a turn's role and text). finetune/ingest/record_map.py reads records by them.
 FLAT_MAP_FIELDS = ("text", "instruction", "input", "output", "system", "user", "assistant")

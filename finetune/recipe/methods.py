@@ -1,8 +1,9 @@
-"""The training method: supervised fine-tuning, or preference tuning (DPO, IPO, ORPO, SimPO, KTO), and the
-settings each method reads.
+"""The training method: supervised fine-tuning, preference tuning (DPO, IPO, ORPO, SimPO, KTO) or online RL with
+rewards a program checks (GRPO), and the settings each method reads.
 
 Every method setting is a flat recipe key named as axolotl names it (`rl_beta`, `dpo_label_smoothing`,
-`simpo_gamma`, `orpo_alpha`, `rpo_alpha`, `kto_desirable_weight`, `kto_undesirable_weight`). A key is
+`simpo_gamma`, `orpo_alpha`, `rpo_alpha`, `kto_desirable_weight`, `kto_undesirable_weight`; GRPO's in
+finetune/recipe/grpo.py, named as TRL names them). A key is
 `None` in the schema; METHOD_SETTINGS below is where each one's default for each method lives (the recipe
 is the only place a default lives: this module is part of it), and `method_setting(recipe, key)` reads
 the value a run trains with. A key the recipe's method does not read is an error, never silently ignored.
@@ -18,7 +19,7 @@ from pydantic import Field
 
 from finetune.recipe.tags import TOKENS, TRAIN, Strict, affects
 
-METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto")
+METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto", "grpo")
 PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
 PAIRED_METHODS = ("dpo", "ipo", "orpo", "simpo")  # need {prompt, chosen, rejected}
 REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference (the model before step 1)
@@ -26,20 +27,39 @@ REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference
 # key -> {method: default}. Sources: DPO (Rafailov et al. 2023) and TRL's DPOConfig beta 0.1; IPO (Azar et
 # al. 2023) tau 0.1; SimPO (Meng et al. 2024) beta 2.0 with gamma/beta 0.5, no SFT term; ORPO (Hong et al.
 # 2024) lambda 0.1; KTO (Ethayarajh et al. 2024) beta 0.1, both weights 1.0.
-METHOD_SETTINGS: dict[str, dict[str, float]] = {
-    "rl_beta": {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "kto": 0.1},
+# GRPO (Shao et al. 2024; TRL 1.16's GRPOConfig): beta 0 (no reference pass: TRL's default since DAPO / Dr. GRPO
+# found the KL term unneeded for verifiable rewards), G 8, clip 0.2, loss dapo, group scaling; completions of at most
+# 256 tokens instead of TRL's 512 so that a CPU run stays short.
+METHOD_SETTINGS: dict[str, dict[str, object]] = {
+    "rl_beta": {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "kto": 0.1, "grpo": 0.0},
     "dpo_label_smoothing": {"dpo": 0.0},
     "rpo_alpha": {"dpo": 0.0, "ipo": 0.0, "simpo": 0.0},
     "simpo_gamma": {"simpo": 1.0},
     "orpo_alpha": {"orpo": 0.1},
     "kto_desirable_weight": {"kto": 1.0},
     "kto_undesirable_weight": {"kto": 1.0},
+    "num_generations": {"grpo": 8},
+    "max_completion_length": {"grpo": 256},
+    "temperature": {"grpo": 1.0},
+    "top_p": {"grpo": 1.0},
+    "top_k": {"grpo": 0},
+    "loss_type": {"grpo": "dapo"},
+    "epsilon": {"grpo": 0.2},
+    "epsilon_high": {"grpo": None},  # None: the same as epsilon (method_setting answers epsilon's value)
+    "num_iterations": {"grpo": 1},
+    "scale_rewards": {"grpo": "group"},
+    "mask_truncated_completions": {"grpo": False},
 }
 
 # the record shapes each kind of method trains on (finetune/ingest/records.py)
 SFT_SHAPES = ("completion", "instruction", "chat")
 PAIR_SHAPES = ("preference",)
 UNPAIRED_SHAPES = ("unpaired", "preference")  # KTO also reads pairs: chosen is desirable, rejected is not
+PROMPT_SHAPES = ("prompt",)  # GRPO: {prompt, ...columns the rewards read}
+
+
+def is_grpo(recipe) -> bool:
+    return recipe.method == "grpo"
 
 
 def is_preference(recipe) -> bool:
@@ -54,6 +74,8 @@ def shapes_for(method: str) -> tuple[str, ...]:
     """The record shapes `method` trains on."""
     if method == "sft":
         return SFT_SHAPES
+    if method == "grpo":
+        return PROMPT_SHAPES
     return UNPAIRED_SHAPES if method == "kto" else PAIR_SHAPES
 
 
@@ -63,6 +85,8 @@ def method_setting(recipe, key: str) -> float:
     if recipe.method not in defaults:
         raise KeyError(f"`{key}` is not a setting of method {recipe.method}")
     value = getattr(recipe, key)
+    if value is None and key == "epsilon_high":
+        return method_setting(recipe, "epsilon")
     return defaults[recipe.method] if value is None else value
 
 
@@ -91,19 +115,29 @@ def method_problems(recipe) -> list[str]:
     allowed = shapes_for(recipe.method)
     for i, spec in enumerate(recipe.datasets):
         shape = spec.type
-        if shape in ("completion", "instruction", "chat", "preference", "unpaired") and shape not in allowed:
+        if shape in ("completion", "instruction", "chat", "preference", "unpaired", "prompt") and shape not in allowed:
             problems.append(_shape_problem(i, shape, recipe.method, allowed))
         elif shape in ("html", "csv", "sql", "sqlite", "database") and recipe.method != "sft":
+            wanted = ("prompt records ({prompt, ...the columns your rewards read}: docs/grpo.md)" if is_grpo(recipe)
+                      else "preference records ({prompt, chosen, rejected}: docs/preference.md)")
             problems.append(f"`datasets.{i}.type: {shape}` ingests supervised records (text, instruction or chat), "
-                            f"which `method: {recipe.method}` cannot train on; give it a file of preference records "
-                            "({prompt, chosen, rejected}: docs/preference.md)")
+                            f"which `method: {recipe.method}` cannot train on; give it a file of {wanted}")
     if recipe.method != "sft" and recipe.train_on_inputs:
-        problems.append(f"`train_on_inputs` does not apply to `method: {recipe.method}`: preference losses compare "
-                        "responses, never prompts; remove it")
+        problems.append(f"`train_on_inputs` does not apply to `method: {recipe.method}`: its loss is on responses, "
+                        "never on prompts; remove it")
+    if recipe.rl_beta == 0 and recipe.method not in ("grpo", "sft"):
+        problems.append(f"`rl_beta` 0 leaves `method: {recipe.method}` without its scale: it must be above 0 "
+                        "(the default is 0.1; SimPO 2.0)")
     return problems
 
 
 def _shape_problem(index: int, shape: str, method: str, allowed: tuple[str, ...]) -> str:
+    if shape == "prompt":
+        return (f"`datasets.{index}.type: prompt` holds prompts without answers, which only `method: grpo` trains on "
+                "(docs/grpo.md); set `method: grpo`, or point it at records with answers")
+    if method == "grpo":
+        return (f"`datasets.{index}.type: {shape}` holds {shape} records, but `method: grpo` trains on prompt records "
+                "({prompt, ...the columns your rewards read}: docs/grpo.md); set `type: prompt` or `auto`")
     if shape == "unpaired" and method != "sft":
         return (f"`datasets.{index}.type: unpaired` holds unpaired records ({{prompt, completion, label}}), which only "
                 f"`method: kto` trains on; `method: {method}` needs pairs ({{prompt, chosen, rejected}})")
@@ -123,16 +157,17 @@ class MethodKeys(Strict):
         description=(
             "`sft`: supervised fine-tuning on completion / instruction / chat records. Preference tuning on "
             "{prompt, chosen, rejected} pairs: `dpo`, `ipo` (against the reference: the model as it is before the "
-            "first step), `orpo`, `simpo` (no reference); `kto` on {prompt, completion, label} records or pairs. "
-            "docs/preference.md."
+            "first step), `orpo`, `simpo` (no reference); `kto` on {prompt, completion, label} records or pairs "
+            "(docs/preference.md). `grpo`: online RL on {prompt, ...} records with the `rewards` functions "
+            "(docs/grpo.md)."
         ),
         json_schema_extra=affects(TRAIN, TOKENS),
     )
 
     rl_beta: float | None = Field(
-        None, gt=0.0,
-        description=("How far the policy may move from the reference (DPO, IPO's tau, KTO) or the reward scale "
-                     "(SimPO). Default: 0.1; SimPO 2.0."),
+        None, ge=0.0,
+        description=("How far the policy may move from the reference (DPO, IPO's tau, KTO; GRPO's KL weight) or the "
+                     "reward scale (SimPO). Default: 0.1; SimPO 2.0; GRPO 0 (no KL term and no reference pass)."),
         json_schema_extra=affects(TRAIN),
     )
 

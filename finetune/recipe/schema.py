@@ -11,6 +11,7 @@ from __future__ import annotations
 from finetune.recipe.adapter import AdapterKeys
 from finetune.recipe.data import DataKeys
 from finetune.recipe.evaluation import EvalKeys
+from finetune.recipe.grpo import GRPOKeys
 from finetune.recipe.methods import MethodKeys
 from finetune.recipe.model import ModelKeys
 from finetune.recipe.output import OutputKeys
@@ -21,6 +22,7 @@ GROUPS = (
     ("Model", ModelKeys),
     ("Adapter: LoRA and QLoRA", AdapterKeys),
     ("Method", MethodKeys),
+    ("GRPO: online RL with rewards a program checks", GRPOKeys),
     ("Data", DataKeys),
     ("Training", TrainingKeys),
     ("Output, checkpoints and tracking", OutputKeys),
@@ -31,5 +33,5 @@ GROUPS = (
 # pydantic collects the fields of a model's bases from the last base to the first: the groups are listed in
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
-class Recipe(EvalKeys, OutputKeys, TrainingKeys, DataKeys, MethodKeys, AdapterKeys, ModelKeys):
+class Recipe(EvalKeys, OutputKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys, ModelKeys):
     """A fine-tuning run, start to finish."""

@@ -1,0 +1,99 @@
+"""What run.py asks of a GRPO run: the prompts' dataset and collator, the sampler, the trainer's arguments, and what
+run.json records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from finetune.log import get_logger
+
+log = get_logger(__name__)
+
+SAMPLES_FILE = "completions.jsonl"  # in output_dir: prompts, their completions, rewards and advantages per log
+
+
+class PromptCollator:
+    """Prompt rows -> lists (index, prompt ids, record); the trainer generates, so nothing is padded here."""
+
+    def __call__(self, rows: list[dict]) -> dict:
+        return {"index": [r["index"] for r in rows], "prompt_ids": [r["prompt_ids"] for r in rows],
+                "record": [r["record"] for r in rows]}
+
+
+def with_index(dataset):
+    """The prompts' dataset with each row's position, which the trainer uses to find each prompt's group."""
+    return dataset.add_column("index", list(range(len(dataset))))
+
+
+def step_shape(recipe, world_size: int):
+    from finetune.recipe.methods import method_setting
+    from finetune.train.grpo.sampler import StepShape
+
+    return StepShape(group=method_setting(recipe, "num_generations"), micro_batch=recipe.micro_batch_size,
+                     accumulation=recipe.gradient_accumulation_steps, processes=world_size,
+                     iterations=method_setting(recipe, "num_iterations"))
+
+
+def completion_slots(recipe, prompts: int, world_size: int) -> int:
+    """What the Trainer iterates in an epoch: completion slots (G per prompt, mu times), whole steps only."""
+    from finetune.errors import DataError
+    from finetune.train.grpo.sampler import GroupSampler
+
+    shape = step_shape(recipe, world_size)
+    if prompts < shape.prompts_per_step:
+        raise DataError(f"{prompts} training prompts, but one optimizer step takes {shape.prompts_per_step} (micro_batch_size "
+                        f"{recipe.micro_batch_size} x gradient_accumulation_steps {recipe.gradient_accumulation_steps} x "
+                        f"{world_size} process(es) / num_generations {shape.group}); add prompts or make the step smaller")
+    return len(GroupSampler(prompts, shape, recipe.seed))
+
+
+def grpo_settings(recipe, tokenizer, prepared):
+    from finetune.recipe.methods import method_setting
+    from finetune.train.grpo.step import GRPOSettings
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    first = prepared.train[0]["record"]
+    return GRPOSettings(
+        group=method_setting(recipe, "num_generations"),
+        max_completion_length=method_setting(recipe, "max_completion_length"),
+        temperature=method_setting(recipe, "temperature"), top_p=method_setting(recipe, "top_p"),
+        top_k=method_setting(recipe, "top_k"), loss_type=method_setting(recipe, "loss_type"),
+        epsilon=method_setting(recipe, "epsilon"), epsilon_high=method_setting(recipe, "epsilon_high"),
+        beta=method_setting(recipe, "rl_beta"), iterations=method_setting(recipe, "num_iterations"),
+        scale_rewards=method_setting(recipe, "scale_rewards"),
+        mask_truncated=method_setting(recipe, "mask_truncated_completions"),
+        micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
+        chat='"prompt": [' in first.replace(" ", "")[:12])
+
+
+def eos_ids(tokenizer) -> tuple:
+    """The tokens that end a completion: EOS, and a chat template's end of turn when it differs."""
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        found = tokenizer.convert_tokens_to_ids(token) if token in tokenizer.get_vocab() else None
+        if found is not None:
+            ids.add(found)
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int) -> dict:
+    from finetune.train.grpo.rewards import RewardRunner
+    from finetune.train.grpo.sampler import GroupSampler
+
+    runner = RewardRunner(recipe.rewards, base_dir=Path(recipe.output_dir).parent)
+    return {"grpo": grpo_settings(recipe, tokenizer, prepared), "rewards": runner,
+            "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
+            "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
+
+
+def grpo_record(recipe, trainer) -> dict:
+    """What run.json records of a GRPO run: the settings, the reward functions' failures, the last metrics."""
+    from finetune.recipe.methods import method_settings
+
+    history = trainer.state.log_history
+    last = next((e for e in reversed(history) if "reward" in e), {})
+    return {"settings": method_settings(recipe), "generated_completions": trainer.generated_completions,
+            "reward_failures": trainer.rewards.failure_summary(),
+            "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
+                                                                             "entropy", "clip_ratio"))},
+            "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
