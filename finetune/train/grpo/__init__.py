@@ -1,0 +1,1 @@
+"""GRPO: online RL with verifiable rewards (generation, rewards, advantages, loss)."""
