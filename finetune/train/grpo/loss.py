@@ -138,8 +138,6 @@ def grpo_loss(logps: torch.Tensor, advantages: torch.Tensor, completion_mask: to
 def _metrics(ratio, advantages, mask, epsilon_low, epsilon_high, kl, entropies) -> dict:
     """TRL's logged token means. A token counts as clipped only where the clip takes away its gradient: below
     1 - eps_low with A < 0, above 1 + eps_high with A > 0 (TRL's definitions)."""
-    import torch
-
     tokens = mask.sum().clamp(min=1.0)
 
     def token_mean(values):
