@@ -38,6 +38,7 @@ from pathlib import Path
 from finetune.train.preference.curves import (LOG2, is_preference, learned, likelihood_displacement, nothing_learned,
                                               plot_panels)
 from finetune.train.preference.curves import summary as preference_summary
+from finetune.train.grpo import verdict as grpo_verdict
 
 MIN_POINTS = 8  # fewer training losses than this: too short to judge
 FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat
@@ -123,6 +124,8 @@ def _checkpoint_near(output_dir: Path, step: int) -> str | None:
 
 def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> dict:
     """The verdict on a run's curves. Keys: verdict, reason, gap, final/best losses and steps, checkpoint."""
+    if grpo_verdict.is_grpo(log_history):  # online RL: the reward, not the loss, says whether it learns
+        return {**grpo_verdict.diagnose(log_history), "method": "grpo"}
     train, evals = loss_series(log_history)
     result = {"verdict": "unknown", "reason": "", "gap": None,
               "final_train_loss": train[-1][1] if train else None,
@@ -174,9 +177,16 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     from matplotlib.figure import Figure
 
     preference = is_preference(log_history)
-    fig = Figure(figsize=(11, 7.5) if preference else (7, 4.2), dpi=110)
+    grpo = grpo_verdict.is_grpo(log_history)
+    fig = Figure(figsize=(11, 7.5) if preference or grpo else (7, 4.2), dpi=110)
     FigureCanvasAgg(fig)
-    if preference:
+    if grpo:
+        axes = fig.subplots(2, 2).flatten()
+        _plot_loss(axes[3], log_history, None)
+        grpo_verdict.plot_panels(axes, log_history)
+        if diagnosis:
+            fig.suptitle(f"{diagnosis['verdict']}: {diagnosis.get('reason', '')[:110]}", fontsize=9)
+    elif preference:
         axes = fig.subplots(2, 2).flatten()
         _plot_loss(axes[0], log_history, diagnosis)
         axes[0].axhline(LOG2, color="gray", linestyle=":", linewidth=1, label="log 2 (DPO at the start)")

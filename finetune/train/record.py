@@ -84,6 +84,10 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
         "method": recipe.method,
     }
+    if recipe.method == "grpo":
+        from finetune.train.grpo.setup import grpo_record
+
+        summary["grpo"] = grpo_record(recipe, trainer)
     if prepared.store is not None:
         from finetune.train.preference.setup import preference_record
 

@@ -48,6 +48,11 @@ def count_data(recipe, state):
         tokenizer = load_tokenizer(recipe)
         prepared = build_dataset(recipe, tokenizer)
     stats = prepared.stats
+    if recipe.method == "grpo":
+        log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
+                 f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
+                 f"{' (cached)' if prepared.reused else ''}")
+        return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
@@ -65,6 +70,8 @@ def count_data(recipe, state):
 def report_settings(recipe, prepared, settings: Resolved) -> None:
     stats, numbers = prepared.stats, settings.numbers
     items = "examples" if prepared.store is None or prepared.store.unpaired else "pairs"
+    if recipe.method == "grpo":
+        items = "completions"
     if settings.lr_plan is not None:
         log.info(f"learning_rate auto: {settings.lr_plan.describe()}")
     per_step = f"{numbers['examples_per_step']} {items}"
@@ -134,7 +141,11 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     varlen = settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
-    if store is not None:  # preference methods: rows of pair ids into the token store
+    if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
+        from finetune.train.grpo.setup import PromptCollator, probe_grpo
+
+        collator, probe = PromptCollator(), functools.partial(probe_grpo, tokenizer=tokenizer)
+    elif store is not None:  # preference methods: rows of pair ids into the token store
         from finetune.train.preference.setup import preference_collator, probe_preference
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
@@ -250,8 +261,15 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
                              settings.optimizer, settings.world_size)
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
-    trainer_class, own_kwargs = Trainer, {}
-    if prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
+    trainer_class, own_kwargs, train_dataset = Trainer, {}, prepared.train
+    collator = throughput.wrap(built.collator)
+    if recipe.method == "grpo":  # online RL: generation, rewards and the loss through the Trainer's public hooks
+        from finetune.train.grpo.setup import grpo_trainer_kwargs, with_index
+        from finetune.train.grpo.trainer import GRPOTrainer
+
+        trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
+        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size)
+    elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs
 
@@ -261,9 +279,9 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         callbacks=[*own, throughput, step_losses, *built.callbacks],
         model=model,
         args=args,
-        train_dataset=prepared.train,
-        eval_dataset=prepared.eval,
-        data_collator=throughput.wrap(built.collator),
+        train_dataset=train_dataset,
+        eval_dataset=prepared.eval if settings.has_eval else None,
+        data_collator=collator,
         processing_class=tokenizer,
     )
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set

@@ -74,6 +74,10 @@ def plan_numbers(recipe, prepared, world_size: int) -> dict:
 
     train = prepared.stats["train"]
     rows = len(prepared.train)  # what the Trainer iterates: examples, or packed rows with sample_packing
+    if recipe.method == "grpo":  # completion slots: G per prompt, num_iterations times, whole steps only
+        from finetune.train.grpo.setup import completion_slots
+
+        rows = completion_slots(recipe, rows, world_size)
     packed_rows = rows if prepared.stats.get("packing", {}).get("train") else None
     few = check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
                            world_size, step_unit(recipe), packed_rows)
@@ -124,7 +128,7 @@ def resolve(recipe, prepared, world_size: int, cuda: bool | None = None, *, devi
     optimizer, notice = resolve_optimizer(recipe.optimizer, device.cuda)  # paged needs CUDA
     learning_rate, lr_plan = resolve_learning_rate(recipe, prepared.train_counts(), world_size)
     packed_train, packed_eval = packed_splits(recipe)
-    has_eval = prepared.eval is not None
+    has_eval = prepared.eval is not None and recipe.method != "grpo"  # GRPO has no eval loss: `finetune eval` scores it
     return Resolved(
         world_size=world_size, cuda=device.cuda, device=device.describe(),
         precision=precision,

@@ -72,6 +72,8 @@ class ThroughputCallback(TrainerCallback):
 
     def count(self, batch, features=None) -> None:
         """Real tokens and squared example lengths from the features (CPU lists), supervised from the labels."""
+        if "record" in batch:  # GRPO's prompts: the trainer generates and scores, and counts what it generated
+            return
         if "sequence_lengths" in batch:  # preference batches list their sequences (data/preference_collate.py)
             lengths = batch["sequence_lengths"].tolist()
             # a prompt shared by a pair's two responses is in the row once: its tokens, and its causal attention

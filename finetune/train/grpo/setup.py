@@ -97,3 +97,16 @@ def grpo_record(recipe, trainer) -> dict:
             "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
                                                                              "entropy", "clip_ratio"))},
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
+
+
+def probe_grpo(model, tokenizer) -> bool:
+    """Prove on the model, before anything is written, that scoring a prompt's completions in one packed row (the
+    prompt held once) gives the log-probs of scoring each completion alone; False: each completion keeps its own
+    copy of the prompt (still packed, never leaking)."""
+    from finetune.train.grpo.scoring import check_shared_scoring
+
+    shared = check_shared_scoring(model, tokenizer)
+    log.info("GRPO scoring: " + ("each prompt held once, its completions after it (checked equal to scoring each "
+                                 "alone)" if shared else "a prompt per completion (sharing did not check out on this "
+                                 "model's attention path)"))
+    return shared
