@@ -56,15 +56,15 @@ class DatasetSpec(Strict):
         json_schema_extra=affects(CONTENT),
     )
     type: Literal[  # type: ignore[valid-type]
-        "auto", "completion", "instruction", "chat", "preference", "unpaired", "html", "csv", "sql", "sqlite",
-        "database", "records"
+        "auto", "completion", "instruction", "chat", "preference", "unpaired", "prompt", "html", "csv", "sql",
+        "sqlite", "database", "records"
     ] = Field(
         "auto",
         description=(
             "Record shape: `completion` ({text}), `instruction` ({instruction, input, output}, alpaca prompt), "
             "`chat` ({messages: [{role, content}]}), `preference` ({prompt, chosen, rejected}, plain text or "
             "messages; also sharegpt- and alpaca-style pairs), `unpaired` ({prompt, completion, label}, for KTO), "
-            "or `auto` to detect it from each record's keys (docs/preference.md). "
+            "`prompt` ({prompt, ...the columns the rewards read}, for GRPO: docs/grpo.md), or `auto` to detect it from each record's keys (docs/preference.md). "
             "Raw sources, ingested and cleaned into records first (cached by content hash; see "
             "docs/ingestion.md): `html`, `csv`, `sql` (a dump file), `sqlite`, `database` (a SQLAlchemy URL), "
             "`records` (a JSONL/JSON file run through the cleaning steps)."

@@ -1,0 +1,39 @@
+"""The GRPO verdict reads the reward curves: each verdict from a history made to show it, with its numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from finetune.train.curves import write_curves
+
+
+def history(n=12, reward=lambda s: 0.2, std=0.3, tied=0.2, clipped=0.1, length=lambda s: 20.0, entropy=lambda s: 1.5):
+    return [{"step": s, "loss": 0.0, "reward": reward(s), "reward_std": std, "frac_reward_zero_std": tied,
+             "completions/clipped_ratio": clipped, "completions/mean_length": length(s), "entropy": entropy(s)}
+            for s in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("log, verdict, numbers", [
+    (history(reward=lambda s: 0.1 + 0.05 * s), "reward rising", "mean reward 0.225 -> 0.625"),
+    (history(), "flat", "0.200 -> 0.200"),
+    (history(tied=0.95), "no signal", "95% of groups were tied"),
+    (history(clipped=0.8), "truncated", "80% of completions were cut"),
+    (history(entropy=lambda s: 2.0 / s ** 2), "collapsed", "token entropy fell to 0.014"),
+    (history(reward=lambda s: 0.1 * s, length=lambda s: 10.0 * s), "length hacking", "grew 12.0x"),
+])
+def test_each_verdict_with_the_numbers_behind_it(tmp_path, log, verdict, numbers):
+    diagnosis = write_curves(tmp_path, log)
+    assert diagnosis["verdict"] == verdict, diagnosis
+    assert numbers in diagnosis["reason"]
+    assert json.loads((tmp_path / "diagnosis.json").read_text())["verdict"] == verdict
+    assert (tmp_path / "loss_curve.png").stat().st_size > 10_000  # the reward panels were drawn
+
+
+def test_the_first_generation_warns_before_a_run_that_cannot_learn():
+    from finetune.train.grpo.verdict import first_generation
+
+    assert "90% of completions hit max_completion_length 8" in first_generation(0.0, 0.9, 4, 8)
+    assert "every group of 4 completions got one reward" in first_generation(1.0, 0.0, 4, 8)
+    assert first_generation(0.5, 0.1, 4, 8) is None
