@@ -72,9 +72,9 @@ def build_step(trainer, slots: list[dict], step: int):
     prompts = _prompts(_rows(slots), settings.group)
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     completions = generate_completions(
-        model, trainer.processing_class, [p["prompt_ids"] for p in prompts], settings.group,
-        settings.max_completion_length, settings.temperature, settings.top_p, settings.top_k,
-        generation_seed(settings.seed, step, trainer.accelerator.process_index), settings.eos_ids, settings.pad_id)
+        model, [p["prompt_ids"] for p in prompts], settings.group, settings.max_completion_length,
+        seed=generation_seed(settings.seed, step, trainer.accelerator.process_index), eos_ids=list(settings.eos_ids),
+        pad_id=settings.pad_id, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
     trainer.generated_completions += len(completions.ids)
     records = [p["record"] for p in prompts for _ in range(settings.group)]
     batch = trainer.rewards.score(**reward_inputs(trainer.processing_class, records, completions, settings.chat))

@@ -59,10 +59,30 @@ class GRPOTrainer(Trainer):
         from finetune.train.grpo.step import build_step
 
         batches, normalizer, metrics, samples = build_step(self, slots, step)
+        if self._cycle is None:  # the run's first generation: say now if it cannot learn
+            self._first_generation(metrics)
         self._cycle = (step, batches, normalizer, _slot_key(slots))
         self._record(metrics)
         self._samples = samples
         return batches, normalizer
+
+    def _first_generation(self, metrics: dict) -> None:
+        from finetune.train.grpo.verdict import first_generation
+
+        tied = metrics.get("frac_reward_zero_std", (0.0, 1.0))[0]
+        truncated = metrics["completions/clipped_ratio"][0]
+        warning = first_generation(tied, truncated, self.grpo.group, self.grpo.max_completion_length)
+        if warning:
+            log.warning(warning)
+        else:
+            log.info(f"first generation: {truncated:.0%} of completions truncated, {tied:.0%} of groups tied, "
+                     f"mean reward {metrics.get('reward', (float('nan'),))[0]:.3f}")
+
+    def train(self, *args, **kwargs):
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self.rewards.close()  # the reward workers end with the run, however it ends
 
     # --- the loss ------------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
