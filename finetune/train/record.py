@@ -100,7 +100,12 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     with clear_write_errors(layout, "run.json"):
         (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
         write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
-    log.info(throughput_line(summary["throughput"]))
+    if recipe.method == "grpo":
+        grpo = summary["grpo"]
+        log.info(f"generation: {grpo['generated_tokens']:,} completion tokens in {grpo['generation_s']:.1f} s; "
+                 f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
+    else:
+        log.info(throughput_line(summary["throughput"]))
     log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
              f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
              f"saved to {output_dir}")

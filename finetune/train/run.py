@@ -71,7 +71,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     stats, numbers = prepared.stats, settings.numbers
     items = "examples" if prepared.store is None or prepared.store.unpaired else "pairs"
     if recipe.method == "grpo":
-        items = "completions"
+        from finetune.train.grpo.setup import report_grpo_step
+
+        report_grpo_step(recipe, prepared, numbers)
+        return _report_machine(recipe, settings)
     if settings.lr_plan is not None:
         log.info(f"learning_rate auto: {settings.lr_plan.describe()}")
     per_step = f"{numbers['examples_per_step']} {items}"
@@ -85,6 +88,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     for split_name, packed in stats.get("packing", {}).items():
         log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
                  f"{packed['sequence_len']} tokens; efficiency {packed['efficiency']:.3f} (real tokens / token slots)")
+    _report_machine(recipe, settings)
+
+
+def _report_machine(recipe, settings: Resolved) -> None:
     say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
@@ -138,13 +145,15 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
     attn = settings.attn_implementation
-    varlen = settings.packed and attn == "sdpa" and device.type == "cpu" and use_varlen_attention(base_causal_lm(model))
+    # GRPO scores its completions in packed rows of its own, with or without sample_packing
+    varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
+              and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
-        collator, probe = PromptCollator(), functools.partial(probe_grpo, tokenizer=tokenizer)
+        collator, probe = PromptCollator(), probe_grpo
     elif store is not None:  # preference methods: rows of pair ids into the token store
         from finetune.train.preference.setup import preference_collator, probe_preference
 
@@ -268,7 +277,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         from finetune.train.grpo.trainer import GRPOTrainer
 
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
-        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size)
+        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits)
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs

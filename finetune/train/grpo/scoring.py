@@ -266,3 +266,28 @@ def check_shared_scoring(model, pack=pack_scoring_rows) -> bool:
     """True when a prompt's completions may share it in packed rows on this model (attention implementation
     included); False: pack them with `share_prompt=False`."""
     return shared_scoring_leak(model, pack) <= MAX_LEAK_FRACTION
+
+
+def score_batch(model, batch: dict, settings):
+    """(per-token log-probs [B, T], entropies [B, T]) of one GRPO micro batch's completions, T the width of its
+    completion mask. The micro batch holds whole groups, or (micro_batch_size < G) a run of one group's completions:
+    each run of completions of one prompt is packed after that prompt; runs of unequal sizes are scored apart."""
+    import torch
+
+    groups, width = batch["group"], batch["completion_mask"].shape[1]
+    runs, start = [], 0
+    for k in range(1, len(groups) + 1):
+        if k == len(groups) or groups[k] != groups[start]:
+            runs.append((start, k))
+            start = k
+    sizes = {end - begin for begin, end in runs}
+    parts = [runs] if len(sizes) == 1 else [[run] for run in runs]
+    logps, entropies = [], []
+    for part in parts:
+        prompts = [batch["prompt_ids"][begin] for begin, _ in part]
+        completions = [batch["completion_ids"][k] for begin, end in part for k in range(begin, end)]
+        rows = pack_scoring_rows(prompts, completions, settings.capacity, share_prompt=settings.share_prompt)
+        scores = completion_logps(model, rows, temperature=settings.temperature, width=width)
+        logps.append(scores.logps)
+        entropies.append(scores.entropies)
+    return torch.cat(logps), torch.cat(entropies)

@@ -47,7 +47,7 @@ def completion_slots(recipe, prompts: int, world_size: int) -> int:
     return len(GroupSampler(prompts, shape, recipe.seed))
 
 
-def grpo_settings(recipe, tokenizer, prepared):
+def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
     from finetune.recipe.methods import method_setting
     from finetune.train.grpo.step import GRPOSettings
 
@@ -63,7 +63,8 @@ def grpo_settings(recipe, tokenizer, prepared):
         scale_rewards=method_setting(recipe, "scale_rewards"),
         mask_truncated=method_setting(recipe, "mask_truncated_completions"),
         micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
-        chat='"prompt": [' in first.replace(" ", "")[:12])
+        chat=first.replace(" ", "").startswith('{"prompt":['), share_prompt=bool(share_prompt),
+        capacity=recipe.sequence_len)
 
 
 def eos_ids(tokenizer) -> tuple:
@@ -76,12 +77,12 @@ def eos_ids(tokenizer) -> tuple:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int) -> dict:
+def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool) -> dict:
     from finetune.train.grpo.rewards import RewardRunner
     from finetune.train.grpo.sampler import GroupSampler
 
     runner = RewardRunner(recipe.rewards, base_dir=Path(recipe.output_dir).parent)
-    return {"grpo": grpo_settings(recipe, tokenizer, prepared), "rewards": runner,
+    return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
             "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
 
@@ -92,20 +93,26 @@ def grpo_record(recipe, trainer) -> dict:
 
     history = trainer.state.log_history
     last = next((e for e in reversed(history) if "reward" in e), {})
+    loop = trainer.state.log_history[-1].get("train_runtime") if trainer.state.log_history else None
+    tokens = trainer.generated_tokens
     return {"settings": method_settings(recipe), "generated_completions": trainer.generated_completions,
+            "generated_tokens": tokens, "generation_s": round(trainer.generation_seconds, 3),
+            # the training loop's seconds (generation, rewards, scoring, updates) per completion token generated
+            "seconds_per_generated_token": (loop / tokens) if loop and tokens else float("nan"),
+            "shared_prompt": trainer.grpo.share_prompt,
             "reward_failures": trainer.rewards.failure_summary(),
             "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
                                                                              "entropy", "clip_ratio"))},
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
 
 
-def probe_grpo(model, tokenizer) -> bool:
+def probe_grpo(model) -> bool:
     """Prove on the model, before anything is written, that scoring a prompt's completions in one packed row (the
     prompt held once) gives the log-probs of scoring each completion alone; False: each completion keeps its own
     copy of the prompt (still packed, never leaking)."""
     from finetune.train.grpo.scoring import check_shared_scoring
 
-    shared = check_shared_scoring(model, tokenizer)
+    shared = check_shared_scoring(model)
     log.info("GRPO scoring: " + ("each prompt held once, its completions after it (checked equal to scoring each "
                                  "alone)" if shared else "a prompt per completion (sharing did not check out on this "
                                  "model's attention path)"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +38,8 @@ class GRPOSettings:
     pad_id: int
     eos_ids: tuple
     chat: bool  # prompts are conversations: completions go to the rewards as [{"role": "assistant", ...}]
+    share_prompt: bool  # score a prompt's completions after one copy of it (proved on the model: setup.probe_grpo)
+    capacity: int  # tokens per scoring row (a prompt with its completions longer than this gets a row alone)
 
 
 def generation_seed(seed: int, step: int, rank: int) -> int:
@@ -71,11 +74,14 @@ def build_step(trainer, slots: list[dict], step: int):
     settings: GRPOSettings = trainer.grpo
     prompts = _prompts(_rows(slots), settings.group)
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    started = time.perf_counter()
     completions = generate_completions(
         model, [p["prompt_ids"] for p in prompts], settings.group, settings.max_completion_length,
         seed=generation_seed(settings.seed, step, trainer.accelerator.process_index), eos_ids=list(settings.eos_ids),
         pad_id=settings.pad_id, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    trainer.generation_seconds += time.perf_counter() - started
     trainer.generated_completions += len(completions.ids)
+    trainer.generated_tokens += sum(completions.lengths)
     records = [p["record"] for p in prompts for _ in range(settings.group)]
     batch = trainer.rewards.score(**reward_inputs(trainer.processing_class, records, completions, settings.chat))
     values = torch.tensor(batch.values, dtype=torch.float32).T  # [N, F], NaN where missing
@@ -115,6 +121,7 @@ def micro_batches(prompt_ids: list[list[int]], completions, advantages, settings
         if settings.mask_truncated:
             mask = drop_truncated(mask, padded, settings.eos_ids)
         out.append({"prompt_ids": prompt_ids[start:start + settings.micro_batch], "completion_ids": ids,
+                    "group": [n // settings.group for n in range(start, start + len(ids))],
                     "completion_mask": mask, "advantages": advantages[start:start + settings.micro_batch].clone()})
     return out
 

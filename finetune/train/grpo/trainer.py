@@ -37,7 +37,8 @@ class GRPOTrainer(Trainer):
         self._cycle = None  # (first step of the generation, its micro batches, normalizer) while mu > 1 reuses it
         self._sums: dict[str, tuple] = {}
         self._samples: list[dict] = []
-        self.generated_completions = 0
+        self.generated_completions = self.generated_tokens = 0
+        self.generation_seconds = 0.0
 
     def _get_train_sampler(self, train_dataset=None):
         return self.group_sampler
