@@ -169,11 +169,13 @@ def _row_scores(model, head, row: ScoringRow, temperature: float, device):
     return _chunked_scores(head, gather.rows, targets, temperature)
 
 
-def completion_logps(model, rows: list[ScoringRow], temperature: float = 1.0, width: int | None = None) -> Scores:
+def completion_logps(model, rows: list[ScoringRow], temperature: float = 1.0, width: int | None = None,
+                     head=None) -> Scores:
     """Scores of every completion in `rows`, one forward per row (the model in whatever mode the caller holds it;
-    gradients flow when enabled). `width`: columns of the output (default: the longest completion)."""
+    gradients flow when enabled). `model`: what the Trainer calls (wrapped or not); `head`: its LM head module
+    (default: the model's output embeddings). `width`: columns of the output (default: the longest completion)."""
     device = next(model.parameters()).device
-    head = model.get_output_embeddings()
+    head = model.get_output_embeddings() if head is None else head
     completions = sorted(n for row in rows for n in row.completions)
     local = {n: k for k, n in enumerate(completions)}
     lengths = [0] * len(completions)
