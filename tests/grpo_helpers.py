@@ -9,16 +9,21 @@ import yaml
 from conftest import write_jsonl
 from tiny import WORDS
 
-# The toy task: answer with the word the prompt names. The reward is a program's check: 1.0 when the completion's
-# first word is that word, 0.5 when the word appears anywhere, else 0.
+# The toy task: say the word the prompt names. The reward is a program's check, graded so that a random tiny model
+# gets some signal: the share of the completion's words that are that word.
 REWARDS_PY = '''
 def names_the_word(prompts, completions, word, **kwargs):
     out = []
     for completion, target in zip(completions, word):
         text = completion if isinstance(completion, str) else completion[0]["content"]
         words = text.split()
-        out.append(1.0 if words[:1] == [target] else 0.5 if target in words else 0.0)
+        out.append(sum(w == target for w in words) / len(words) if words else 0.0)
     return out
+
+
+def even_tokens(completion_ids, **kwargs):
+    """A dense, verifiable reward a random tiny model can climb: the share of its tokens with an even id."""
+    return [sum(1 for t in ids if t % 2 == 0) / len(ids) if ids else 0.0 for ids in completion_ids]
 
 
 def short(completions, **kwargs):

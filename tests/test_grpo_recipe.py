@@ -143,3 +143,9 @@ def test_every_process_gets_whole_groups_and_each_step_its_own_prompts(group, mi
     assert set(counts.values()) == {group * iterations}
     sampler.set_epoch(1)
     assert list(sampler) != slots and sorted(Counter(list(sampler)).values()) == sorted(counts.values())
+
+
+def test_checkpoints_between_two_updates_of_one_generation_and_zero3_are_refused(tmp_path, tiny_model_dir):
+    said = problems(tmp_path, tiny_model_dir, num_iterations=2, checkpoint_interval=3)
+    assert "`checkpoint_interval` 3 is not a multiple of num_iterations 2" in said
+    assert "does not run under DeepSpeed ZeRO-3" in problems(tmp_path, tiny_model_dir, deepspeed="zero3")

@@ -109,6 +109,7 @@ class GRPOKeys(Strict):
 def grpo_problems(recipe, world_size: int) -> list[str]:
     """What makes a GRPO recipe impossible, with the numbers; [] for other methods (their stray GRPO keys are
     methods.py's to name)."""
+    from finetune.recipe.checks import read_deepspeed_config, zero_stage
     from finetune.recipe.methods import method_setting
 
     if recipe.method != "grpo":
@@ -139,6 +140,16 @@ def grpo_problems(recipe, world_size: int) -> list[str]:
     if method_setting(recipe, "rl_beta") > 0 and recipe.adapter == "none":
         problems.append("`rl_beta` > 0 compares the policy with the starting model, which GRPO reads with the adapter "
                         "switched off: it needs `adapter: lora` or `qlora` (or `rl_beta: 0`, TRL's default)")
+    iterations = method_setting(recipe, "num_iterations")
+    for key in ("checkpoint_interval", "export_interval"):
+        every = getattr(recipe, key)
+        if iterations > 1 and every and every % iterations:
+            problems.append(f"`{key}` {every} is not a multiple of num_iterations {iterations}: a checkpoint between "
+                            "two updates of one generation could not resume exactly (the generation is not saved); "
+                            f"make it a multiple of {iterations}")
+    if recipe.deepspeed and zero_stage(read_deepspeed_config(recipe.deepspeed)[0] or {}) == 3:
+        problems.append("`method: grpo` does not run under DeepSpeed ZeRO-3 yet: generation would gather every layer "
+                        "at every token; use zero2 (or no deepspeed) for GRPO")
     if recipe.sample_packing:
         problems.append("`sample_packing` packs fixed examples; GRPO packs the completions it generates itself (a "
                         "prompt held once, its completions after it): remove `sample_packing`")

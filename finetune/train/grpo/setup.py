@@ -93,7 +93,7 @@ def grpo_record(recipe, trainer) -> dict:
 
     history = trainer.state.log_history
     last = next((e for e in reversed(history) if "reward" in e), {})
-    loop = trainer.state.log_history[-1].get("train_runtime") if trainer.state.log_history else None
+    loop = next((e["train_runtime"] for e in reversed(trainer.state.log_history) if "train_runtime" in e), None)
     tokens = trainer.generated_tokens
     return {"settings": method_settings(recipe), "generated_completions": trainer.generated_completions,
             "generated_tokens": tokens, "generation_s": round(trainer.generation_seconds, 3),
@@ -117,3 +117,15 @@ def probe_grpo(model) -> bool:
                                  "alone)" if shared else "a prompt per completion (sharing did not check out on this "
                                  "model's attention path)"))
     return shared
+
+
+def report_grpo_step(recipe, prepared, numbers: dict) -> None:
+    """The numbers printed before the first step: what one optimizer step generates and trains on."""
+    from finetune.recipe.methods import method_setting
+
+    shape = step_shape(recipe, numbers["world_size"])
+    completions = shape.prompts_per_step * shape.group
+    mu = f", each generation used for {shape.iterations} optimizer steps" if shape.iterations > 1 else ""
+    log.info(f"prompts: {prepared.stats['train']['examples']:,} train; each optimizer step: {shape.prompts_per_step} "
+             f"prompt(s) x {shape.group} completions = {completions} completions of at most "
+             f"{method_setting(recipe, 'max_completion_length')} tokens{mu}; {numbers['total_steps']} optimizer steps")
