@@ -1,0 +1,1 @@
+"""GRPO: online RL with rewards a program checks (generation, rewards, advantages, loss)."""
