@@ -26,3 +26,7 @@ class DataError(FinetuneError):
 
 class ModelError(FinetuneError):
     """The base model cannot be found or loaded."""
+
+
+class RewardError(FinetuneError):
+    """A GRPO reward function cannot be loaded or called, or every reward function keeps failing."""

@@ -1,0 +1,298 @@
+"""GRPO rewards: the recipe's reward functions, run outside the training process with a timeout, failures counted.
+
+    with RewardRunner(recipe.rewards, base_dir=recipe_folder, workers=2) as runner:
+        batch = runner.score(prompts, completions, completion_ids, columns={"answer": [...]})
+        batch.values[f][i]        # function f's reward for completion i; NaN where missing
+        runner.failure_summary()  # for run.json
+
+Each function runs in a worker process (finetune/train/grpo/reward_worker.py: why spawn, how a hang is killed)
+with its own `timeout_s`. A call that raises, takes longer than its timeout, returns the wrong number of values
+or a value that is not a number leaves THAT function's values of that batch missing (NaN), is counted and logged
+once per kind, and the run goes on; a hung worker is killed and replaced. A None value means "does not apply"
+(NaN, left out of the rewards, as TRL does). Only when every function gives no value at all for
+`max_failed_steps` batches in a row does score() raise a RewardError, which stops the run with what failed.
+
+The functions of one batch run concurrently when `workers` > 1 (they are independent); each worker loads every
+function, so any worker can run any of them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from finetune.errors import RewardError
+from finetune.log import get_logger
+from finetune.reward_functions import RESERVED, reward_name
+from finetune.train.grpo.reward_worker import START_METHOD, WorkerProcess, stop_all
+
+log = get_logger(__name__)
+
+FAILURE_KINDS = ("exception", "timeout", "wrong_length", "non_numeric")
+# Five batches in a row with no reward at all is no accident of one batch (a flaky network judge, one odd
+# prompt): every function is broken for this data, and every further step would train on nothing.
+MAX_FAILED_STEPS = 5
+SAMPLE_RECORDS = 3  # sample_check runs each function on this many records
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    """One reward function as the runner needs it (the recipe's `rewards:` entries carry the same fields, and
+    the recipe holds their defaults)."""
+
+    function: str  # FILE.py:NAME (relative to base_dir) or package.module:NAME
+    weight: float
+    timeout_s: float
+
+
+def as_spec(item) -> RewardSpec:
+    """A RewardSpec from the recipe's entry (any object with function / weight / timeout_s) or a dict."""
+    if isinstance(item, RewardSpec):
+        return item
+    get = item.get if isinstance(item, dict) else lambda key: getattr(item, key)
+    return RewardSpec(str(get("function")), float(get("weight")), float(get("timeout_s")))
+
+
+def unique_names(functions: list[str]) -> list[str]:
+    """Each function's NAME; the whole spec where two specs share a NAME (two files' `correct`)."""
+    short = [reward_name(f) for f in functions]
+    return [s if short.count(s) == 1 else f for s, f in zip(short, functions)]
+
+
+@dataclass
+class RewardBatch:
+    """One batch's rewards: values[f][i] is function f's reward for completion i (NaN: missing)."""
+
+    names: list[str]
+    values: list[list[float]]
+    failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (kind, message), this batch
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # what the functions passed to log_metric
+    extra: dict[str, list] = field(default_factory=dict)  # what they passed to log_extra (column -> values)
+
+
+class RewardRunner:
+    """Reward functions in `workers` worker processes. Close it (or use `with`); at exit it closes itself."""
+
+    def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS):
+        self.specs = [as_spec(s) for s in specs]
+        if not self.specs:
+            raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
+        self.names = unique_names([s.function for s in self.specs])
+        self.weights = [s.weight for s in self.specs]
+        self.base_dir = Path(base_dir)
+        self.max_failed_steps = max_failed_steps
+        self.calls: Counter = Counter()  # name -> calls made
+        self.failures = {name: Counter() for name in self.names}  # name -> kind -> batches it failed
+        self.first_messages: dict[str, dict[str, str]] = {name: {} for name in self.names}
+        self.failed_steps = 0  # consecutive batches in which no function gave any value
+        self._context = get_context(START_METHOD)
+        self._workers: list[WorkerProcess] = []
+        # the same list object for the runner's whole life: replacing a worker mutates it, so the finalizer (at
+        # garbage collection or interpreter exit, for a runner nobody closed) stops the live ones
+        self._finalizer = weakref.finalize(self, stop_all, self._workers)
+        try:
+            for _ in range(max(1, min(workers, len(self.specs)))):
+                self._workers.append(self._start())  # every worker starts before any is waited for
+            for worker in self._workers:
+                worker.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> WorkerProcess:
+        return WorkerProcess(self._context, [s.function for s in self.specs], self.base_dir)
+
+    def __enter__(self) -> RewardRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop every worker and whatever its reward functions started. Safe to call twice."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    # --- one batch ---------------------------------------------------------------------------------------------
+    def score(self, prompts: list, completions: list, completion_ids: list, columns: dict | None = None,
+              trainer_state: dict | None = None) -> RewardBatch:
+        """Every function's rewards for a batch. `columns`: the records' other columns, one value per completion;
+        `trainer_state`: e.g. {"global_step": 10, "max_steps": 100}, read by the functions as
+        `trainer_state.global_step` (TRL passes its TrainerState; None when not given)."""
+        if self.closed:
+            raise RuntimeError("this RewardRunner is closed")
+        columns = dict(columns or {})
+        n = len(prompts)
+        for label, values in [("completions", completions), ("completion_ids", completion_ids), *columns.items()]:
+            if len(values) != n:
+                raise ValueError(f"score(): {label} has {len(values)} entries for {n} prompts (one per completion)")
+        clash = sorted(set(columns) & set(RESERVED))
+        if clash:
+            raise RewardError(f"the records have the column(s) {', '.join(clash)}, names the reward call passes "
+                              "itself (TRL's keyword arguments); rename them in the records")
+        if n == 0:
+            return RewardBatch(list(self.names), [[] for _ in self.names])
+        batch = {"prompts": list(prompts), "completions": list(completions),
+                 "completion_ids": [list(ids) for ids in completion_ids], "columns": columns,
+                 "trainer_state": dict(trainer_state) if trainer_state is not None else None}
+        return self._record(self._run_all(batch), n)
+
+    def _run_all(self, batch: dict) -> list[tuple]:
+        """Each function's outcome: ("ok", values, logs) or ("failed", kind, message, logs). A function waits for
+        an idle worker; its timeout runs from the moment a worker takes it."""
+        pending = deque(range(len(self.specs)))
+        outcomes: list[tuple | None] = [None] * len(self.specs)
+        while pending or any(w.call for w in self._workers):
+            for worker in self._workers:
+                if worker.call is None and pending:
+                    index = pending.popleft()
+                    worker.send(index, batch, self.specs[index].timeout_s)
+            busy = [w for w in self._workers if w.call is not None]
+            nearest = min(w.call[1] for w in busy)
+            ready = wait([w.conn for w in busy], timeout=max(0.0, nearest - time.monotonic()))
+            for slot, worker in enumerate(list(self._workers)):
+                if worker.call is None:
+                    continue
+                index, deadline = worker.call
+                if worker.conn in ready or worker.conn.poll():  # poll: it may have answered while another was replaced
+                    outcomes[index] = self._answer(slot, worker)
+                elif time.monotonic() >= deadline:
+                    outcomes[index] = ("failed", "timeout", f"took longer than timeout_s {self.specs[index].timeout_s:g}"
+                                       " s; its worker was killed", {})
+                    self._replace(slot)
+        return outcomes
+
+    def _answer(self, slot: int, worker: WorkerProcess) -> tuple:
+        try:
+            outcome = worker.conn.recv()
+            worker.call = None
+            return outcome
+        except (EOFError, OSError):  # the function ended its worker: os._exit(), a crash in C code, the OOM killer
+            code = worker.process.exitcode
+            self._replace(slot)
+            return ("failed", "exception", f"its worker process died (exit code {code})", {})
+
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].kill()
+        self._workers[slot] = self._start()
+        self._workers[slot].wait_ready()
+
+    def _record(self, outcomes: list[tuple], n: int) -> RewardBatch:
+        result = RewardBatch(list(self.names), [])
+        for name, outcome in zip(self.names, outcomes):
+            self.calls[name] += 1
+            logs = outcome[-1]
+            for key, values in logs.get("metrics", {}).items():
+                result.metrics.setdefault(key, []).extend(values)
+            for key, values in logs.get("extra", {}).items():
+                result.extra.setdefault(key, []).extend(values)
+            if outcome[0] == "ok":
+                result.values.append(outcome[1])
+                continue
+            kind, message = outcome[1], outcome[2]
+            result.values.append([math.nan] * n)
+            result.failures[name] = (kind, message)
+            self.failures[name][kind] += 1
+            if kind not in self.first_messages[name]:
+                self.first_messages[name][kind] = message
+                log.warning(f"reward `{name}` failed ({kind}): {message}. Its values of this batch are left out; "
+                            "later failures of this kind are counted in run.json")
+        self._count_failed_step(result)
+        return result
+
+    def _count_failed_step(self, result: RewardBatch) -> None:
+        if any(not math.isnan(v) for values in result.values for v in values):
+            self.failed_steps = 0
+            return
+        self.failed_steps += 1
+        if self.failed_steps < self.max_failed_steps:
+            return
+        causes = [f"`{name}`: {result.failures[name][0]}: {result.failures[name][1]}" if name in result.failures
+                  else f"`{name}`: returned None for every completion" for name in self.names]
+        raise RewardError(f"no reward function gave a single value for {self.failed_steps} batches in a row, so "
+                          f"training learns nothing; last batch: {'; '.join(causes)}. Fix the functions "
+                          "(`finetune validate` runs each on a few records)")
+
+    def failure_summary(self) -> dict:
+        """For run.json: per function, its spec, calls, failures by kind and the first message of each kind."""
+        return {name: {"function": spec.function, "calls": self.calls[name],
+                       "failures": {k: self.failures[name][k] for k in FAILURE_KINDS if self.failures[name][k]},
+                       "first_messages": dict(self.first_messages[name])}
+                for name, spec in zip(self.names, self.specs)}
+
+
+# --- before a long run -------------------------------------------------------------------------------------------
+@dataclass
+class SampleResult:
+    """One function on a few records: ok, its values (None where NaN), or the error."""
+
+    name: str
+    function: str
+    ok: bool
+    values: list[float | None]
+    error: str | None = None
+
+    def line(self) -> str:
+        if not self.ok:
+            return f"reward {self.name}: FAILED: {self.error}"
+        shown = ", ".join("None" if v is None else f"{v:g}" for v in self.values)
+        note = " (None for every record: it applies to none of them)" if all(v is None for v in self.values) else ""
+        return f"reward {self.name}: ok [{shown}]{note}"
+
+
+def sample_check(runner_or_specs, records: list[dict], sample_completion, base_dir=None, encode=None,
+                 n_records: int = SAMPLE_RECORDS) -> list[SampleResult]:
+    """Run each reward function on the first `n_records` prompt records ({"prompt": ..., columns}) with a sample
+    completion (a string, or a function of the record returning one; sent as [{"role": "assistant", ...}] for chat
+    prompts). `encode(text) -> ids` gives completion_ids ([] without it). Specs are loaded and their signatures
+    checked against the records' columns here first, so one broken function does not hide the others."""
+    from finetune.reward_functions import check_reward, load_reward
+
+    records = list(records)[:n_records]
+    columns = {k: [r.get(k) for r in records] for k in (records[0] if records else {}) if k != "prompt"}
+    texts = [sample_completion(r) if callable(sample_completion) else str(sample_completion) for r in records]
+    completions = [[{"role": "assistant", "content": t}] if isinstance(r.get("prompt"), list) else t
+                   for r, t in zip(records, texts)]
+    ids = [list(encode(t)) if encode is not None else [] for t in texts]
+    prompts = [r.get("prompt") for r in records]
+    if isinstance(runner_or_specs, RewardRunner):
+        return _sample_results(runner_or_specs, runner_or_specs.score(prompts, completions, ids, columns))
+    specs = [as_spec(s) for s in runner_or_specs]
+    names = unique_names([s.function for s in specs])
+    broken = {}
+    for name, spec in zip(names, specs):
+        try:
+            check_reward(load_reward(spec.function, base_dir), spec.function, list(columns))
+        except RewardError as err:
+            broken[name] = SampleResult(name, spec.function, False, [], str(err))
+    good = [s for n, s in zip(names, specs) if n not in broken]
+    if not good:
+        return [broken[n] for n in names]
+    with RewardRunner(good, base_dir, workers=min(len(good), 2)) as runner:
+        ran = {r.function: r for r in _sample_results(runner, runner.score(prompts, completions, ids, columns))}
+    return [broken.get(n) or SampleResult(n, s.function, ran[s.function].ok, ran[s.function].values,
+                                          ran[s.function].error) for n, s in zip(names, specs)]
+
+
+def _sample_results(runner: RewardRunner, batch: RewardBatch) -> list[SampleResult]:
+    out = []
+    for i, (name, spec) in enumerate(zip(runner.names, runner.specs)):
+        if name in batch.failures:
+            kind, message = batch.failures[name]
+            out.append(SampleResult(name, spec.function, False, [], f"{kind}: {message}"))
+        else:
+            out.append(SampleResult(name, spec.function, True,
+                                    [None if math.isnan(v) else v for v in batch.values[i]]))
+    return out
