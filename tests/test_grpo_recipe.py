@@ -149,3 +149,10 @@ def test_checkpoints_between_two_updates_of_one_generation_and_zero3_are_refused
     said = problems(tmp_path, tiny_model_dir, num_iterations=2, checkpoint_interval=3)
     assert "`checkpoint_interval` 3 is not a multiple of num_iterations 2" in said
     assert "does not run under DeepSpeed ZeRO-3" in problems(tmp_path, tiny_model_dir, deepspeed="zero3")
+
+
+def test_a_broken_reward_is_refused_at_validate_before_any_model_loads(tmp_path, tiny_model_dir):
+    said = problems(tmp_path, tiny_model_dir, rewards=[{"function": "rewards.py:nope"}])
+    assert "`rewards.0`: reward `" in said and "has no `nope`" in said and "names_the_word" in said
+    said = problems(tmp_path, tiny_model_dir, rewards=[{"function": "missing.py:f"}])
+    assert "`rewards.0`" in said and "missing.py" in said

@@ -8,6 +8,7 @@ so a GRPO key in a recipe of another method is an error there. Defaults are TRL 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -150,7 +151,23 @@ def grpo_problems(recipe, world_size: int) -> list[str]:
     if recipe.deepspeed and zero_stage(read_deepspeed_config(recipe.deepspeed)[0] or {}) == 3:
         problems.append("`method: grpo` does not run under DeepSpeed ZeRO-3 yet: generation would gather every layer "
                         "at every token; use zero2 (or no deepspeed) for GRPO")
+    problems += reward_problems(recipe)
     if recipe.sample_packing:
         problems.append("`sample_packing` packs fixed examples; GRPO packs the completions it generates itself (a "
                         "prompt held once, its completions after it): remove `sample_packing`")
+    return problems
+
+
+def reward_problems(recipe) -> list[str]:
+    """Each reward function imported and its signature checked, before any model loads (a FILE is absolute by now;
+    a `package.module:NAME` imports from sys.path and the current folder)."""
+    from finetune.errors import RewardError
+    from finetune.reward_functions import check_reward, load_reward
+
+    problems = []
+    for i, entry in enumerate(recipe.rewards):
+        try:
+            check_reward(load_reward(entry.function, Path.cwd()), entry.function)
+        except RewardError as err:
+            problems.append(f"`rewards.{i}`: {err}")
     return problems

@@ -196,6 +196,10 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
         recipe.deepspeed = resolve_deepspeed(recipe.deepspeed, base)
     if isinstance(recipe.resume, str) and recipe.resume != "auto":
         recipe.resume = _resolve(recipe.resume, base)
+    for entry in recipe.rewards:  # FILE.py:NAME relative to the recipe; package.module:NAME stays as it is
+        target, sep, name = entry.function.rpartition(":")
+        if sep and (target.endswith(".py") or "/" in target):
+            entry.function = f"{_resolve(target, base)}:{name}"
     if recipe.eval is not None:
         for key in ("data", "tasks_dir", "gguf"):
             if getattr(recipe.eval, key):

@@ -81,7 +81,8 @@ def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prom
     from finetune.train.grpo.rewards import RewardRunner
     from finetune.train.grpo.sampler import GroupSampler
 
-    runner = RewardRunner(recipe.rewards, base_dir=Path(recipe.output_dir).parent)
+    # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
+    runner = RewardRunner(recipe.rewards, base_dir=Path.cwd())
     return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
             "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}

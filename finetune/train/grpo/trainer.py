@@ -132,6 +132,7 @@ class GRPOTrainer(Trainer):
         with open(self.samples_path, "a", encoding="utf-8") as out:
             for sample in self._samples:
                 out.write(json.dumps({"step": self.state.global_step, **sample}, ensure_ascii=False) + "\n")
+        self._samples = []  # a generation's samples are written once, at the first log after it
 
 
 def _slot_key(slots: list[dict]) -> tuple:

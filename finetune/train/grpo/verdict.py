@@ -42,8 +42,8 @@ def _correlation(a: list[float], b: list[float]) -> float:
 
 
 def diagnose(log_history: list[dict]) -> dict:
-    """{verdict, reason, reward_first, reward_last, ...}: the first matching verdict of truncated, no signal,
-    collapsed, length hacking, reward rising, flat."""
+    """{verdict, reason, reward_first, reward_last, ...}: the first matching verdict of no signal, collapsed,
+    length hacking, reward rising (noting truncation), truncated, flat."""
     reward = series(log_history, "reward")
     if not reward:
         return {"verdict": "unknown", "reason": "no reward was logged (set logging_steps lower than the step count)"}
@@ -61,9 +61,6 @@ def diagnose(log_history: list[dict]) -> dict:
 
 
 def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tuple[str, str]:
-    if clipped >= TRUNCATED_SHARE:
-        return "truncated", (f"{clipped:.0%} of completions were cut at max_completion_length: the rewards score "
-                             "unfinished answers; raise max_completion_length, or ask for shorter answers")
     if tied >= TIED_SHARE:
         return "no signal", (f"{tied:.0%} of groups were tied (every completion of a prompt got the same reward), so "
                              "their advantages are 0 and nothing is learned from them; make the reward graded "
@@ -72,6 +69,8 @@ def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tu
     if entropy and entropy[-1][1] < COLLAPSED_ENTROPY:
         return "collapsed", (f"token entropy fell to {entropy[-1][1]:.3f} (from {entropy[0][1]:.3f}): the policy "
                              "samples almost one completion; lower learning_rate, raise rl_beta, or stop earlier")
+    cut = (f"{clipped:.0%} of completions were cut at max_completion_length: the rewards score unfinished answers; "
+           "raise max_completion_length, or ask for shorter answers")
     if rising and len(lengths) >= 3:
         grew = lengths[-1][1] / max(lengths[0][1], 1e-9)
         together = _correlation([v for _, v in reward], [v for _, v in lengths[:len(reward)]])
@@ -79,7 +78,10 @@ def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tu
             return "length hacking", (f"the reward rose {first:.3f} -> {last:.3f} while completions grew {grew:.1f}x "
                                       f"(correlation {together:.2f}): check that the reward does not pay for length")
     if rising:
-        return "reward rising", f"mean reward {first:.3f} -> {last:.3f} (first third -> last third of the logs)"
+        but = f"; but {cut}" if clipped >= TRUNCATED_SHARE else ""
+        return "reward rising", f"mean reward {first:.3f} -> {last:.3f} (first third -> last third of the logs){but}"
+    if clipped >= TRUNCATED_SHARE:
+        return "truncated", cut
     return "flat", (f"mean reward {first:.3f} -> {last:.3f}: no clear rise; raise learning_rate, train longer, or "
                     "check the reward on a few completions (finetune validate runs each reward)")
 
