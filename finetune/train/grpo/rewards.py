@@ -180,6 +180,7 @@ class RewardRunner:
             worker.call = None
             return outcome
         except (EOFError, OSError):  # the function ended its worker: os._exit(), a crash in C code, the OOM killer
+            worker.kill()  # reaps it: its exit code is known from here on
             code = worker.process.exitcode
             self._replace(slot)
             return ("failed", "exception", f"its worker process died (exit code {code})", {})
