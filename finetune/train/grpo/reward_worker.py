@@ -140,6 +140,7 @@ class WorkerProcess:
         there.close()  # the worker's end lives in the worker only: its death then reads as EOF here
         self.conn = here
         self.call: tuple[int, float] | None = None  # (function index, deadline) while a call runs
+        self.killed = False
 
     def wait_ready(self, timeout_s: float = LOAD_TIMEOUT_S) -> None:
         """Raise RewardError when the worker cannot load the reward functions."""
@@ -163,7 +164,10 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """SIGKILL the worker's process group, then reap the worker. The group is killed before the worker is
-        reaped: until then its pid (the group's id) cannot be reused by another process."""
+        reaped: until then its pid (the group's id) cannot be reused by another process. Once only."""
+        if self.killed:
+            return
+        self.killed = True
         pid = self.process.pid
         if pid is not None and hasattr(os, "killpg"):
             try:

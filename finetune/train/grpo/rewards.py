@@ -147,7 +147,12 @@ class RewardRunner:
         batch = {"prompts": list(prompts), "completions": list(completions),
                  "completion_ids": [list(ids) for ids in completion_ids], "columns": columns,
                  "trainer_state": dict(trainer_state) if trainer_state is not None else None}
-        return self._record(self._run_all(batch), n)
+        try:
+            outcomes = self._run_all(batch)
+        except BaseException:  # interrupted mid-batch (Ctrl-C): calls are in flight, so the workers cannot be reused
+            self.close()
+            raise
+        return self._record(outcomes, n)
 
     def _run_all(self, batch: dict) -> list[tuple]:
         """Each function's outcome: ("ok", values, logs) or ("failed", kind, message, logs). A function waits for
@@ -169,8 +174,9 @@ class RewardRunner:
                 if worker.conn in ready or worker.conn.poll():  # poll: it may have answered while another was replaced
                     outcomes[index] = self._answer(slot, worker)
                 elif time.monotonic() >= deadline:
-                    outcomes[index] = ("failed", "timeout", f"took longer than timeout_s {self.specs[index].timeout_s:g}"
-                                       " s; its worker was killed", {})
+                    limit = self.specs[index].timeout_s
+                    outcomes[index] = ("failed", "timeout", f"took longer than timeout_s {limit:g} s; its worker was "
+                                       "killed", {})
                     self._replace(slot)
         return outcomes
 
@@ -180,6 +186,7 @@ class RewardRunner:
             worker.call = None
             return outcome
         except (EOFError, OSError):  # the function ended its worker: os._exit(), a crash in C code, the OOM killer
+            worker.kill()  # reaps it: its exit code is known from here on
             code = worker.process.exitcode
             self._replace(slot)
             return ("failed", "exception", f"its worker process died (exit code {code})", {})
