@@ -83,7 +83,9 @@ def build_step(trainer, slots: list[dict], step: int):
     trainer.generated_completions += len(completions.ids)
     trainer.generated_tokens += sum(completions.lengths)
     records = [p["record"] for p in prompts for _ in range(settings.group)]
-    batch = trainer.rewards.score(**reward_inputs(trainer.processing_class, records, completions, settings.chat))
+    state = {"global_step": step, "max_steps": trainer.state.max_steps, "epoch": trainer.state.epoch}  # TRL's fields
+    batch = trainer.rewards.score(**reward_inputs(trainer.processing_class, records, completions, settings.chat),
+                                  trainer_state=state)
     values = torch.tensor(batch.values, dtype=torch.float32).T  # [N, F], NaN where missing
     weights = torch.tensor(trainer.rewards.weights, dtype=torch.float32)
     adv = group_advantages(values, weights, settings.group, settings.scale_rewards)
