@@ -156,3 +156,20 @@ def test_a_broken_reward_is_refused_at_validate_before_any_model_loads(tmp_path,
     assert "`rewards.0`: reward `" in said and "has no `nope`" in said and "names_the_word" in said
     said = problems(tmp_path, tiny_model_dir, rewards=[{"function": "missing.py:f"}])
     assert "`rewards.0`" in said and "missing.py" in said
+
+
+def test_preprocess_runs_every_reward_on_a_few_records_and_names_a_broken_one(tmp_path, tiny_model_dir, capsys):
+    from finetune.cli import main
+
+    path = grpo_recipe(tmp_path, tiny_model_dir)
+    (tmp_path / "rewards.py").write_text((tmp_path / "rewards.py").read_text()
+                                         + "\n\ndef wrong_length(completions, **kwargs):\n    return [1.0]\n")
+    recipe = path.read_text().replace("rewards.py:names_the_word",
+                                      "rewards.py:names_the_word\n- function: rewards.py:wrong_length")
+    path.write_text(recipe)
+    code = main(["preprocess", str(path), "--show", "1"])
+    out = capsys.readouterr().out
+    assert code == 2
+    assert "columns for the rewards: {\"word\": " in out
+    assert "reward names_the_word: ok [" in out
+    assert "reward wrong_length: FAILED: wrong_length" in out
