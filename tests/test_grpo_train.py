@@ -111,3 +111,18 @@ def test_a_reward_that_raises_is_counted_and_the_run_goes_on(tmp_path, tiny_mode
     assert all("rewards/boom/missing" in e and e["rewards/boom/missing"] == 1.0
                for e in summary["log_history"] if "reward" in e)
     assert REWARDS_PY  # the helper file is the same one the recipe points at
+
+
+def test_finetune_eval_scores_base_and_tuned_with_the_runs_rewards_on_held_out_prompts(tmp_path, tiny_model_dir):
+    from finetune.evaluation.run import evaluate
+
+    run(tmp_path, tiny_model_dir, max_steps=6, val_set_size=4, n=20)
+    report = evaluate(str(tmp_path / "out"))
+    grpo = report["grpo"]
+    assert grpo["prompts"] == 4 and grpo["samples_per_prompt"] == 4
+    for side in ("base", "tuned"):
+        values = grpo["sides"][side]
+        assert 0.0 <= values["rewards/even_tokens"] <= 1.0 and values["reward"] == values["rewards/even_tokens"]
+    assert grpo["sides"]["tuned"]["reward"] != grpo["sides"]["base"]["reward"]
+    assert "on held-out reward" in report["verdict"]
+    assert (tmp_path / "out" / "eval" / "report.md").is_file()

@@ -25,6 +25,10 @@ def headline(report: dict) -> list[tuple[str, dict, bool]]:
         values = {side: v[metric] for side, v in heldout.get("sides", {}).items()}
         if values:
             rows.append((f"held-out {metric}", values, False))
+    if report.get("grpo"):
+        from finetune.evaluation.grpo import headline_rows
+
+        rows += headline_rows(report["grpo"])
     pref = report.get("preference") or {}
     if pref.get("log_prob"):
         rows.append(("chosen preferred", {s: v["chosen_preferred"] for s, v in pref["log_prob"].items()}, True))
@@ -52,6 +56,10 @@ def verdict(report: dict) -> str:
         before, after = sides["base"]["loss"], sides["tuned"]["loss"]
         word = "better" if after < before else "worse" if after > before else "no different"
         parts.append(f"tuned is {word} on held-out loss ({before:.4f} -> {after:.4f})")
+    if report.get("grpo"):
+        from finetune.evaluation.grpo import verdict_part
+
+        parts.append(verdict_part(report["grpo"]))
     reward = (report.get("preference") or {}).get("reward")
     if reward:
         parts.append(f"reward accuracy {reward['reward_accuracy']:.2f} on {reward['pairs']} held-out pairs "

@@ -48,7 +48,12 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     from finetune.model.trained import saved_tokenizer
 
     tokenizer = saved_tokenizer(subject.folder)
-    if spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
+    grpo = subject.recipe.method == "grpo"  # no loss to hold out: the run's rewards on held-out prompts instead
+    if grpo:
+        from finetune.evaluation.grpo import heldout_prompts
+
+        heldout_prompts(subject, tokenizer, spec.data)  # before a model loads: no held-out prompts costs nothing
+    elif spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
         from finetune.evaluation.heldout import heldout_data
 
         held = heldout_data(subject, tokenizer, spec.data)
@@ -61,7 +66,11 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         "data_source": held.source if held else None, "gguf": str(gguf) if gguf else None,
     }
     sides = models.sides()
-    if spec.heldout_loss and is_preference(subject.recipe):
+    if spec.heldout_loss and grpo:
+        from finetune.evaluation.grpo import heldout_rewards
+
+        report["grpo"] = heldout_rewards(models, subject, spec.data)
+    elif spec.heldout_loss and is_preference(subject.recipe):
         report["preference"] = _preference(models, held, subject.recipe)
     elif spec.heldout_loss:
         report["heldout"] = _heldout(models, held, sides)
@@ -112,7 +121,7 @@ def evaluate_after_training(recipe) -> dict:
 
     report = evaluate(recipe.output_dir, recipe=recipe)
     summary = {key: report[key] for key in ("verdict", "report_dir") if key in report}
-    for key in ("heldout", "preference", "benchmarks"):
+    for key in ("heldout", "preference", "grpo", "benchmarks"):
         if key in report:
             summary[key] = report[key]
     if "generation" in report:
