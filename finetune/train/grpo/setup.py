@@ -3,6 +3,7 @@ run.json records."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from finetune.log import get_logger
@@ -63,7 +64,7 @@ def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
         scale_rewards=method_setting(recipe, "scale_rewards"),
         mask_truncated=method_setting(recipe, "mask_truncated_completions"),
         micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
-        chat=first.replace(" ", "").startswith('{"prompt":['), share_prompt=bool(share_prompt),
+        chat=isinstance(json.loads(first)["prompt"], list), share_prompt=bool(share_prompt),
         capacity=recipe.sequence_len)
 
 
