@@ -324,7 +324,7 @@ def test_an_sft_adapter_to_continue_becomes_base_model(tmp_path):
 
 
 def test_online_rl_is_refused_and_nothing_is_written(tmp_path, capsys):
-    code, text, _ = _port(tmp_path, _rl("grpo"))
+    code, text, _ = _port(tmp_path, _rl("ebft"))  # `rl: grpo` ports: tests/test_port_grpo.py
     assert code == 2 and not text
     assert "online RL" in capsys.readouterr().err
 

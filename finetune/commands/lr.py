@@ -3,9 +3,9 @@
     finetune lr recipe.yml                       # tokenizes (cached), counts exactly, the formula beside the recipe's LR
     finetune lr recipe.yml --family llama-2-7b   # take the base LR and batch from a family table row
     finetune lr --supervised-tokens 2000000 --steps 350 --epochs 1 --base-lr 5e-5 --pretrained-batch-tokens 4000000
-    finetune lr --method dpo                     # preference methods: the published defaults with their sources
+    finetune lr --method dpo                     # preference methods, GRPO: the published defaults with sources
 
-A preference recipe (`method: dpo`...) gets the method's published default instead of the formula
+A preference recipe (`method: dpo`...) or a GRPO one gets the method's published default instead of the formula
 (finetune/plan/lr_preference.py); `finetune lr recipe.yml` shows it with its sources beside the recipe's LR.
 """
 
@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--family", help="take base LR and batch from the family table (see --list-families)")
     parser.add_argument("--list-families", action="store_true", help="print the family table with sources")
     parser.add_argument("--method", choices=sorted(METHOD_LRS),
-                        help="without a recipe: print a preference method's default LRs (full, LoRA) with sources")
+                        help="without a recipe: print a preference method's or GRPO's default LRs (full, LoRA) "
+                             "with sources")
     parser.add_argument("--verbose", "-v", action="store_true", help="show the working, not just the LR")
 
 

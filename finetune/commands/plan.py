@@ -6,7 +6,9 @@
 
 A preference method (`method: dpo`...) is planned with both sequences of every pair in the micro batch and no
 reference weights: the reference log-probs are computed once before training and cached, so the run holds one
-model. Its step count is exact, from the tokenized pairs (KTO: two examples per pair).
+model. Its step count is exact, from the tokenized pairs (KTO: two examples per pair). `method: grpo` is planned
+with micro_batch_size completions of sequence_len tokens per micro batch and, on its own line, the KV cache of the
+completions a step generates (finetune/plan/grpo.py); its steps in prompts, completions and generations.
 """
 
 from __future__ import annotations
@@ -98,14 +100,37 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
     if isinstance(out["gradient_checkpointing"], bool):
         out["gradient_checkpointing"] = "full" if out["gradient_checkpointing"] else "off"
     out["packed"] = bool(recipe.sample_packing) if recipe is not None else False
+    if out["method"] == "grpo":
+        out.update(_grpo_knobs(recipe, out["micro_batch_size"]))
     return out
+
+
+def _grpo_knobs(recipe, micro_batch_size: int) -> dict:
+    """What GRPO's plan needs besides the common knobs: the recipe's, else the method's defaults (bare config)."""
+    import math
+
+    from finetune.recipe.methods import METHOD_SETTINGS, method_setting
+
+    def setting(key):
+        return method_setting(recipe, key) if recipe is not None else METHOD_SETTINGS[key]["grpo"]
+
+    group = setting("num_generations")
+    # a bare config has no accumulation: take the smallest that holds whole groups, G / gcd(micro_batch_size, G)
+    accumulation = (recipe.gradient_accumulation_steps if recipe is not None
+                    else group // math.gcd(micro_batch_size, group))
+    # each process generates G completions for each of its prompts of a step: micro_batch_size x accumulation
+    return {"group": group, "completion_tokens": setting("max_completion_length"), "rl_beta": setting("rl_beta"),
+            "generated_sequences": micro_batch_size * accumulation}
 
 
 def _batch_shape(knobs: dict) -> dict:
     """PlanInputs' sequences_per_item / packed: a preference pair is two sequences (chosen, rejected)."""
     from finetune.recipe.methods import PAIRED_METHODS
 
-    return {"sequences_per_item": 2 if knobs["method"] in PAIRED_METHODS else 1, "packed": knobs["packed"]}
+    shape = {"sequences_per_item": 2 if knobs["method"] in PAIRED_METHODS else 1, "packed": knobs["packed"]}
+    if knobs["method"] == "grpo":
+        shape.update(generated_sequences=knobs["generated_sequences"], completion_tokens=knobs["completion_tokens"])
+    return shape
 
 
 def _budget(args: argparse.Namespace) -> tuple[float | None, str]:
@@ -126,6 +151,8 @@ def _steps_line(recipe, world_size: int) -> str:
     from finetune.train.settings import step_unit
 
     prepared = build_dataset(recipe, load_tokenizer(recipe))
+    if recipe.method == "grpo":
+        return _grpo_steps_line(recipe, prepared.stats["train"], world_size)
     train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of
     few = check_batch_fits(prepared.stats["train"]["examples"], recipe.micro_batch_size,
                            recipe.gradient_accumulation_steps, world_size, step_unit(recipe),
@@ -143,6 +170,23 @@ def _steps_line(recipe, world_size: int) -> str:
     return (f"steps: {total:,} optimizer steps ({per_epoch:,} per epoch); {what}, "
             f"{train['tokens']:,} tokens, {train['supervised_tokens']:,} {supervised} "
             f"(~{train['supervised_tokens'] / per_epoch:,.0f} per step)")
+
+
+def _grpo_steps_line(recipe, split: dict, world_size: int) -> str:
+    """GRPO's steps: prompts per step, completions per step, generations and optimizer steps (plan/grpo.py)."""
+    from finetune.plan.grpo import grpo_steps
+    from finetune.recipe.methods import method_setting
+
+    steps = grpo_steps(split["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size,
+                       method_setting(recipe, "num_generations"), method_setting(recipe, "num_iterations"),
+                       recipe.num_epochs, recipe.max_steps)
+    waiting = steps.prompts - steps.prompts_used_per_epoch
+    return (f"steps: {steps.total_steps:,} optimizer steps ({steps.steps_per_epoch:,} per epoch); {steps.prompts:,} "
+            f"prompts ({split['tokens']:,} prompt tokens); {steps.prompts_per_step:,} prompts per step "
+            f"({steps.prompts_per_process:,} per process) x {steps.group} = {steps.completions_per_step:,} completions "
+            f"per step; {steps.generations:,} generations ({steps.generations_per_epoch:,} per epoch), each trained "
+            f"{steps.iterations} step(s) (num_iterations)"
+            + (f"; {waiting:,} prompts an epoch wait for a later shuffle (whole steps only)" if waiting else ""))
 
 
 def _items(recipe, split: dict) -> str:
@@ -178,6 +222,10 @@ def _micro_batch(knobs: dict) -> str:
     from finetune.recipe.methods import PAIRED_METHODS
 
     mbs, seq = knobs["micro_batch_size"], knobs["seq_len"]
+    if knobs["method"] == "grpo":
+        completion = knobs["completion_tokens"]
+        return (f"{mbs} completions x {seq} tokens (prompt <= {seq - completion} + completion <= {completion}) per "
+                "micro batch")
     if knobs["method"] not in PAIRED_METHODS:
         return f"{mbs} x {seq} tokens per micro batch"
     if knobs["packed"]:
@@ -185,15 +233,30 @@ def _micro_batch(knobs: dict) -> str:
     return f"{mbs} pair(s) x 2 sequences x {seq} tokens per micro batch ({2 * mbs} sequences)"
 
 
-def _reference_line(method: str) -> str | None:
+def _reference_line(method: str, rl_beta: float = 0.0) -> str | None:
     from finetune.recipe.methods import PREFERENCE_METHODS, REFERENCE_METHODS
 
+    if method == "grpo":
+        return ("reference: none (rl_beta 0: no KL term)" if not rl_beta else
+                f"reference: the starting model, read with the adapter switched off (rl_beta {rl_beta:g}): no second "
+                "copy of the weights, one more no-grad pass per step")
     if method in REFERENCE_METHODS:
         return (f"reference: no reference weights in memory: `method: {method}`'s reference log-probs are computed "
                 "once before training (one no-grad pass with the starting model) and cached, so one model is held")
     if method in PREFERENCE_METHODS:
         return f"reference: none (`method: {method}` does not use a reference model)"
     return None
+
+
+def _generation_line(knobs: dict, shape) -> str:
+    """The KV cache of a step's generation, factor by factor (not held with the activations: the peak is the larger)."""
+    from finetune.plan.grpo import Generation, kv_cache_arithmetic
+
+    completion = knobs["completion_tokens"]
+    generation = Generation(knobs["generated_sequences"], knobs["seq_len"] - completion, completion,
+                            4 if knobs["precision"] == "fp32" else 2)
+    return (f"generation: KV cache = {kv_cache_arithmetic(shape, generation, knobs['group'])}; held while a step's "
+            "completions are generated (no grad), before its forward/backward passes")
 
 
 def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
@@ -206,9 +269,11 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
              f"{_micro_batch({'method': method, 'packed': False, **knobs})}, checkpointing "
              f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}"
              + (f", method {method}" if method != "sft" else "")]
-    reference = _reference_line(method)
+    reference = _reference_line(method, knobs.get("rl_beta", 0.0))
     if reference:
         lines.append(reference)
+    if method == "grpo":
+        lines.append(_generation_line(knobs, shape))
     lines.append("per-GPU memory:")
     for name, value in estimate.components.items():
         if value:

@@ -7,7 +7,8 @@ The result is validated as it is written: exit 0 when it loads as a finetune rec
 but still needs edits (the problems are listed: a value finetune refuses, or an axolotl key that changes what
 is trained and that finetune cannot honour, kept as written so the recipe does not load until you decide), 2
 when nothing was written (unreadable input, an output that exists, a kind of training finetune does not do,
-such as `rl: grpo`). Records to download or convert before training are listed either way.
+such as `rl: gdpo`). Records to download or convert before training (and a GRPO dataset transform's command) are
+listed either way.
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@ Preference methods read each pair as two sequences (chosen and rejected, one for
 batch of B pairs is 2B sequences of up to seq_len tokens unpacked, or B packed rows of 2 x seq_len tokens
 (finetune/data/preference/rows.py); a KTO example is one sequence, as in SFT. No reference model is held: the
 reference log-probs are computed once before training and cached (finetune/train/preference/reference.py).
+
+GRPO scores micro_batch_size completions of up to seq_len tokens (prompt + completion) per micro batch, as SFT does
+its examples, and before each step generates the step's completions, whose KV cache is its own line
+(finetune/plan/grpo.py).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from finetune.plan.activations import activation_memory, checkpointing_mode
+from finetune.plan.grpo import Generation, kv_cache_bytes
 from finetune.plan.memory import GIB, MemoryEstimate, TrainingSetup, estimate_memory
 from finetune.plan.shape import ModelShape, Trainable
 
@@ -38,6 +43,17 @@ class PlanInputs:
     lora_dropout: bool = True
     sequences_per_item: int = 1  # sequences a micro-batch item is read as: 2 for a preference pair, else 1
     packed: bool = False  # sample_packing: an item's sequences share one row (what eager attention sees)
+    # GRPO: completions a process generates at once (G x its prompts of a step = micro_batch_size x accumulation),
+    # each of up to seq_len tokens, the last completion_tokens of them generated; 0: nothing is generated
+    generated_sequences: int = 0
+    completion_tokens: int = 0
+
+    def generation(self) -> Generation | None:
+        """What a GRPO step generates, in the compute dtype (bf16 / fp16, autocast's too: 2 bytes; fp32: 4)."""
+        if not self.generated_sequences:
+            return None
+        return Generation(self.generated_sequences, self.seq_len - self.completion_tokens, self.completion_tokens,
+                          4 if self.precision == "fp32" else 2)
 
     def micro_batch_rows(self) -> tuple[int, int]:
         """(rows, tokens per row) of one micro batch at its longest. A pair (2 sequences) is 2 rows of seq_len
@@ -99,7 +115,9 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
             extra //= inputs.shape.num_layers  # only the recomputed layer holds them
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
-    return estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache)
+    generation = inputs.generation()
+    kv_cache = kv_cache_bytes(inputs.shape, generation) if generation else 0
+    return estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache, generation_bytes=kv_cache)
 
 
 @dataclass(frozen=True)
@@ -136,7 +154,7 @@ def _candidates(inputs: PlanInputs) -> list[tuple[str, PlanInputs]]:
         out.append(("adapter: lora (train low-rank adapters, base frozen in 16-bit)", replace(inputs, adapter="lora")))
     if inputs.adapter != "qlora" and inputs.lora is not None:
         out.append(("adapter: qlora (4-bit NF4 base, double quantization)", replace(inputs, adapter="qlora")))
-    if inputs.seq_len > 512:
+    if inputs.seq_len > 512 and inputs.seq_len // 2 > inputs.completion_tokens:  # GRPO: room left for the prompt
         out.append((f"sequence_len: {inputs.seq_len // 2} (if your examples allow it)",
                     replace(inputs, seq_len=inputs.seq_len // 2)))
     return out

@@ -1,4 +1,4 @@
-"""`learning_rate: auto` for preference methods: a published default per method, with where it comes from.
+"""`learning_rate: auto` for preference methods and GRPO: a published default per method, with where it comes from.
 
 The SFT formula (finetune/plan/lr.py) scales a pretraining LR by the supervised tokens of a step; a preference
 loss is not next-token prediction on those tokens, and the learning rates that work for it are far lower and
@@ -12,6 +12,11 @@ fine-tune (of 7-8B models, the size nearly every recipe reports) and for LoRA / 
     kto      5e-7    5e-6    TRL's KTO guide: keep the LR in 5e-7..5e-6, and at most 1e-6 with beta 0.1
     simpo    5e-7    5e-6    SimPO's authors: grid 3e-7 / 5e-7 / 1e-6 (released models 3e-7 to 1e-6)
     orpo     8e-6    8e-5    TRL's ORPO example: 8e-6 full, 8e-5 with LoRA (ORPO learns the SFT part too)
+    grpo     1e-6    1e-5    TRL's GRPOConfig default (1e-6); TRL's "LoRA Without Regret" GRPO runs: 1e-6 full,
+                             1e-5 LoRA; axolotl's GRPO quick start and unsloth's Qwen2.5 GRPO notebook: 5e-6 LoRA
+
+GRPO is not a preference loss either, but the same holds: its policy-gradient update is not next-token
+prediction on counted tokens (the completions are the model's own), and its LR is set by practice.
 
 Larger models want less (Tulu 3: 5e-7 at 8B, 2e-7 at 70B), and every source treats the LR as the first
 thing to sweep; these are starting points. The LoRA figures are 10x the full ones, the factor LoRA's optimum
@@ -54,6 +59,13 @@ class MethodLR:
 #     "a large learning rate (e.g., 1e-5) can significantly degrade performance".
 #   ORPO: Hong et al. 2024; TRL examples/scripts/orpo.py: 8e-6, and 8e-5 with LoRA; the ORPO authors'
 #     Mistral-ORPO-beta (xfactlab/orpo scripts/run_mistral_orpo_beta.sh): 5e-6, full fine-tune.
+#   GRPO: Shao et al. 2024 (DeepSeekMath). TRL 1.16 trl/trainer/grpo_config.py: `learning_rate` "Defaults to 1e-6
+#     instead of 5e-5" (checked in the installed package). TRL docs/source/lora_without_regret.md, the GRPO
+#     reproduction on SmolLM3-3B (OpenR1-Math): "we used 1.0e-5 for LoRA and 1.0e-6 for full fine-tuning" (LoRA r 1,
+#     alpha 32, all-linear; the page's short Python snippet shows 5e-5, its runs and table 1e-5). With adapters,
+#     5e-6: axolotl docs/grpo.qmd quick start (commit 067b021;
+#     Qwen2.5-1.5B-Instruct, LoRA r32) and unslothai/notebooks python_scripts/Qwen2.5_(3B)-GRPO.py (QLoRA r64).
+#     Not checked here: the DeepSeekMath paper's own policy LR (1e-6 as recalled, not re-read).
 METHOD_LRS: dict[str, MethodLR] = {m.method: m for m in (
     MethodLR("dpo", 5e-7, 5e-6, "5e-7 full (7-8B; 2e-7 at 70B) to 5e-6 with LoRA",
              "Zephyr-7B-beta, Tulu 2 and Tulu 3 8B DPO (5e-7; Tulu 3 70B: 2e-7)",
@@ -70,6 +82,9 @@ METHOD_LRS: dict[str, MethodLR] = {m.method: m for m in (
     MethodLR("orpo", 8e-6, 8e-5, "5e-6 to 8e-6 full; 8e-5 with LoRA",
              "TRL's ORPO example (8e-6; the ORPO authors' Mistral-ORPO-beta: 5e-6)",
              "TRL's ORPO example with PEFT (8e-5)"),
+    MethodLR("grpo", 1e-6, 1e-5, "1e-6 full; 5e-6 to 1e-5 with LoRA",
+             "TRL's GRPOConfig default (TRL 1.16) and its LoRA Without Regret full-FT GRPO run (1e-6)",
+             "TRL's LoRA Without Regret GRPO run (1e-5, 10x full); axolotl's and unsloth's GRPO LoRA examples: 5e-6"),
 )}
 
 
@@ -90,7 +105,8 @@ class PreferenceLrPlan:
             f"method default             {format_lr(self.learning_rate)}   ({self.source})",
             f"usual range                {self.usual}",
             f"{'':27}{self.other_setup}",
-            "the SFT formula (lr_base x sqrt(tokens per step / pretraining batch)) is not used for preference methods",
+            "the SFT formula (lr_base x sqrt(tokens per step / pretraining batch)) is not used for preference methods "
+            "or GRPO",
         ])
 
 

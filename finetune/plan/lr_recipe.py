@@ -2,8 +2,8 @@
 
 train.py calls resolve_learning_rate() once the data is prepared; `finetune lr recipe.yml` prints
 recipe_lr_report(): the formula's LR beside the recipe's, each input with where it came from. Preference
-methods (`method: dpo`...) do not use the formula: `learning_rate: auto` is the method's published default
-(finetune/plan/lr_preference.py).
+methods (`method: dpo`...) and GRPO do not use the formula: `learning_rate: auto` is the method's published
+default (finetune/plan/lr_preference.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from finetune.errors import RecipeError
 from finetune.plan.lr import LrPlan, family_by_name, find_family, format_lr, plan_learning_rate
+from finetune.plan.grpo import grpo_steps
 from finetune.plan.lr_preference import METHOD_LRS, preference_lr_plan, uses_adapter
 from finetune.plan.steps import optimizer_steps
+from finetune.recipe.methods import method_setting
 
 # The formula scales a *full fine-tune's* LR. LoRA's optimal LR is about 10x FullFT's across ranks, models and
 # datasets (Schulman & Thinking Machines Lab 2025, "LoRA Without Regret": "LoRA's optimal learning rate ~10x
@@ -164,18 +166,37 @@ def _recipe_line(recipe, formula: float | None, adapter: bool) -> str:
     return line + "; training uses this)"
 
 
+def _grpo_steps_and_epochs(recipe, prompts: int, world_size: int) -> tuple[int, float]:
+    """GRPO's optimizer steps over `prompts` training prompts (micro_batch_size counts completions: plan/grpo.py)."""
+    steps = grpo_steps(prompts, recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size,
+                       method_setting(recipe, "num_generations"), method_setting(recipe, "num_iterations"),
+                       recipe.num_epochs, recipe.max_steps)
+    return steps.total_steps, (recipe.num_epochs if recipe.max_steps is None
+                               else steps.total_steps / steps.steps_per_epoch)
+
+
 def preference_lr_report(recipe, train_examples: int, world_size: int) -> list[str]:
-    """`finetune lr recipe.yml` for a preference method: its published defaults with their sources, beside the
-    recipe's learning_rate. `train_examples` is what the Trainer iterates (pairs, KTO examples or packed rows)."""
+    """`finetune lr recipe.yml` for a preference method or GRPO: its published defaults with their sources, beside
+    the recipe's learning_rate. `train_examples` is what the training split holds in the method's unit (pairs, KTO
+    examples or packed rows, as the Trainer iterates them; GRPO's prompts)."""
     row = METHOD_LRS[recipe.method]
-    steps, epochs = _steps_and_epochs(recipe, train_examples, world_size)
-    unit = "KTO examples" if recipe.method == "kto" else "pairs"
+    grpo = recipe.method == "grpo"
+    if grpo:
+        steps, epochs = _grpo_steps_and_epochs(recipe, train_examples, world_size)
+    else:
+        steps, epochs = _steps_and_epochs(recipe, train_examples, world_size)
+    unit = "KTO examples" if recipe.method == "kto" else "prompts" if grpo else "pairs"
     unit = "packed rows" if recipe.sample_packing else unit
     plan = preference_lr_plan(recipe)
+    batch = (f"micro_batch_size {recipe.micro_batch_size} x accumulation {recipe.gradient_accumulation_steps} x "
+             f"{world_size} process(es)")
+    if grpo:  # micro_batch_size counts completions
+        group = method_setting(recipe, "num_generations")
+        per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size // group
+        batch = f"{per_step:,} prompts per step: {batch} completions / num_generations {group}"
     lines = [
         f"{'training ' + unit:<27}{train_examples:,}   (training split, tokenized)",
-        f"optimizer steps            {steps:,} over {epochs:g} epoch(s)   (micro_batch_size "
-        f"{recipe.micro_batch_size} x accumulation {recipe.gradient_accumulation_steps} x {world_size} process(es))",
+        f"optimizer steps            {steps:,} over {epochs:g} epoch(s)   ({batch})",
         _row(f"{recipe.method} default, full FT", format_lr(row.full), row.full_source),
         _row(f"{recipe.method} default, LoRA", format_lr(row.lora), row.lora_source),
         f"usual range                {row.usual}",
@@ -189,5 +210,6 @@ def preference_lr_report(recipe, train_examples: int, world_size: int) -> list[s
         lines.append(f"recipe learning_rate       {format_lr(lr)}   (recipe `learning_rate`; "
                      f"{_ratio(lr, plan.learning_rate)} the {setup} default; training uses this)")
     lines.append("not used                   the SFT formula (lr_base x sqrt(supervised tokens per step / pretraining "
-                 "batch)): it sizes next-token updates, not a preference loss's")
+                 f"batch)): it sizes next-token updates, not {'a policy-gradient' if grpo else 'a preference'} "
+                 "loss's")
     return lines

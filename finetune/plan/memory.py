@@ -103,7 +103,10 @@ class MemoryEstimate:
         states = self.model_states
         live = self.components.get("activations", 0.0) + self.components.get("autocast weight cache", 0.0)
         step = self.components.get("optimizer step temporaries", 0.0)
-        return states + max(live, step)
+        # GRPO generates (no grad) before a step's forward/backward passes: its KV cache and the activations are
+        # never held together (plan/grpo.py)
+        generating = self.components.get("generation KV cache", 0.0)
+        return states + max(live, step, generating)
 
     @property
     def total(self) -> float:
@@ -152,11 +155,13 @@ FRAGMENTATION = 0.05  # allocator slack between what is allocated and what is re
 
 
 def estimate_memory(setup: TrainingSetup, activation_bytes: float = 0.0, autocast_cache_bytes: float = 0.0,
-                    cuda_overhead: bool = True) -> MemoryEstimate:
+                    cuda_overhead: bool = True, generation_bytes: float = 0.0) -> MemoryEstimate:
     estimate = MemoryEstimate(components=model_state_memory(setup))
     estimate.components["activations"] = float(activation_bytes)
     estimate.components["autocast weight cache"] = float(autocast_cache_bytes)
     estimate.components["optimizer step temporaries"] = step_temporaries(setup)
+    if generation_bytes:
+        estimate.components["generation KV cache"] = float(generation_bytes)
     if cuda_overhead:
         estimate.overhead = CUDA_CONTEXT_BYTES + FRAGMENTATION * estimate.peak_allocated
     return estimate

@@ -3,7 +3,7 @@
 Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
 prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
 lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them). A preference run is planned with two
-sequences per pair (recipe_shape below), as `finetune plan` plans it.
+sequences per pair (recipe_shape below), a GRPO run with its generation's KV cache, as `finetune plan` plans them.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
 
 def recipe_shape(recipe) -> dict:
     """PlanInputs' `sequences_per_item` and `packed` for a recipe: a preference pair is read as two sequences
-    (chosen and rejected), a KTO example or an SFT example as one."""
-    from finetune.recipe.methods import PAIRED_METHODS
+    (chosen and rejected), a KTO example or an SFT example as one; GRPO's completions, and what it generates."""
+    from finetune.recipe.methods import PAIRED_METHODS, method_setting
 
-    return {"sequences_per_item": 2 if recipe.method in PAIRED_METHODS else 1, "packed": bool(recipe.sample_packing)}
+    shape = {"sequences_per_item": 2 if recipe.method in PAIRED_METHODS else 1, "packed": bool(recipe.sample_packing)}
+    if recipe.method == "grpo":  # G completions for each of a step's prompts: micro_batch_size x accumulation
+        shape["generated_sequences"] = recipe.micro_batch_size * recipe.gradient_accumulation_steps
+        shape["completion_tokens"] = method_setting(recipe, "max_completion_length")
+    return shape

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
+from finetune.port import grpo
 from finetune.port.preference import method as preference, records as preference_records
 
 Settings = dict[str, Any]
@@ -200,12 +201,15 @@ RL_DIFFERENT = frozenset({"train_on_inputs", "lora_model_dir"})
 
 
 def online_rl(value) -> str:
-    """Why `rl: grpo` (and any `rl:` that is not a preference method) does not port."""
+    """Why an `rl:` that is neither a preference method nor grpo does not port."""
     methods = ", ".join(preference.RL_METHODS)
+    if value == "gdpo":
+        return ("axolotl's `gdpo` is GRPO with each reward normalized before the weighted sum; finetune's GRPO sums "
+                "first, then normalizes (TRL's default): to train that, write `rl: grpo` and port again")
     if value in preference.ONLINE_RL:
-        return (f"axolotl's `{value}` is online RL (the model generates, a reward scores it); finetune trains offline "
-                f"preference methods ({methods}) from records of chosen and rejected answers")
-    return f"not an axolotl rl method finetune knows; finetune trains {methods} (`method:`)"
+        return (f"axolotl's `{value}` is online RL that finetune does not train; finetune trains the preference "
+                f"methods ({methods}) and GRPO (`rl: grpo`)")
+    return f"not an axolotl rl method finetune knows; finetune trains {methods} and grpo (`method:`)"
 
 
 # --- inside a `datasets:` entry ---------------------------------------------------------------------------------
@@ -297,6 +301,10 @@ def dataset_type(value) -> tuple[str | None, str]:
         return None, (f"axolotl's `{value}` is a preference dataset type (for `rl:`): finetune reads preference "
                       "records with `type: preference` ({prompt, chosen, rejected}; KTO: `unpaired`) and a `method:`; "
                       "`finetune port` says whether these records read as they are (docs/preference.md)")
+    if isinstance(value, str) and "." in value:
+        return None, (f"axolotl's `{value}` is a Python transform (for `rl: grpo`: `module.function`): finetune runs "
+                      "no dataset code and reads GRPO's {prompt, ...} records as `type: prompt`; `finetune port` "
+                      "writes the command that runs the transform once")
     shown = value if isinstance(value, str) else "a custom prompt mapping"
     return None, (f"axolotl's `{shown}` prompt format has no finetune equivalent: convert the records to "
                   "{instruction, input, output} (`instruction`), {text} (`completion`) or {messages} (`chat`)")
@@ -355,6 +363,8 @@ def key_hint(loc: tuple) -> str | None:
     entry = table.get(keys[-1]) if keys else None
     if entry is None and len(keys) == 1 and keys[0] in preference.HINTS:
         return f"an axolotl key: {preference.HINTS[keys[0]]}"
+    if entry is None and len(keys) == 1 and keys[0] in grpo.HINTS:
+        return f"an axolotl key (GRPO): {grpo.HINTS[keys[0]]}"
     if entry is None and len(keys) == 1 and keys[0] in UNPORTABLE:
         return f"an axolotl key: {UNPORTABLE[keys[0]].format(value='...')}"
     if entry is None:

@@ -1,5 +1,6 @@
 """An axolotl recipe (a dict) -> a finetune recipe (a dict) and the YAML text with a comment on every key
-that changed or was dropped, saying why. Pure: no files, no torch; commands/port.py does the I/O.
+that changed or was dropped, saying why. Pure: no files, no torch; commands/port.py does the I/O. The tables are
+axolotl.py's (every recipe), preference/'s (`rl: dpo` and the other preference methods) and grpo.py's (`rl: grpo`).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl
+from finetune.port import axolotl, grpo
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.data import DatasetSpec
+from finetune.recipe.methods import METHOD_SETTINGS
 from finetune.recipe.training import OPTIMIZERS
 
 # Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
@@ -85,11 +87,16 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
     if not isinstance(spec, dict):
         out.note("datasets", f"{where}: not a mapping; left out")
         return None
-    records = preference_records.dataset(spec, method) if method != "sft" else None
+    records = (grpo.dataset(spec, source_dir) if method == "grpo" else preference_records.dataset(spec, method)) \
+        if method != "sft" else None
     result: dict = {}
     for key, value in spec.items():
         if key == "type" and records is not None:
             _preference_type(where, spec, records, result, out)
+        elif key == "path" and getattr(records, "path", None):
+            result["path"] = records.path
+            out.note("datasets", f"{where}.path: `{value}` -> `{records.path}`: the records once converted (see "
+                     "BEFORE TRAINING)")
         elif key == "type":
             ported, note = axolotl.dataset_type(value)
             if ported:
@@ -109,7 +116,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
                          "at the folder")
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)
-        elif records is not None and key in preference_records.LAYOUT_KEYS:
+        elif records is not None and (key in preference_records.LAYOUT_KEYS or key in records.key_notes):
             out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, "
                      f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
@@ -159,19 +166,24 @@ def _preference_type(where: str, spec: dict, records: preference_records.Dataset
 
 
 def port_axolotl(config: dict, source_dir) -> Ported:
-    """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: grpo...)."""
+    """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: gdpo...)."""
     for key, why in axolotl.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
     rl = config.get("rl")
-    if rl and rl not in preference.RL_METHODS:
+    if rl and rl not in preference.RL_METHODS and rl != "grpo":
         raise FinetuneError(f"`rl: {rl}`: {axolotl.online_rl(rl)}; nothing was written")
-    method, rl_ports = preference.port_keys(config) if rl else ("sft", {})
+    if rl == "grpo":
+        method, rl_ports = "grpo", grpo.port_trl(config, source_dir)
+    else:
+        method, rl_ports = preference.port_keys(config) if rl else ("sft", {})
     out = Ported()
     for key, value in config.items():
         if key == "datasets" and isinstance(value, list):
             specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+        elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
+            _grpo_key(key, value, rl_ports, out)
         elif key in preference.RL_KEYS and value is not None:
             _rl_key(key, value, rl_ports.get(key), out)
         elif rl and key in axolotl.RL_DIFFERENT and value is not None:
@@ -203,9 +215,64 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             out.todo.append(f"deduplicate the records: `finetune ingest {path} -o {stem}.dedup.jsonl` (axolotl's "
                             f"`dataset_exact_deduplication`; exact duplicates are dropped by default) and point "
                             f"`path` at {stem}.dedup.jsonl")
-    if rl:
+    if rl == "grpo":
+        _grpo_recipe(config, out)
+    elif rl:
         _preference_recipe(config, rl_ports, out)
     return out
+
+
+def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
+    """A key of axolotl's GRPO recipe: `rl`, the `trl:` block key by key, TRL's beta, or what GRPO does not read."""
+    if key == "rl":
+        out.settings["method"] = "grpo"
+        out.note("method", "from axolotl `rl: grpo`")
+    elif key == "trl" and isinstance(value, dict):
+        out.dropped.append((len(out.settings), "trl:", "axolotl's settings for TRL's GRPOConfig, key by key below: "
+                            "each as the finetune key it became (`from axolotl trl.KEY`), or dropped with why"))
+        blocked = {}
+        for name, setting in value.items():
+            port = ports.get(f"trl.{name}")
+            if port is not None and port.block:
+                blocked[name] = (setting, port.block)
+            elif port is not None:
+                _apply(f"trl.{name}", setting, port, out)
+        if blocked:  # kept as a `trl:` block of what needs deciding: the recipe does not load until it is edited
+            out.block("trl", {name: setting for name, (setting, _) in blocked.items()},
+                      "; ".join(f"`trl.{name}`: {why}" for name, (_, why) in blocked.items()))
+    elif key in ports:
+        _apply(key, value, ports[key], out)
+    elif key in grpo.TOP_DROPPED:
+        out.drop(key, value, "dropped, " + grpo.TOP_DROPPED[key])
+    else:
+        out.drop(key, value, "dropped: a preference-tuning key; axolotl's GRPO trainer does not read it")
+
+
+def _apply(source: str, value: Any, port: grpo.KeyPort, out: Ported) -> None:
+    """What one axolotl key (`trl.KEY` for the trl block's) becomes: finetune settings with where they came from,
+    or a comment saying why it was dropped."""
+    if port.block:
+        return out.block(source, value, port.block)
+    if not port.settings:
+        return out.drop(source, value, port.drop if port.drop.startswith("dropped") else "dropped, " + port.drop)
+    for name, new in port.settings.items():
+        out.settings[name] = new
+        out.note(name, f"from axolotl `{source}: {_inline(value)}`" + (f": {port.note}" if port.note else ""))
+
+
+def _grpo_recipe(config: dict, out: Ported) -> None:
+    """What a GRPO recipe needs once every key is read: room for the completions in sequence_len, and the adapter
+    it continues as base_model."""
+    completion = out.settings.get("max_completion_length", METHOD_SETTINGS["max_completion_length"]["grpo"])
+    room = config.get("sequence_len")
+    if isinstance(room, int) and isinstance(completion, int):
+        out.settings["sequence_len"] = room + completion
+        out.note("sequence_len", f"axolotl's `sequence_len: {room}` + max_completion_length {completion}: axolotl's "
+                 "GRPO cuts neither prompts nor completions at sequence_len (TRL 1.16 has no max_prompt_length, and "
+                 "axolotl leaves out max_length), where finetune's holds prompt + completion and gives a prompt "
+                 f"sequence_len - max_completion_length tokens; so prompts keep {room} (a longer one: "
+                 "`excess_length_strategy`)")
+    _continued_adapter(config, out, "")
 
 
 def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported) -> None:
@@ -236,13 +303,8 @@ def _under_rl(key: str, value: Any, out: Ported) -> None:
 def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
     """What a preference recipe needs once every key is read: the adapter it continues as base_model, packing,
     and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
-    if config.get("lora_model_dir"):
-        base, out.settings["base_model"] = config.get("base_model"), config["lora_model_dir"]
-        out.note("base_model", f"from axolotl `lora_model_dir: {_inline(config['lora_model_dir'])}`: the adapter "
-                 "this run continues; finetune loads its base (named in its adapter_config.json) and keeps training "
-                 "it. The reference is this model as it starts (base + adapter), where axolotl's is the base with "
-                 "the adapter switched off (docs/preference.md)"
-                 + (f"; axolotl's base_model `{base}` is the base the adapter names" if base else ""))
+    _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's is "
+                                    "the base with the adapter switched off (docs/preference.md)")
     if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
         out.settings["sample_packing"] = True
     elif out.settings.get("sample_packing") is False:
@@ -263,6 +325,15 @@ def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
         out.note("datasets", "axolotl's llama3.* types write Llama 3's turns whatever chat_template says; finetune "
                  "renders with `chat_template` (tokenizer_default: a Llama 3 Instruct tokenizer's own template "
                  "writes those turns; for another base, give Llama 3's as `chat_template: jinja`)")
+
+
+def _continued_adapter(config: dict, out: Ported, reference: str) -> None:
+    """axolotl's `lora_model_dir` (an adapter to keep training) is finetune's base_model."""
+    if config.get("lora_model_dir"):
+        base, out.settings["base_model"] = config.get("base_model"), config["lora_model_dir"]
+        out.note("base_model", f"from axolotl `lora_model_dir: {_inline(config['lora_model_dir'])}`: the adapter "
+                 "this run continues; finetune loads its base (named in its adapter_config.json) and keeps training "
+                 f"it.{reference}" + (f"; axolotl's base_model `{base}` is the base the adapter names" if base else ""))
 
 
 def _comment(text: str, indent: str = "") -> list[str]:

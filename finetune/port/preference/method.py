@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RL_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
-ONLINE_RL = ("grpo", "gdpo", "ebft")  # generate-and-score training: no offline equivalent
+ONLINE_RL = ("gdpo", "ebft")  # generate-and-score training finetune does not do (`rl: grpo` ports: port/grpo.py)
 
 # TRL CPOConfig's beta, simpo_gamma and cpo_alpha, in finetune's names: what axolotl's SimPO trains with when unset
 _SIMPO_TRL_DEFAULTS = {"rl_beta": 0.1, "simpo_gamma": 0.5, "rpo_alpha": 1.0}
@@ -47,7 +47,8 @@ HINTS: dict[str, str] = {
     "cpo_alpha": "write `rpo_alpha`: with `method: simpo` it is the weight of the chosen answers' NLL (TRL's CPO "
                  "`cpo_alpha`)",
     "trl": "not in finetune: of `trl:`, axolotl's DPO/IPO/ORPO/SimPO/KTO read only `trl.beta` (write `rl_beta`; "
-           "`orpo_alpha` with `method: orpo`); the rest configures its GRPO trainer",
+           "`orpo_alpha` with `method: orpo`); the rest configures its GRPO trainer, whose keys are finetune's "
+           "`method: grpo` settings (`finetune port` converts them)",
     "dpo_loss_type": "write `method: ipo` for ['ipo'], `method: dpo` for ['sigmoid'], and `rpo_alpha` for the "
                      "weight of an 'sft' term; TRL's other DPO losses are not in finetune",
     "dpo_loss_weights": "not in finetune as such: the preference loss has weight 1 and `rpo_alpha` weighs the SFT "
