@@ -173,3 +173,19 @@ def test_preprocess_runs_every_reward_on_a_few_records_and_names_a_broken_one(tm
     assert "columns for the rewards: {\"word\": " in out
     assert "reward names_the_word: ok [" in out
     assert "reward wrong_length: FAILED: wrong_length" in out
+
+
+def test_prompts_from_a_parquet_file_with_map_keep_every_other_column(tmp_path, tiny_model_dir):
+    import pandas as pd
+
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+
+    pd.DataFrame({"question": ["say cat", "say dog"], "word": ["cat", "dog"], "level": [1, 2]}).to_parquet(
+        tmp_path / "q.parquet")
+    recipe = load_recipe(grpo_recipe(tmp_path, tiny_model_dir, micro_batch_size=2, gradient_accumulation_steps=2,
+                                     num_generations=2,
+                                     datasets=[{"path": "q.parquet", "type": "prompt", "map": {"prompt": "question"}}]))
+    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    assert [json.loads(r) for r in prepared.train["record"]] == [
+        {"prompt": "say cat", "word": "cat", "level": 1}, {"prompt": "say dog", "word": "dog", "level": 2}]

@@ -50,6 +50,12 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
             raise DataError(f"`{source}`: the conversation field `{field}` (map: messages) is not in the records; "
                             f"their fields are: {', '.join(columns[:20])}")
         return _conversation_mapper(field, mapping or {}, role_names, source)
+    if mapping and "prompt" in mapping:  # GRPO: the prompt from its column, the other columns kept for the rewards
+        column = mapping["prompt"]
+        if columns and column not in columns:
+            raise DataError(f"`{source}`: the prompt column `{column}` (map: prompt) is not in the records; their "
+                            f"fields are: {', '.join(columns[:20])}")
+        return lambda row, where: ({"prompt": row.get(column), **{k: v for k, v in row.items() if k != column}}, None)
     if mapping:
         flat = build_mapper(tuple(mapping.items()), None, columns, f"`{source}`")
         return lambda row, where: flat(row)

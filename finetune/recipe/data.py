@@ -18,7 +18,9 @@ RECORD_TYPES = ("auto", "completion", "instruction", "chat", "preference", "unpa
 # turns, the keys of a turn's role and text). finetune/ingest/record_map.py reads records by them.
 FLAT_MAP_FIELDS = ("text", "instruction", "input", "output", "system", "user", "assistant")
 CONVERSATION_MAP_FIELDS = ("messages", "role", "content")
-RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS
+# GRPO: the column holding the prompt; every other column is kept for the reward functions
+PROMPT_MAP_FIELDS = ("prompt",)
+RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS + PROMPT_MAP_FIELDS
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -36,6 +38,9 @@ def records_map_problems(mapping: dict) -> list[str]:
                 "to the data's fields" for field in mapping if field not in RECORDS_MAP_FIELDS]
     conversation = set(mapping) & set(CONVERSATION_MAP_FIELDS)
     flat = set(mapping) & set(FLAT_MAP_FIELDS) - {"system"}
+    if "prompt" in mapping and len(mapping) > 1:
+        problems.append("`map` names `prompt` (a GRPO prompt record) with other fields; a prompt record maps only "
+                        "`prompt`, and keeps every other column for the rewards")
     if conversation and flat:
         problems.append(f"`map` mixes a conversation ({', '.join(sorted(conversation))}) with flat fields "
                         f"({', '.join(sorted(flat))}); map one record shape")
