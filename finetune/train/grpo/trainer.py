@@ -24,6 +24,7 @@ import torch
 from transformers import Trainer
 
 from finetune.log import get_logger
+from finetune.train.micro_batches import take
 
 log = get_logger(__name__)
 
@@ -45,12 +46,7 @@ class GRPOTrainer(Trainer):
 
     # --- one optimizer step's batch ----------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        slots = []
-        for _ in range(num_batches):
-            try:
-                slots.append(next(epoch_iterator))
-            except StopIteration:
-                break
+        slots = take(epoch_iterator, num_batches)
         if not slots:
             return [], None
         step = self.state.global_step

@@ -26,6 +26,7 @@ import torch
 from transformers import Trainer
 
 from finetune.log import get_logger
+from finetune.train.micro_batches import take
 
 log = get_logger(__name__)
 
@@ -44,12 +45,7 @@ class PreferenceTrainer(Trainer):
 
     # --- the step's counts ---------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        batches = []
-        for _ in range(num_batches):
-            try:
-                batches.append(next(epoch_iterator))
-            except StopIteration:
-                break
+        batches = take(epoch_iterator, num_batches)
         counts = torch.tensor(_step_counts(self.objective, batches), dtype=torch.float64, device=device)
         if self.args.world_size > 1:
             counts = self.accelerator.reduce(counts, reduction="sum")
