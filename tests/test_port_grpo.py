@@ -39,7 +39,12 @@ def _flat(text: str) -> str:
     return re.sub(r"\n#(?: {3,}| {2}(?=\^))", " ", text)
 
 
+REWARDS = "def correct(completions, **kwargs):\n    return [1.0 for _ in completions]\n"
+
+
 def _grpo(**keys) -> dict:
+    """A GRPO recipe whose reward `rewards.correct` is importable: run the port from a folder holding rewards.py
+    (validation imports every reward function)."""
     trl = {"num_generations": 4, "max_completion_length": 64, "reward_funcs": ["rewards.correct"], **keys.pop("trl", {})}
     return {"base_model": "org/model", "rl": "grpo", "adapter": "lora", "trl": trl, "sequence_len": 128,
             "micro_batch_size": 4, "gradient_accumulation_steps": 1, "datasets": [{"path": "prompts.jsonl"}], **keys}
@@ -58,8 +63,9 @@ def test_axolotl_grpo_quickstart_ports_with_only_the_model_to_point(tmp_path, ti
         assert key in recipe["datasets"][0] or f"datasets[0].{key}" in text, key
     loaded = load_recipe(tmp_path / "recipe.yml")  # the file as written loads, comments and all
     assert loaded.method == "grpo" and loaded.adapter == "lora" and loaded.lora_target_modules == "all-linear"
-    assert [(r.function, r.weight) for r in loaded.rewards] == [("rewards.py:accuracy_reward", 1.0),
-                                                               ("rewards.py:format_reward", 0.5)]
+    # a FILE is resolved against the recipe's folder when the recipe loads
+    assert [(r.function, r.weight) for r in loaded.rewards] == [(f"{tmp_path / 'rewards.py'}:accuracy_reward", 1.0),
+                                                               (f"{tmp_path / 'rewards.py'}:format_reward", 0.5)]
     settings = method_settings(loaded)
     assert settings["num_generations"] == 8 and settings["max_completion_length"] == 512
     assert settings["temperature"] == 0.7 and settings["rl_beta"] == 0.0  # no beta: TRL's 0, finetune's too
@@ -138,6 +144,7 @@ def test_trl_settings_port_as_axolotl_passes_them_to_trl(tmp_path, capsys):
 @pytest.mark.parametrize("beta_keys, expected", [({"rl_beta": 0.02}, 0.02), ({"orpo_alpha": 0.03}, 0.03),
                                                  ({"rl_beta": 0.02, "orpo_alpha": 0.03}, 0.02), ({}, 0.0)])
 def test_trls_beta_is_axolotls_trl_beta_else_rl_beta_else_orpo_alpha(tmp_path, beta_keys, expected):
+    (tmp_path / "rewards.py").write_text(REWARDS)
     code, text, _ = _port(tmp_path, _grpo(**beta_keys))
     assert code == 0
     assert method_settings(load_recipe(tmp_path / "recipe.yml"))["rl_beta"] == expected
@@ -171,10 +178,10 @@ def test_reward_functions_become_a_file_beside_the_recipe_or_a_module(tmp_path):
     (tmp_path / "pkg" / "scoring.py").write_text("def exact(completions, **kwargs):\n    return []\n")
     trl = {"reward_funcs": ["pkg.scoring.exact", "rewards.rand_reward_func"], "reward_weights": [2, 1]}
     code, text, recipe = _port(tmp_path, _grpo(trl=trl))
-    assert code == 0
     assert recipe["rewards"] == [{"function": "pkg/scoring.py:exact", "weight": 2.0},
                                  {"function": "rewards:rand_reward_func", "weight": 1.0}]
     assert "no rewards.py beside the recipe, so it must be importable when training" in _flat(text)
+    assert code == 1  # and validation, which imports each reward, says that it is not
 
 
 def test_axolotl_rlhf_docs_grpo_example_ports_and_names_its_one_edit(tmp_path, capsys):

@@ -277,6 +277,8 @@ def score_batch(model, batch: dict, settings):
     import torch
 
     groups, width = batch["group"], batch["completion_mask"].shape[1]
+    inner = getattr(model, "module", model)  # DDP: the forward goes through the wrapper, the head is the model's
+    head = inner.get_output_embeddings()
     runs, start = [], 0
     for k in range(1, len(groups) + 1):
         if k == len(groups) or groups[k] != groups[start]:
@@ -289,7 +291,7 @@ def score_batch(model, batch: dict, settings):
         prompts = [batch["prompt_ids"][begin] for begin, _ in part]
         completions = [batch["completion_ids"][k] for begin, end in part for k in range(begin, end)]
         rows = pack_scoring_rows(prompts, completions, settings.capacity, share_prompt=settings.share_prompt)
-        scores = completion_logps(model, rows, temperature=settings.temperature, width=width)
+        scores = completion_logps(model, rows, temperature=settings.temperature, width=width, head=head)
         logps.append(scores.logps)
         entropies.append(scores.entropies)
     return torch.cat(logps), torch.cat(entropies)
