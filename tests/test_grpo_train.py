@@ -53,11 +53,11 @@ def test_a_verifiable_reward_rises_and_the_run_says_so(tmp_path, tiny_model_dir)
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_the_update_does_not_depend_on_the_split_of_a_step(tmp_path, tiny_model_dir, loss_type):
-    """8 completions a step (2 prompts x G 4) as 1 x 8, 2 x 4 and 4 x 2 micro batches: the same generation (seeded
+    """8 completions a step (2 prompts x G 4) as 1 x 8 and 4 x 2 micro batches: the same generation (seeded
     per step), the same loss normalizer (the whole step's), so the same weights after the step. SGD: Adam's first
     step is lr x sign(gradient), which turns rounding-level differences in a near-zero gradient into lr-sized ones."""
     results = []
-    for micro, accumulation in ((8, 1), (4, 2), (2, 4)):
+    for micro, accumulation in ((8, 1), (2, 4)):
         folder = tmp_path / f"{micro}x{accumulation}"
         folder.mkdir()
         run(folder, tiny_model_dir, max_steps=2, micro_batch_size=micro, gradient_accumulation_steps=accumulation,
@@ -126,3 +126,12 @@ def test_finetune_eval_scores_base_and_tuned_with_the_runs_rewards_on_held_out_p
     assert grpo["sides"]["tuned"]["reward"] != grpo["sides"]["base"]["reward"]
     assert "on held-out reward" in report["verdict"]
     assert (tmp_path / "out" / "eval" / "report.md").is_file()
+
+
+def test_every_reward_failing_step_after_step_stops_the_run_with_one_message(tmp_path, tiny_model_dir):
+    from finetune.errors import RewardError
+
+    (tmp_path / "broken.py").write_text("def boom(completions, **kwargs):\n    raise ValueError('no answer key')\n")
+    with pytest.raises(RewardError, match="no answer key") as info:
+        run(tmp_path, tiny_model_dir, max_steps=8, rewards=[{"function": "broken.py:boom"}])
+    assert info.value.exit_code == 2 and "5" in str(info.value)

@@ -55,6 +55,11 @@ class GRPOTrainer(Trainer):
             return self._cycle[1], self._cycle[2]
         from finetune.train.grpo.step import build_step
 
+        if self._cycle is None and step % iterations:
+            log.warning(f"resumed at step {step}, between two updates of one generation (num_iterations "
+                        f"{iterations}): the generation is made anew from the weights as they are now, so the steps "
+                        "up to the next generation differ from the uninterrupted run's")
+
         batches, normalizer, metrics, samples = build_step(self, slots, step)
         if self._cycle is None:  # the run's first generation: say now if it cannot learn
             self._first_generation(metrics)
