@@ -164,17 +164,10 @@ def _profiled(args, fn):
 def worker_finetune(args) -> dict:
     import yaml
 
-    import finetune.train.grpo.step as step_module
     from finetune.recipe import load_recipe
     from finetune.train import run_training
-    from finetune.train.grpo.rewards import RewardRunner
-    from finetune.train.grpo.trainer import GRPOTrainer
     from finetune.train.imports import skip_unused_libraries
 
-    phases = Phases()
-    phases.wrap(step_module, "build_step", "prepare")  # trainer.py imports it from the module at each step
-    phases.wrap(RewardRunner, "score", "rewards")
-    phases.wrap(GRPOTrainer, "training_step", "train")
     work = Path(args.work)
     recipe = {
         "base_model": args.model_path, "method": "grpo", "adapter": "lora", "lora_r": HYPER["lora_r"],
@@ -192,6 +185,15 @@ def worker_finetune(args) -> dict:
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
     loaded = load_recipe(work / "recipe.yml")
     skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does
+    # only now: the trainer module imports transformers' Trainer, which imports peft, which imports bitsandbytes
+    import finetune.train.grpo.step as step_module
+    from finetune.train.grpo.rewards import RewardRunner
+    from finetune.train.grpo.trainer import GRPOTrainer
+
+    phases = Phases()
+    phases.wrap(step_module, "build_step", "prepare")  # trainer.py imports it from the module at each step
+    phases.wrap(RewardRunner, "score", "rewards")
+    phases.wrap(GRPOTrainer, "training_step", "train")
     summary = _profiled(args, lambda: run_training(loaded))
     grpo = json.loads((work / "out" / "run.json").read_text())["grpo"]
     samples = [json.loads(line) for line in (work / "out" / "completions.jsonl").read_text().splitlines()]
@@ -212,6 +214,8 @@ def _history(history: list[dict]) -> dict:
     steps = [e for e in history if "reward" in e]
     return {"rewards": [e["reward"] for e in steps],
             "mean_lengths": [e["completions/mean_length"] for e in steps],
+            # a batched `generate` runs until its longest completion ends: the decoding steps of each generation
+            "max_lengths": [e["completions/max_length"] for e in steps],
             "clipped": [e["completions/clipped_ratio"] for e in steps],
             "losses": [e["loss"] for e in history if "loss" in e]}
 
@@ -307,17 +311,23 @@ def run_side(side: str, args, model_path: str, data: Path, data_trl: Path, rewar
     result["mean_length"] = result["tokens"] / max(result["completions"], 1)
     result["loop_s_per_token"] = result["loop_s"] / max(result["tokens"], 1)
     result["wall_s_per_token"] = wall / max(result["tokens"], 1)
+    result["decode_steps"] = sum(result["max_lengths"])
     result["phases"]["other"] = result["loop_s"] - sum(result["phases"].get(p, 0.0) for p in ("prepare", "train"))
     return result
 
 
 def _phase_line(r: dict) -> str:
-    p = r["phases"]
-    parts = [f"generation {p.get('generation', 0):6.1f} s ({p.get('generation', 0) / max(r['tokens'], 1) * 1e3:5.1f} "
-             f"ms/token)", f"rewards {p.get('rewards', 0):5.2f} s",
-             f"prepare other {p.get('prepare', 0) - p.get('generation', 0) - p.get('rewards', 0):5.2f} s",
-             f"train fwd+bwd {p.get('train', 0):6.1f} s", f"optimizer/log {p.get('other', 0):5.1f} s"]
-    return "  ".join(parts)
+    p, rows = r["phases"], HYPER["micro_batch"] * HYPER["accumulation"]
+    generation = p.get("generation", 0.0)
+    return "  ".join([
+        f"generation {generation:6.1f} s ({generation / max(r['tokens'], 1) * 1e3:5.1f} ms/token; "
+        f"{generation / max(r['decode_steps'], 1) * 1e3:4.0f} ms per decoding step of {rows} rows, "
+        f"{r['decode_steps']} steps)",
+        f"rewards {p.get('rewards', 0.0):5.2f} s",
+        f"prepare other {p.get('prepare', 0.0) - generation - p.get('rewards', 0.0):5.2f} s",
+        f"train fwd+bwd {p.get('train', 0.0):6.1f} s",
+        f"optimizer/log {p.get('other', 0.0):5.1f} s",
+        f"outside the loop {r['wall_s'] - r['loop_s']:5.1f} s"])
 
 
 def main() -> None:
@@ -378,6 +388,8 @@ def main() -> None:
                  "loop/token": trl["loop_s_per_token"] / ft["loop_s_per_token"],
                  "generation/token": (trl["phases"]["generation"] / trl["tokens"])
                  / (ft["phases"]["generation"] / ft["tokens"]),
+                 "generation/decoding step": (trl["phases"]["generation"] / trl["decode_steps"])
+                 / (ft["phases"]["generation"] / ft["decode_steps"]),
                  "train": trl["phases"]["train"] / ft["phases"]["train"]}
         ratios.append(ratio)
         print(f"[{repeat}] TRL / finetune: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
