@@ -150,13 +150,14 @@ class Phases:
 
 
 def _profiled(args, fn):
-    """fn() under cProfile when --profile: the top functions by cumulative time go to PROFILE.txt in the work dir."""
+    """fn() under cProfile when --profile: profile.prof and the top functions (profile.txt) in the work dir."""
     if not args.profile:
         return fn()
     profiler = cProfile.Profile()
     try:
         return profiler.runcall(fn)
     finally:
+        profiler.dump_stats(str(Path(args.work) / "profile.prof"))  # for pstats afterwards
         with open(Path(args.work) / "profile.txt", "w") as out:
             pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(60)
             pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(40)
