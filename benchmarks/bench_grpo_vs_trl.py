@@ -37,7 +37,9 @@ Each side runs in its own fresh process (whole-process wall time measured from o
 reward loading, training, saving the adapter); the order alternates every repeat and the ratios are taken per
 repeat. The machine's CPU is shared, so compare ratios, not absolute seconds. Sampling differs between the sides
 (different RNG streams), so the completions and their lengths differ: the fair unit is seconds per generated
-completion token, and each side's mean completion length is printed beside it.
+completion token, and each side's mean completion length is printed beside it. A batched `generate` runs until the
+longest completion of its batch ends, so generation costs per decoding step (16 rows each), not per token: the
+bench prints both, and the decoding steps (the sum of each generation's longest completion).
 
 Phases, timed inside each process (instrumentation only: wrappers around the sides' own methods):
 - generation: finetune `generation_s` of run.json; TRL `_generate_single_turn`;
@@ -50,7 +52,7 @@ Phases, timed inside each process (instrumentation only: wrappers around the sid
 
 Run: python benchmarks/bench_grpo_vs_trl.py [--model smollm2|tiny] [--steps 3] [--repeats 2]
          [--max-completion-length 64] [--profile]
-Needs: pip install 'finetune[bench]' (trl).
+Needs: pip install 'finetune[bench]' (trl). Results and their reading: docs/performance.md, "GRPO vs TRL".
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's finetune, not another one an ed
 HYPER = {"lr": 1e-5, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "seed": 42, "group": 8,
          "micro_batch": 8, "accumulation": 2, "temperature": 1.0, "loss_type": "dapo", "beta": 0.0}
 PROMPTS_PER_STEP = HYPER["micro_batch"] * HYPER["accumulation"] // HYPER["group"]  # 8 x 2 / 8 = 2
-SEQUENCE_LEN = 512  # finetune: prompt room = 512 - max_completion_length (every prompt here is ~50 tokens)
+SEQUENCE_LEN = 512  # finetune: prompt room = 512 - max_completion_length (SmolLM2: every prompt here is 40-45 tokens)
 
 # The reward both sides call, unchanged: TRL's contract (keyword arguments, one float per completion).
 REWARDS_PY = '''
@@ -235,7 +237,7 @@ def worker_trl(args) -> dict:
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    phases, counted = Phases(), {"completions": 0, "tokens": 0, "truncated": 0}
+    phases, counted = Phases(), {"completions": 0, "tokens": 0}
 
     def count(out):  # (completion_ids, logprobs): each list cut after its first EOS (kept), as finetune's
         for ids in out[0]:
@@ -243,16 +245,12 @@ def worker_trl(args) -> dict:
             counted["tokens"] += len(ids)
 
     phases.wrap(GRPOTrainer, "_generate_single_turn", "generation", count)
-    step_prompts = []
-
-    def prompts_of(inputs, prompts, *rest):  # each generation's distinct prompts (its G copies are in a row)
-        step_prompts.append(sorted({p[-1]["content"] for p in prompts}))
-
+    step_prompts = []  # each generation's distinct prompts, to check they are finetune's
     phases.wrap(GRPOTrainer, "_calculate_rewards", "rewards")
     calculate = GRPOTrainer._calculate_rewards
 
     def recording(self, inputs, prompts, *rest, **kw):
-        prompts_of(inputs, prompts)
+        step_prompts.append(sorted({p[-1]["content"] for p in prompts}))
         return calculate(self, inputs, prompts, *rest, **kw)
 
     GRPOTrainer._calculate_rewards = recording
@@ -295,7 +293,8 @@ def run_side(side: str, args, model_path: str, data: Path, data_trl: Path, rewar
     work = Path(tempfile.mkdtemp(prefix=f"bench-grpo-{side}-"))
     out = work / "result.json"
     cmd = [sys.executable, __file__, "--worker", side, "--model-path", model_path, "--data", str(data),
-           "--data-trl", str(data_trl), "--rewards", str(rewards), "--work", str(work), "--cache-dir", args.cache_dir, "--result", str(out),
+           "--data-trl", str(data_trl), "--rewards", str(rewards), "--work", str(work), "--cache-dir", args.cache_dir,
+           "--result", str(out),
            "--steps", str(args.steps), "--max-completion-length", str(args.max_completion_length),
            "--trl-generation", args.trl_generation] + (["--profile"] if args.profile else [])
     env = dict(os.environ, HF_DATASETS_CACHE=str(work / "hf-datasets"),  # fresh: no reuse across runs
