@@ -189,3 +189,19 @@ def test_prompts_from_a_parquet_file_with_map_keep_every_other_column(tmp_path, 
     prepared = build_dataset(recipe, load_tokenizer(recipe))
     assert [json.loads(r) for r in prepared.train["record"]] == [
         {"prompt": "say cat", "word": "cat", "level": 1}, {"prompt": "say dog", "word": "dog", "level": 2}]
+
+
+def test_four_prompts_make_two_steps_of_two_prompts_x_8_completions(tmp_path, tiny_model_dir):
+    """micro_batch_size counts completions: 8 x 2 accumulation = 16 completions = 2 prompts x G 8 per step, so 4
+    prompts are 2 steps (not "16 examples per step, 4 prompts: too few")."""
+    from finetune.train.settings import plan_numbers
+
+    recipe, _, prepared = _prepared(tmp_path, tiny_model_dir, n=4, num_generations=8, micro_batch_size=8,
+                                    gradient_accumulation_steps=2, max_steps=None)
+    numbers = plan_numbers(recipe, prepared, 1)
+    assert numbers["steps_per_epoch"] == 2 and numbers["train_rows"] == 4 * 8
+    with pytest.raises(DataError, match="3 training prompts, but one optimizer step takes 4"):
+        (tmp_path / "three").mkdir()
+        recipe3, _, prepared3 = _prepared(tmp_path / "three", tiny_model_dir, n=3, num_generations=2,
+                                          micro_batch_size=4, gradient_accumulation_steps=2)
+        plan_numbers(recipe3, prepared3, 1)

@@ -79,8 +79,10 @@ def plan_numbers(recipe, prepared, world_size: int) -> dict:
 
         rows = completion_slots(recipe, rows, world_size)
     packed_rows = rows if prepared.stats.get("packing", {}).get("train") else None
-    few = check_batch_fits(train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps,
-                           world_size, step_unit(recipe), packed_rows)
+    # GRPO: micro_batch_size counts completions; completion_slots above checks its prompts against a step
+    few = None if recipe.method == "grpo" else check_batch_fits(
+        train["examples"], recipe.micro_batch_size, recipe.gradient_accumulation_steps, world_size, step_unit(recipe),
+        packed_rows)
     if few:
         get_logger().warning(few)
     examples_per_step = recipe.micro_batch_size * recipe.gradient_accumulation_steps * world_size

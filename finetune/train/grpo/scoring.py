@@ -136,7 +136,7 @@ def _chunked_scores(head, hidden, targets, temperature: float):
     logps, entropies = [], []
     for start in range(0, hidden.shape[0], chunk_rows):
         part = slice(start, start + chunk_rows)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and hidden.shape[0] > chunk_rows:  # one chunk: nothing to save by recomputing
             pair = checkpoint(_token_scores, head, hidden[part], targets[part], temperature, use_reentrant=False)
         else:
             pair = _token_scores(head, hidden[part], targets[part], temperature)
