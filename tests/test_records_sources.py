@@ -188,7 +188,8 @@ def test_the_hub_id_path_asks_for_the_resolved_revision(tmp_path, tiny_model_dir
 
 
 @pytest.mark.parametrize("dataset, needle", [
-    ({"path": "d.jsonl", "map": {"prompt": "q"}}, "`map` cannot name `prompt` for records"),
+    ({"path": "d.jsonl", "map": {"question": "q"}}, "`map` cannot name `question` for records"),
+    ({"path": "d.jsonl", "map": {"prompt": "q", "output": "a"}}, "a prompt record maps only `prompt`"),
     ({"path": "d.jsonl", "map": {"messages": "c", "output": "a"}}, "mixes a conversation"),
     ({"path": "d.csv", "type": "csv", "roles": {"bot": "assistant"}}, "`roles` applies to records datasets"),
     ({"path": "d.jsonl", "roles": {"bot": "robot"}}, "robot"),
