@@ -165,7 +165,6 @@ def step_normalizer_all(trainer, micro: list[dict], settings: GRPOSettings) -> t
 def step_metrics(adv, completions, batch, names: list[str]) -> dict:
     """TRL's step metrics (name -> (value, weight 1)): averaged over the steps of a logging window."""
     lengths = [len(c) for c in completions.ids]
-    one = 1.0
     metrics = {"reward": adv.reward_mean, "reward_std": adv.reward_std, "frac_reward_zero_std": adv.zero_std_groups,
                "completions/mean_length": sum(lengths) / len(lengths), "completions/min_length": min(lengths),
                "completions/max_length": max(lengths),
@@ -174,7 +173,7 @@ def step_metrics(adv, completions, batch, names: list[str]) -> dict:
         metrics[f"rewards/{name}/mean"] = float(adv.function_mean[i])
         metrics[f"rewards/{name}/std"] = float(adv.function_std[i])
         metrics[f"rewards/{name}/missing"] = float(torch.isnan(torch.tensor(batch.values[i])).float().mean())
-    return {k: (float(v) * one, one) for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
+    return {k: (float(v), 1.0) for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
 def samples(prompts: list[dict], completions, adv, group: int, tokenizer) -> list[dict]:
