@@ -153,7 +153,9 @@ class WorkerProcess:
         except (EOFError, OSError):
             self.kill()
             raise RewardError("reward functions: a worker process died while importing them (exit code "
-                              f"{self.process.exitcode}); import the reward file in Python to see why") from None
+                              f"{self.process.exitcode}); import the reward file in Python to see why. A script of "
+                              "yours that calls run_training needs `if __name__ == \"__main__\":` around it: the "
+                              "workers are spawned and re-import the main script") from None
         if kind == "load_failed":
             self.kill()
             raise RewardError(detail)

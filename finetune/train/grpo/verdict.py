@@ -66,9 +66,11 @@ def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tu
                              "their advantages are 0 and nothing is learned from them; make the reward graded "
                              "(partial credit), raise num_generations or temperature, or use prompts the model "
                              "sometimes solves")
-    if entropy and entropy[-1][1] < COLLAPSED_ENTROPY:
-        return "collapsed", (f"token entropy fell to {entropy[-1][1]:.3f} (from {entropy[0][1]:.3f}): the policy "
-                             "samples almost one completion; lower learning_rate, raise rl_beta, or stop earlier")
+    late = _thirds(entropy)[1] if entropy else None  # per-step entropy swings: the last third's mean, as for reward
+    if late is not None and late < COLLAPSED_ENTROPY:
+        return "collapsed", (f"token entropy fell to {late:.3f} (last third's mean; from {entropy[0][1]:.3f}): the "
+                             "policy samples almost one completion; lower learning_rate, raise rl_beta, or stop "
+                             "earlier")
     cut = (f"{clipped:.0%} of completions were cut at max_completion_length: the rewards score unfinished answers; "
            "raise max_completion_length, or ask for shorter answers")
     if rising and len(lengths) >= 3:
