@@ -10,6 +10,9 @@ import types
 import pytest
 import torch
 
+# the oracle: each branch after its own copy of its prompt (the DPO shared-prompt tests hold the same path to it)
+from test_preference_shared_prompt import _oracle
+
 TOLERANCE = 1e-5  # fp32: the same sums over other matmul shapes differ ~1e-7 of their size
 
 
@@ -136,21 +139,6 @@ def test_lora_gradients_of_packed_scores_equal_the_padded_ones(model):
     assert scale > 0
     gap = max((grads["packed"][n] - grads["padded"][n]).abs().max().item() for n in grads["packed"])
     assert gap <= TOLERANCE * scale
-
-
-def _oracle(q, k, v, positions):
-    """Each branch after its own copy of its prompt: one causal SDPA per [prompt | branch], the branch's rows kept."""
-    out = torch.empty_like(q)
-    starts = [t for t in range(len(positions)) if t == 0 or positions[t] != positions[t - 1] + 1] + [len(positions)]
-    trunk = 0
-    for s, e in zip(starts, starts[1:]):
-        shared = positions[s]
-        trunk = s if shared == 0 else trunk
-        index = list(range(trunk, trunk + shared)) + list(range(s, e))
-        part = torch.nn.functional.scaled_dot_product_attention(q[:, :, index], k[:, :, index], v[:, :, index],
-                                                                is_causal=True)
-        out[:, :, s:e] = part[:, :, shared:]
-    return out.transpose(1, 2)
 
 
 @pytest.mark.parametrize("group_size", [3, 5, 8])

