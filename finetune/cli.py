@@ -30,6 +30,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "chat": ("finetune.commands.chat", "chat with the trained model"),
     "generate": ("finetune.commands.generate", "generate a reply to one prompt with the trained model"),
     "curves": ("finetune.commands.curves", "re-render loss_curve.png and re-diagnose a finished run"),
+    "runs": ("finetune.commands.runs", "compare runs on one HTML page: curves, settings, verdicts, evaluations"),
     "port": ("finetune.commands.port", "convert an axolotl recipe into a finetune recipe, commenting what changed"),
     "export": ("finetune.commands.export", "export a trained run to GGUF (llama.cpp, Ollama, LM Studio) + Modelfile"),
 }

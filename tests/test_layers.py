@@ -3,8 +3,9 @@
     shared base   finetune.recipe/ (the recipe package), port/, and the top-level modules errors, redact, log,
                   compat, contract, ... (any top-level module but cli.py); imports only the base, and nothing
                   heavy at import time
-    ingest < data < model < train < export < evaluation < commands (and cli.py, on top); ingestion never
-                  reaches torch; export (merge, GGUF) sits beside evaluation, which may check an export
+    ingest < data < model < train < export < evaluation < runs < commands (and cli.py, on top); ingestion never
+                  reaches torch; export (merge, GGUF) sits beside evaluation, which may check an export; runs (the
+                  runs page) reads run folders and evaluation reports, and the train verb writes a run's page
     method folders  a stage's folder for one training method (train/preference/, data/preference/, train/grpo/,
                   ...) never imports another method's folder: what two methods share lives in the stage itself
     plan/         beside the stages: pure math, imports only the base and plan/
@@ -26,7 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "finetune"
 
-STAGES = ("ingest", "data", "model", "train", "export", "evaluation", "commands")  # the pipeline order, earliest first
+STAGES = ("ingest", "data", "model", "train", "export", "evaluation", "runs", "commands")  # the pipeline order, earliest first
 BASE_RANK, TOP_RANK = 0, len(STAGES)  # cli.py sits with commands, on top
 # An entry point (`__main__`) may import the CLI it shares its code with: `python -m finetune.train` is
 # `finetune train`.

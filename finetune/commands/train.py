@@ -48,7 +48,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if recipe.eval is not None and rank() == 0:
         evaluate_trained(recipe)
+    if rank() == 0:
+        write_run_page(recipe.output_dir)
     return 0
+
+
+def write_run_page(output_dir) -> None:
+    """The run's own page (output_dir/run.html, `finetune runs` for one run), once training and its evaluation
+    are written. A page that cannot be written is a warning: the run itself is done and saved."""
+    from finetune.runs.page import write_run_page as write
+
+    try:
+        path = write(output_dir)
+    except OSError as err:
+        get_logger(__name__).warning(f"the run's page was not written ({err}); `finetune runs {output_dir}` "
+                                     "writes it later")
+        return
+    get_logger(__name__).info(f"run page: {path} (`finetune runs FOLDER` compares several runs)")
 
 
 def evaluate_trained(recipe) -> None:

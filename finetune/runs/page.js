@@ -1,0 +1,335 @@
+// The runs page (finetune/runs/page.py writes it). Everything a run wrote reaches the page through textContent,
+// never as markup: el() below is the only way this script makes elements.
+(function () {
+  "use strict";
+  var COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+                "#bcbd22"];
+  // the curves every run has come first; then each method's own metrics, in name order
+  var FIRST = ["loss", "eval_loss", "learning_rate", "grad_norm",
+               "rewards/accuracies", "eval_rewards/accuracies", "rewards/margins", "eval_rewards/margins",  // preference
+               "rewards/chosen", "eval_rewards/chosen", "rewards/rejected", "eval_rewards/rejected",
+               "reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "entropy"];  // GRPO
+  var X_LABELS = {step: "optimizer step", epoch: "epoch", tokens: "tokens (step x the plan's tokens per step)"};
+  var state = {x: "step", logY: false, smooth: 0, showAll: false, baseline: 0, query: ""};
+  var data = JSON.parse(document.getElementById("runs-data").textContent);
+  var charts = [];
+
+  function el(tag, props) {
+    var node = document.createElement(tag);
+    Object.keys(props || {}).forEach(function (key) {
+      var value = props[key];
+      if (value === null || value === undefined) return;
+      if (key === "text") node.textContent = String(value);
+      else if (key === "cls") node.className = value;
+      else if (key === "style") node.style.cssText = value;
+      else node.setAttribute(key, String(value));
+    });
+    for (var i = 2; i < arguments.length; i++) {
+      var child = arguments[i];
+      if (child === null || child === undefined) continue;
+      node.appendChild(typeof child === "string" ? document.createTextNode(child) : child);
+    }
+    return node;
+  }
+
+  function fmt(value, digits) {
+    if (value === null || value === undefined) return "\u2014";
+    if (typeof value !== "number") return String(value);
+    if (Number.isInteger(value)) return value.toLocaleString("en");
+    var abs = Math.abs(value);
+    if (abs !== 0 && (abs < 1e-3 || abs >= 1e5)) return value.toExponential(2);
+    return value.toFixed(digits === undefined ? 4 : digits);
+  }
+
+  function duration(seconds) {
+    if (typeof seconds !== "number") return "\u2014";
+    if (seconds < 120) return seconds.toFixed(1) + " s";
+    if (seconds < 7200) return (seconds / 60).toFixed(1) + " min";
+    return (seconds / 3600).toFixed(2) + " h";
+  }
+
+  function color(i) { return COLORS[i % COLORS.length]; }
+  function swatch(i) { return el("span", {cls: "swatch", style: "background:" + color(i)}); }
+  function section(title, id) { return el("section", {id: id}, el("h2", {text: title})); }
+
+  // --- the table of runs -------------------------------------------------------------------------------------
+  function badge(diagnosis) {
+    if (!diagnosis) return el("span", {cls: "muted", text: "no verdict"});
+    var verdict = diagnosis.verdict;
+    return el("span", {cls: "badge " + verdict.replace(/[^a-z0-9]+/gi, "-").toLowerCase(), title: diagnosis.reason,
+                       "data-verdict": verdict, text: verdict});
+  }
+
+  function evalScores(evaluation) {
+    if (!evaluation) return el("span", {cls: "muted", text: "not evaluated"});
+    var list = el("div", {cls: "eval-scores"});
+    evaluation.rows.forEach(function (row) {
+      var sides = row[1], parts = [];
+      ["base", "tuned", "gguf"].forEach(function (side) { if (side in sides) parts.push(side + " " + fmt(sides[side])); });
+      list.appendChild(el("div", {text: row[0] + ": " + parts.join(" \u2192 ")}));
+    });
+    if (evaluation.verdict) list.appendChild(el("div", {cls: "muted", text: evaluation.verdict}));
+    return list;
+  }
+
+  function runsTable() {
+    var out = section("Runs", "runs");
+    var head = ["run", "status", "method", "model", "adapter", "steps", "tokens", "wall time", "verdict",
+                "eval loss before \u2192 after", "finetune eval"];
+    var table = el("table", {cls: "runs-table"}, el("thead", {}, el("tr", {})));
+    head.forEach(function (h) { table.tHead.rows[0].appendChild(el("th", {text: h})); });
+    var body = el("tbody");
+    data.runs.forEach(function (run, i) {
+      var s = run.summary;
+      var steps = s.total_steps && s.total_steps !== s.steps ? fmt(s.steps) + " / " + fmt(s.total_steps) : fmt(s.steps);
+      body.appendChild(el("tr", {"data-status": run.status},
+        el("td", {cls: "run-name", title: run.path}, swatch(i), el("span", {cls: "name", text: run.name})),
+        el("td", {}, el("span", {cls: "status " + run.status, title: run.status_reason, text: run.status})),
+        el("td", {text: fmt(s.method)}), el("td", {text: fmt(s.model)}), el("td", {text: fmt(s.adapter)}),
+        el("td", {cls: "num", text: steps}),
+        el("td", {cls: "num", text: fmt(s.tokens) + (s.generated_tokens ? " (+" + fmt(s.generated_tokens) + " generated)" : "")}),
+        el("td", {cls: "num", text: duration(s.wall_time_s)}),
+        el("td", {cls: "verdict"}, badge(run.diagnosis)),
+        el("td", {cls: "num", text: fmt(s.eval_loss_before) + " \u2192 " + fmt(s.final_eval_loss)}),
+        el("td", {}, evalScores(run.evaluation))));
+    });
+    table.appendChild(body);
+    out.appendChild(table);
+    if (!data.runs.length) out.appendChild(el("p", {text: "No runs found under these folders."}));
+    return out;
+  }
+
+  // --- curves --------------------------------------------------------------------------------------------------
+  function metricNames() {
+    var seen = {};
+    data.runs.forEach(function (run) { Object.keys(run.curves).forEach(function (m) { seen[m] = true; }); });
+    var rest = Object.keys(seen).filter(function (m) { return FIRST.indexOf(m) < 0; }).sort();
+    return FIRST.filter(function (m) { return seen[m]; }).concat(rest);
+  }
+
+  function points(run, metric) {
+    var perStep = run.summary.tokens_per_step, byX = new Map();
+    (run.curves[metric] || []).forEach(function (p) {
+      var x = state.x === "step" ? p[0] : state.x === "epoch" ? p[1] : (perStep ? p[0] * perStep : null);
+      if (typeof x === "number" && typeof p[2] === "number") byX.set(x, p[2]);
+    });
+    var xs = Array.from(byX.keys()).sort(function (a, b) { return a - b; });
+    var ys = xs.map(function (x) { return byX.get(x); });
+    if (state.smooth > 0) {  // exponential moving average, debiased at the start (as TensorBoard's)
+      var avg = 0, weight = 0;
+      ys = ys.map(function (y) { avg = state.smooth * avg + (1 - state.smooth) * y; weight = state.smooth * weight + (1 - state.smooth); return avg / weight; });
+    }
+    return [xs, ys];
+  }
+
+  function chart(metric, host) {
+    var box = el("div", {cls: "chart", "data-metric": metric}, el("h3", {text: metric}));
+    host.appendChild(box);
+    var tables = [], series = [{label: X_LABELS[state.x]}], missing = [];
+    data.runs.forEach(function (run, i) {
+      if (!run.curves[metric]) return;
+      var xy = points(run, metric);
+      if (!xy[0].length) { missing.push(run.name); return; }
+      tables.push(xy);
+      series.push({label: run.name, stroke: color(i), width: 1.5, spanGaps: true, points: {show: xy[0].length < 3}});
+    });
+    if (!tables.length) {
+      box.appendChild(el("p", {cls: "note", text: "no points on this axis"}));
+      return;
+    }
+    var aligned = uPlot.join(tables);
+    var positive = aligned.slice(1).every(function (ys) { return ys.every(function (y) { return y === null || y === undefined || y > 0; }); });
+    var log = state.logY && positive;
+    var opts = {width: Math.max(320, (box.clientWidth || 460) - 4), height: 240, series: series,
+                scales: {x: {time: false}, y: {distr: log ? 3 : 1}}, axes: [{label: X_LABELS[state.x]}, {}],
+                legend: {live: true}, cursor: {drag: {x: true, y: false}}};
+    charts.push(new uPlot(opts, aligned, box));
+    if (state.logY && !positive) box.appendChild(el("p", {cls: "note", text: "linear: some values are \u2264 0"}));
+    if (missing.length) box.appendChild(el("p", {cls: "note", text: "not on this axis (no token count): " + missing.join(", ")}));
+  }
+
+  function curves() {
+    var out = section("Curves", "curves");
+    var xSelect = el("select", {id: "x-axis"});
+    ["step", "epoch", "tokens"].forEach(function (x) {
+      var option = el("option", {value: x, text: x});
+      option.selected = state.x === x;
+      xSelect.appendChild(option);
+    });
+    xSelect.addEventListener("change", function () { state.x = xSelect.value; drawCharts(); });
+    var logBox = el("input", {type: "checkbox", id: "log-y"});
+    logBox.checked = state.logY;
+    logBox.addEventListener("change", function () { state.logY = logBox.checked; drawCharts(); });
+    var smooth = el("input", {type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01"});
+    smooth.value = String(state.smooth);
+    var shown = el("span", {text: state.smooth.toFixed(2)});
+    smooth.addEventListener("input", function () { state.smooth = Number(smooth.value); shown.textContent = state.smooth.toFixed(2); drawCharts(); });
+    out.appendChild(el("div", {cls: "controls"},
+      el("label", {}, "x axis ", xSelect), el("label", {}, logBox, " log y"),
+      el("label", {}, "smoothing ", smooth, " ", shown)));
+    out.appendChild(el("div", {cls: "charts", id: "charts"}));
+    return out;
+  }
+
+  function drawCharts() {
+    charts.forEach(function (c) { c.destroy(); });
+    charts = [];
+    var host = document.getElementById("charts");
+    host.textContent = "";
+    var names = metricNames();
+    names.forEach(function (m) { chart(m, host); });
+    if (!names.length) host.appendChild(el("p", {cls: "muted", text: "No curves: no run logged a metric yet."}));
+  }
+
+  // --- settings ------------------------------------------------------------------------------------------------
+  function settings() {
+    var out = section("Settings", "settings");
+    var keys = {};
+    data.runs.forEach(function (run) { Object.keys(run.settings).forEach(function (k) { keys[k] = true; }); });
+    keys = Object.keys(keys).sort();
+    var table = el("table", {cls: "settings" + (state.showAll ? " show-all" : "")});
+    var head = el("tr", {}, el("th", {text: "setting"}));
+    data.runs.forEach(function (run, i) { head.appendChild(el("th", {}, swatch(i), run.name)); });
+    table.appendChild(el("thead", {}, head));
+    var body = el("tbody"), differ = 0;
+    keys.forEach(function (key) {
+      var values = data.runs.map(function (run) { return key in run.settings ? run.settings[key] : null; });
+      // a run that did not record a setting (an older run.json, a crashed run) makes no difference on its own
+      var recorded = values.filter(function (v) { return v !== null; });
+      var same = recorded.every(function (v) { return v === recorded[0]; });
+      if (!same) differ++;
+      var row = el("tr", {cls: same ? "same" : "differs", "data-key": key}, el("td", {text: key}));
+      values.forEach(function (v) { row.appendChild(el("td", {cls: v === null ? "muted" : "", text: v === null ? "(not recorded)" : v})); });
+      body.appendChild(row);
+    });
+    table.appendChild(body);
+    var toggle = el("input", {type: "checkbox", id: "show-all"});
+    toggle.checked = state.showAll;
+    toggle.addEventListener("change", function () { state.showAll = toggle.checked; table.classList.toggle("show-all", state.showAll); });
+    out.appendChild(el("div", {cls: "controls"},
+      el("span", {id: "settings-count", text: differ + " of " + keys.length + " settings differ (where recorded)"}),
+      el("label", {}, toggle, " show all settings (the " + (keys.length - differ) + " equal ones too)")));
+    out.appendChild(table);
+    return out;
+  }
+
+  // --- evaluations side by side ------------------------------------------------------------------------------
+  function evaluations() {
+    var out = section("Evaluations", "evaluations");
+    var rows = {}, order = [];
+    data.runs.forEach(function (run) {
+      ((run.evaluation || {}).rows || []).forEach(function (row) {
+        if (!(row[0] in rows)) { rows[row[0]] = row[2]; order.push(row[0]); }
+      });
+    });
+    if (!order.length) { out.appendChild(el("p", {cls: "muted", text: "No run has a `finetune eval` report."})); return out; }
+    var select = el("select", {id: "baseline"});
+    data.runs.forEach(function (run, i) {
+      var option = el("option", {value: String(i), text: run.name});
+      option.selected = state.baseline === i;
+      select.appendChild(option);
+    });
+    select.addEventListener("change", function () { state.baseline = Number(select.value); render(); });
+    out.appendChild(el("div", {cls: "controls"}, el("label", {}, "baseline run ", select)));
+    function value(run, metric) {
+      var found = ((run.evaluation || {}).rows || []).filter(function (r) { return r[0] === metric; })[0];
+      if (!found) return null;
+      var sides = found[1];
+      return "tuned" in sides ? sides.tuned : ("base" in sides ? sides.base : null);
+    }
+    var table = el("table", {cls: "eval-table"});
+    var head = el("tr", {}, el("th", {text: "metric (tuned)"}));
+    data.runs.forEach(function (run, i) { head.appendChild(el("th", {}, swatch(i), run.name)); });
+    table.appendChild(el("thead", {}, head));
+    var body = el("tbody");
+    order.forEach(function (metric) {
+      var higher = rows[metric], base = data.runs[state.baseline] ? value(data.runs[state.baseline], metric) : null;
+      var row = el("tr", {"data-metric": metric}, el("td", {text: metric + (higher ? " (higher is better)" : " (lower is better)")}));
+      data.runs.forEach(function (run, i) {
+        var v = value(run, metric), cell = el("td", {cls: "num", text: fmt(v)});
+        if (typeof v === "number" && typeof base === "number" && i !== state.baseline) {
+          var d = v - base, good = higher ? d > 0 : d < 0;
+          cell.appendChild(el("span", {cls: "delta " + (d === 0 ? "" : good ? "better" : "worse"),
+                                       text: " (" + (d >= 0 ? "+" : "") + fmt(d) + ")"}));
+        }
+        row.appendChild(cell);
+      });
+      body.appendChild(row);
+    });
+    var verdicts = el("tr", {}, el("td", {text: "verdict"}));
+    data.runs.forEach(function (run) { verdicts.appendChild(el("td", {text: run.evaluation ? run.evaluation.verdict : "\u2014"})); });
+    body.appendChild(verdicts);
+    table.appendChild(body);
+    out.appendChild(table);
+    return out;
+  }
+
+  // --- sample answers ----------------------------------------------------------------------------------------
+  function sampleNode(run, sample) {
+    var meta = run.name + " \u00b7 " + (sample.source === "grpo" ? "GRPO completions" : "eval answers") +
+      (sample.step !== null && sample.step !== undefined ? " \u00b7 step " + sample.step : "");
+    var node = el("div", {cls: "sample"}, el("div", {cls: "meta", text: meta}), el("div", {text: "prompt"}),
+                  el("pre", {cls: "prompt", text: sample.prompt}));
+    if (sample.reference) node.appendChild(el("div", {cls: "meta", text: "reference: " + sample.reference}));
+    sample.answers.forEach(function (a) {
+      var label = a.label + (typeof a.reward === "number" ? " (reward " + fmt(a.reward) + ")" : "");
+      node.appendChild(el("div", {text: label}));
+      node.appendChild(el("pre", {cls: "answer", text: a.text}));
+    });
+    return node;
+  }
+
+  function samples() {
+    var out = section("Sample answers", "samples");
+    var all = [];
+    data.runs.forEach(function (run) { run.samples.forEach(function (s) { all.push([run, s]); }); });
+    var search = el("input", {type: "search", id: "sample-search", placeholder: "search prompts, answers and run names"});
+    search.value = state.query;
+    var count = el("span", {id: "sample-count"}), list = el("div", {id: "sample-list"});
+    function show() {
+      state.query = search.value;
+      var q = state.query.toLowerCase(), shown = 0;
+      list.textContent = "";
+      all.forEach(function (pair) {
+        var s = pair[1];
+        var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) { return a.text; })).join("\n").toLowerCase();
+        if (q && hay.indexOf(q) < 0) return;
+        shown++;
+        if (shown <= 300) list.appendChild(sampleNode(pair[0], s));
+      });
+      count.textContent = shown + " of " + all.length + " prompts" + (shown > 300 ? " (the first 300 shown)" : "");
+    }
+    search.addEventListener("input", show);
+    out.appendChild(el("div", {cls: "controls"}, search, count));
+    out.appendChild(list);
+    show();
+    return out;
+  }
+
+  function render() {
+    var page = document.getElementById("page");
+    charts.forEach(function (c) { c.destroy(); });
+    charts = [];
+    page.textContent = "";
+    document.getElementById("generated").textContent = data.runs.length + " run(s), read " + data.generated +
+      (data.refresh_s ? "; refreshing every " + data.refresh_s + " s" : "") + " \u00b7 charts: uPlot " + data.uplot_version;
+    page.appendChild(runsTable());
+    page.appendChild(curves());
+    drawCharts();
+    page.appendChild(settings());
+    page.appendChild(evaluations());
+    page.appendChild(samples());
+  }
+
+  render();
+  // served by `finetune runs --serve`: fetch the data again while runs train; redraw only when it changed
+  if (data.refresh_s && location.protocol.indexOf("http") === 0) {
+    setInterval(function () {
+      fetch("data.json", {cache: "no-store"}).then(function (r) { return r.ok ? r.text() : null; }).then(function (text) {
+        if (!text) return;
+        var fresh = JSON.parse(text);
+        if (JSON.stringify(fresh.runs) !== JSON.stringify(data.runs)) { data = fresh; render(); }
+      }).catch(function () {});
+    }, data.refresh_s * 1000);
+  }
+})();
