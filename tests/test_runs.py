@@ -354,3 +354,28 @@ def test_html_in_a_run_name_and_in_answers_stays_text_and_never_runs(opened, pag
         opened.execute_script("window.scrollTo(0, 0)")
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         opened.save_screenshot(str(SCREENSHOT))
+
+
+@browser
+def test_the_served_page_shows_a_run_that_appears_without_a_reload(driver, runs, tmp_path):
+    from finetune.runs.server import make_server
+
+    watched = tmp_path / "watched"
+    shutil.copytree(runs["sft"], watched / "first")
+    server = make_server([watched], port=0, refresh_s=0.3)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        driver.get(f"http://127.0.0.1:{server.server_port}/")
+        names = "return Array.from(document.querySelectorAll('.runs-table .name')).map(e => e.textContent)"
+        assert driver.execute_script(names) == ["first"]
+        driver.execute_script("window.__same_document = true")  # gone if the page reloaded
+        shutil.copytree(runs["grpo"], watched / "second")
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(driver, 10, poll_frequency=0.1).until(lambda d: d.execute_script(names) == ["first", "second"])
+        assert driver.execute_script("return window.__same_document") is True
+        assert sorted(legend(driver, "loss")) == ["first", "second"]
+        assert driver.get_log("browser") == []
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from finetune.errors import FinetuneError
 from finetune.runs.folders import find_runs
 from finetune.runs.page import page_data, render, script_json
 
@@ -29,7 +30,10 @@ def _handler(folders: list[Path], refresh_s: float):
             path = self.path.split("?", 1)[0]
             if path not in ("/", "/index.html", "/data.json"):
                 return 404, "text/plain; charset=utf-8", b"not found\n"
-            data = page_data(find_runs(folders), refresh_s=refresh_s)
+            try:
+                data = page_data(find_runs(folders), refresh_s=refresh_s)
+            except FinetuneError as err:  # a folder removed while serving
+                return 404, "text/plain; charset=utf-8", f"{err}\n".encode("utf-8")
             if path == "/data.json":
                 return 200, "application/json; charset=utf-8", script_json(data).encode("utf-8")
             return 200, "text/html; charset=utf-8", render(data).encode("utf-8")
