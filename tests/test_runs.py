@@ -77,6 +77,9 @@ def test_every_run_is_found_and_the_crashed_one_is_listed_as_crashed(runs, page)
     assert {s["source"] for s in data["sft"]["samples"]} == {"eval"}
     assert any(a["text"] == XSS_ANSWER for s in data["grpo"]["samples"] for a in s["answers"])
     assert "rewards/margins" in data["dpo"]["curves"] and "reward" in data["grpo"]["curves"]
+    sft_run = json.loads((runs["sft"] / "run.json").read_text())
+    assert data["sft"]["curves"]["eval_loss"][0] == [0, 0.0, sft_run["eval_loss_before"]]  # before training
+    assert data["sft"]["curves"]["eval_loss"][-1][2] == pytest.approx(sft_run["final_eval_loss"])
 
 
 def test_each_run_writes_its_own_page_when_it_ends(runs):
@@ -216,10 +219,11 @@ def driver():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def opened(driver, page):
+    """The page freshly loaded in the module's browser (a test's clicks do not reach the next)."""
     driver.get(page.as_uri())
-    driver.get_log("browser")  # from here on, what the checks themselves cause
+    assert driver.get_log("browser") == []  # loading it logged nothing; from here on, what the test causes
     return driver
 
 

@@ -80,9 +80,12 @@ def _checkpoint_state(folder: Path) -> tuple[list, dict]:
     return [], {}
 
 
-def _curves(history: list) -> dict:
-    """{metric: [[step, epoch, value], ...]}, each sorted by step."""
+def _curves(history: list, eval_loss_before: float | None = None) -> dict:
+    """{metric: [[step, epoch, value], ...]}, each sorted by step; the eval loss before training (run.json's, not in
+    the log history) is the eval loss curve's point at step 0."""
     metrics: dict[str, dict[int, tuple]] = {}
+    if eval_loss_before is not None:
+        metrics["eval_loss"] = {0: (0, 0.0, eval_loss_before)}
     per_step_loss = False
     for entry in history:
         if not isinstance(entry, dict) or _number(entry.get("step")) is None:
@@ -233,7 +236,7 @@ def read_run(folder: Path, name: str) -> dict:
         "diagnosis": {"verdict": str(diagnosis.get("verdict", "")), "reason": str(diagnosis.get("reason", ""))}
                      if diagnosis.get("verdict") else None,
         "evaluation": _evaluation(folder, run),
-        "curves": _curves(history),
+        "curves": _curves(history, _number(run.get("eval_loss_before"))),
         "settings": _settings(run, fingerprint),
         "samples": _eval_samples(folder) + _grpo_samples(folder),
         "crashed": state == CRASHED,
