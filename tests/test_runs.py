@@ -91,6 +91,17 @@ def test_each_run_writes_its_own_page_when_it_ends(runs):
     assert not (runs["crashed"] / "run.html").exists()
 
 
+def test_finetune_eval_later_refreshes_the_runs_own_page(runs, tmp_path):
+    run = tmp_path / "sft"
+    shutil.copytree(runs["sft"], run)
+    before = embedded((run / "run.html").read_text())["runs"][0]["evaluation"]["rows"]
+    assert "answers that ended" in [row[0] for row in before]
+    assert main(["eval", str(run), "--generations", "0"]) == 0  # held-out loss alone this time
+    after = embedded((run / "run.html").read_text())["runs"][0]
+    assert [row[0] for row in after["evaluation"]["rows"]] == ["held-out loss", "held-out perplexity"]
+    assert after["path"] == str(run.resolve())
+
+
 def test_nothing_from_a_run_reaches_the_html_as_markup(page):
     html = page.read_text()
     for raw in (XSS_NAME, "<script>window.__pwned", XSS_PROMPT, "<img"):

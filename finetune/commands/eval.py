@@ -50,4 +50,18 @@ def run(args: argparse.Namespace) -> int:
     report = evaluate(args.target, args.overrides, changes, compare=args.compare, out_dir=args.out)
     print(report["verdict"])
     print(f"report: {report['report_dir']}/report.md")
+    _refresh_run_page(report.get("run"))
     return 0
+
+
+def _refresh_run_page(folder) -> None:
+    """A run that wrote its own page (run.html, when training ended) shows this evaluation too."""
+    from pathlib import Path
+
+    from finetune.runs.page import PAGE_FILE, write_run_page
+
+    if folder and (Path(folder) / PAGE_FILE).is_file():
+        try:
+            write_run_page(folder)
+        except OSError:
+            pass  # the report is written; `finetune runs FOLDER` redraws the page
