@@ -49,10 +49,12 @@ def _dpo_recipe(folder: Path, base_model: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     write_jsonl(folder / "pairs.jsonl", [chat_pair(rng) for _ in range(24)])
-    recipe = {"base_model": str(base_model), "method": "dpo", "datasets": [{"path": "pairs.jsonl", "type": "preference"}],
+    recipe = {"base_model": str(base_model), "method": "dpo",
+              "datasets": [{"path": "pairs.jsonl", "type": "preference"}],
               "sequence_len": 128, "micro_batch_size": 4, "max_steps": 6, "learning_rate": 2e-3, "logging_steps": 1,
               "output_dir": "out", "cache_dir": "cache", "report_to": ["none"], "val_set_size": 8, "adapter": "lora",
-              "lora_dropout": 0.0, "max_checkpoints": 1, "precision": "fp32", "eval": {"generations": 2, "max_new_tokens": 4}}
+              "lora_dropout": 0.0, "max_checkpoints": 1, "precision": "fp32",
+              "eval": {"generations": 2, "max_new_tokens": 4}}
     (folder / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return folder / "recipe.yml"
 
@@ -65,7 +67,8 @@ def build_runs(root: Path, base_model: Path) -> dict[str, Path]:
 
     runs = {"sft": root / "sft" / "out", "dpo": root / XSS_NAME / "out", "grpo": root / "grpo" / "out",
             "crashed": root / "crashed" / "out"}
-    assert main(["train", str(_sft_recipe(root / "sft", base_model, eval={"generations": 2, "max_new_tokens": 6}))]) == 0
+    sft = _sft_recipe(root / "sft", base_model, eval={"generations": 2, "max_new_tokens": 6})
+    assert main(["train", str(sft)]) == 0
     assert main(["train", str(_dpo_recipe(root / XSS_NAME, base_model))]) == 0
     (root / "grpo").mkdir()
     grpo = grpo_recipe(root / "grpo", base_model, rewards=[{"function": "rewards.py:even_tokens"}], adapter="none",

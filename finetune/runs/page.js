@@ -117,7 +117,11 @@
     var ys = xs.map(function (x) { return byX.get(x); });
     if (state.smooth > 0) {  // exponential moving average, debiased at the start (as TensorBoard's)
       var avg = 0, weight = 0;
-      ys = ys.map(function (y) { avg = state.smooth * avg + (1 - state.smooth) * y; weight = state.smooth * weight + (1 - state.smooth); return avg / weight; });
+      ys = ys.map(function (y) {
+        avg = state.smooth * avg + (1 - state.smooth) * y;
+        weight = state.smooth * weight + (1 - state.smooth);
+        return avg / weight;
+      });
     }
     return [xs, ys];
   }
@@ -163,7 +167,11 @@
     var smooth = el("input", {type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01"});
     smooth.value = String(state.smooth);
     var shown = el("span", {text: state.smooth.toFixed(2)});
-    smooth.addEventListener("input", function () { state.smooth = Number(smooth.value); shown.textContent = state.smooth.toFixed(2); drawCharts(); });
+    smooth.addEventListener("input", function () {
+      state.smooth = Number(smooth.value);
+      shown.textContent = state.smooth.toFixed(2);
+      drawCharts();
+    });
     out.appendChild(el("div", {cls: "controls"},
       el("label", {}, "x axis ", xSelect), el("label", {}, logBox, " log y"),
       el("label", {}, "smoothing ", smooth, " ", shown)));
