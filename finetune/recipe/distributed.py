@@ -84,7 +84,7 @@ def fsdp_problems(recipe) -> list[str]:
                 "gradients and optimizer states over the processes) and a run uses one; keep `deepspeed` "
                 "(ZeRO) or `fsdp` (FSDP2), docs/distributed.md says which"]
     problems = []
-    if recipe.load_in_4bit or recipe.load_in_8bit:
+    if recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit:
         problems.append(
             "`fsdp` with a quantized base (`adapter: qlora` / `load_in_4bit` / `load_in_8bit`): FSDP2 cannot shard "
             "bitsandbytes' packed quantized weights through transformers and accelerate as they are (axolotl "
