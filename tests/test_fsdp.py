@@ -302,3 +302,9 @@ def test_axolotl_no_shard_is_plain_data_parallelism(tmp_path):
     code, text, ported = _port(tmp_path, "base_model: m\ndatasets:\n  - path: chat.jsonl\n    type: chat_template\n"
                                          "fsdp: [no_shard]\nfsdp_config:\n  fsdp_offload_params: false\n")
     assert code == 0 and "fsdp" not in ported and "plain data parallelism" in text
+
+
+def test_axolotl_qlora_with_fsdp_ports_without_fsdp_and_says_why(tmp_path):
+    code, text, ported = _port(tmp_path, AXOLOTL_FSDP2.replace("adapter: lora", "adapter: qlora\nload_in_4bit: true"))
+    assert code == 0 and "fsdp" not in ported and ported["adapter"] == "qlora"
+    assert "FSDP2 over a quantized base (QLoRA) is not in finetune" in text

@@ -234,6 +234,10 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
         for key, value in given.items():
             out.drop(key, value, _EMPTY if value is None else "dropped: FSDP is off (no `fsdp_config`)")
         return
+    if config.get("adapter") == "qlora" or config.get("load_in_4bit") or config.get("load_in_8bit"):
+        for key, value in given.items():
+            out.drop(key, value, fsdp.QUANTIZED)
+        return
     ported = fsdp.port(config)
     for name, value in ported.settings.items():
         if name == "gradient_checkpointing" and out.settings.get(name) != value:
