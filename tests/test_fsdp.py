@@ -12,11 +12,15 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 import yaml
 
 from finetune.cli import main
 from finetune.errors import ModelError, RecipeError
 from finetune.recipe import load_recipe
+
+# what a CPU refuses; with a GPU visible these runs would start (tests/test_fsdp_gpu.py runs them there)
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 
 
 @pytest.fixture
@@ -130,6 +134,7 @@ def test_defaults_resolve_to_full_state_dict_and_the_named_layer_class(recipe_pa
     assert not plain.fsdp and plain.fsdp_plugin_args is None
 
 
+@cpu_only
 def test_fsdp_on_a_cpu_is_refused_before_any_model_is_loaded(recipe_path, tmp_path):
     from finetune.train import run_training
 
@@ -138,6 +143,7 @@ def test_fsdp_on_a_cpu_is_refused_before_any_model_is_loaded(recipe_path, tmp_pa
     assert not (tmp_path / "out" / "run.json").exists()
 
 
+@cpu_only
 def test_finetune_train_with_fsdp_on_a_cpu_exits_2_with_one_message(recipe_path, capsys):
     assert main(["train", str(recipe_path), "--set", "fsdp=true", "--num-processes", "2"]) == 2
     err = capsys.readouterr().err
@@ -261,6 +267,7 @@ def _port(tmp_path, text: str, *overrides: str):
     return code, out.read_text(), yaml.safe_load(out.read_text())
 
 
+@cpu_only
 def test_axolotl_fsdp2_recipe_ports_with_nothing_to_fix_and_resolves_to_fsdp2(tmp_path, tiny_model_dir, capsys):
     code, text, ported = _port(tmp_path, AXOLOTL_FSDP2, f"base_model={tiny_model_dir}")
     assert code == 0 and "is a valid finetune recipe" in capsys.readouterr().out
