@@ -50,8 +50,8 @@ def test_fsdp_and_deepspeed_together_is_one_message_naming_both(recipe_path):
 
 
 @pytest.mark.parametrize("overrides, needle", [
-    (["adapter=qlora"], "FSDP2 cannot shard bitsandbytes' packed quantized weights"),
-    (["load_in_8bit=true"], "FSDP2 cannot shard bitsandbytes' packed quantized weights"),
+    (["adapter=qlora"], "`fsdp` with a quantized base (`adapter: qlora` / `load_in_4bit` / `load_in_8bit`)"),
+    (["load_in_8bit=true"], "accelerate leaves bitsandbytes' uint8-packed weights out of FSDP2's sharding"),
     (["compile=true"], "`compile: true` with `fsdp`"),
     (["fsdp.state_dict_type=SHARDED_STATE_DICT", "export_interval=1"],
      "`export_interval` keeps loadable models, but `fsdp.state_dict_type: SHARDED_STATE_DICT`"),
@@ -88,12 +88,11 @@ def test_compile_auto_is_off_under_fsdp_with_the_reason(recipe_path):
 # --- what it resolves to ------------------------------------------------------------------------------------
 
 
-def fsdp_training_arguments(recipe):
-    """TrainingArguments as run_training builds them for `recipe` on a GPU machine: the settings resolved here
-    (a CPU refuses `fsdp`, so they are resolved without it) with the recipe's FSDP2 config, as resolve() sets it."""
+def fsdp_settings(recipe):
+    """The Resolved settings run_training builds for `recipe` on a GPU machine: resolved here without `fsdp` (a CPU
+    refuses it) and given the recipe's FSDP2 config, as resolve() sets it."""
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
-    from finetune.train.arguments import training_arguments
     from finetune.train.fsdp_config import trainer_fsdp_config
     from finetune.train.launch import start_process_group
     from finetune.train.settings import resolve
@@ -101,7 +100,20 @@ def fsdp_training_arguments(recipe):
     state = start_process_group(recipe, cuda=False)
     plain = recipe.model_copy(update={"fsdp": None})
     settings = resolve(plain, build_dataset(plain, load_tokenizer(plain)), state.num_processes, cuda=False)
-    return training_arguments(recipe, dataclasses.replace(settings, fsdp=trainer_fsdp_config(recipe)))
+    return dataclasses.replace(settings, fsdp=trainer_fsdp_config(recipe))
+
+
+def fsdp_training_arguments(recipe):
+    """TrainingArguments as run_training builds them for `recipe` on a GPU machine."""
+    from finetune.train.arguments import training_arguments
+
+    return training_arguments(recipe, fsdp_settings(recipe))
+
+
+def test_under_fsdp_the_probes_wait_for_the_sharded_model(recipe_path):
+    # like ZeRO-3: the model is not moved whole onto each GPU first; the Trainer shards it, then the probes run
+    assert fsdp_settings(load_recipe(recipe_path, ["fsdp=true"])).weights_partitioned
+    assert not fsdp_settings(load_recipe(recipe_path)).weights_partitioned
 
 
 def test_fsdp_resolves_to_transformers_fsdp2_plugin(recipe_path):
@@ -314,4 +326,4 @@ def test_axolotl_no_shard_is_plain_data_parallelism(tmp_path):
 def test_axolotl_qlora_with_fsdp_ports_without_fsdp_and_says_why(tmp_path):
     code, text, ported = _port(tmp_path, AXOLOTL_FSDP2.replace("adapter: lora", "adapter: qlora\nload_in_4bit: true"))
     assert code == 0 and "fsdp" not in ported and ported["adapter"] == "qlora"
-    assert "FSDP2 over a quantized base (QLoRA) is not in finetune" in text
+    assert "QLoRA under FSDP2 is not in finetune" in text

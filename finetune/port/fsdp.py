@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-QUANTIZED = ("dropped: FSDP2 over a quantized base (QLoRA) is not in finetune: FSDP2 cannot shard bitsandbytes' packed "
-             "weights through transformers and accelerate without patching them (axolotl does); the QLoRA recipe "
-             "trains on one GPU, over several with `--num-processes N` (DDP) or `deepspeed: zero2`")
+QUANTIZED = ("dropped: QLoRA under FSDP2 is not in finetune (accelerate leaves bitsandbytes' uint8-packed weights "
+             "out of the sharding unless stored in a float dtype; axolotl patches accelerate and bitsandbytes for "
+             "it): the QLoRA recipe trains on one GPU, over several with `--num-processes N` or `deepspeed: zero2`")
 TOP_KEYS = ("fsdp", "fsdp_config", "fsdp_version", "fsdp_final_state_dict_type")
 
 _FSDP1_ONLY = ("FSDP1-only (axolotl's FSDP1 -> FSDP2 table marks it REMOVED: FSDP2 prefetches and keeps original "

@@ -86,10 +86,11 @@ def fsdp_problems(recipe) -> list[str]:
     problems = []
     if recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit:
         problems.append(
-            "`fsdp` with a quantized base (`adapter: qlora` / `load_in_4bit` / `load_in_8bit`): FSDP2 cannot shard "
-            "bitsandbytes' packed quantized weights through transformers and accelerate as they are (axolotl "
-            "patches both libraries for it); use `adapter: lora` under `fsdp`, or QLoRA with `deepspeed: zero2` "
-            "(or on one GPU)")
+            "`fsdp` with a quantized base (`adapter: qlora` / `load_in_4bit` / `load_in_8bit`) is not in finetune: "
+            "accelerate leaves bitsandbytes' uint8-packed weights out of FSDP2's sharding (whole on every GPU) "
+            "unless they are stored in a float dtype, which finetune does not set, and axolotl patches accelerate "
+            "and bitsandbytes to shard them; use `adapter: lora` under `fsdp`, or QLoRA with `deepspeed: zero2` "
+            "(or `--num-processes N` without sharding)")
     if recipe.method == "grpo":
         problems.append("`method: grpo` does not run under `fsdp`: it generates with the model as it trains, and "
                         "FSDP2 would gather every decoder layer's weights at every generated token (why GRPO refuses "

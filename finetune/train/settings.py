@@ -47,11 +47,12 @@ class Resolved:
 
     @property
     def weights_partitioned(self) -> bool:
-        """ZeRO-3: each process holds a shard of every weight, so a forward pass waits for the DeepSpeed
-        engine, which gathers the weights layer by layer."""
+        """ZeRO-3 or FSDP2: each process holds a shard of every weight once the Trainer wraps the model, so a
+        forward pass waits for the engine (DeepSpeed's, or FSDP2's hooks), which gathers the weights layer by
+        layer; until then the model stays where it was loaded (FSDP2 moves each shard to its GPU)."""
         from finetune.train.deepspeed_config import zero_stage
 
-        return self.deepspeed is not None and zero_stage(self.deepspeed) == 3
+        return (self.deepspeed is not None and zero_stage(self.deepspeed) == 3) or self.fsdp is not None
 
     def record(self) -> dict:
         """What run.json records of the resolution."""
