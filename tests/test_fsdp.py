@@ -327,3 +327,15 @@ def test_axolotl_qlora_with_fsdp_ports_without_fsdp_and_says_why(tmp_path):
     code, text, ported = _port(tmp_path, AXOLOTL_FSDP2.replace("adapter: lora", "adapter: qlora\nload_in_4bit: true"))
     assert code == 0 and "fsdp" not in ported and ported["adapter"] == "qlora"
     assert "QLoRA under FSDP2 is not in finetune" in text
+
+
+def test_a_checkpoint_resumes_across_offload_and_resharding_but_not_across_its_layout(recipe_path):
+    from finetune.train.checkpoints import run_fingerprint
+
+    def fingerprint(*overrides):
+        return run_fingerprint(load_recipe(recipe_path, list(overrides)), "data", 2)["fsdp"]
+
+    assert fingerprint() is None
+    assert fingerprint("fsdp=true") == {"state_dict_type": "FULL_STATE_DICT"}
+    assert fingerprint("fsdp.offload_params=true", "fsdp.reshard_after_forward=false") == fingerprint("fsdp=true")
+    assert fingerprint("fsdp.state_dict_type=SHARDED_STATE_DICT") != fingerprint("fsdp=true")
