@@ -133,6 +133,11 @@ def test_fsdp_resolves_to_transformers_fsdp2_plugin(recipe_path):
     plugin = FullyShardedDataParallelPlugin(**args.fsdp_plugin_args)  # what Trainer.create_accelerator builds
     assert plugin.fsdp_version == 2 and plugin.reshard_after_forward is False
     assert plugin.activation_checkpointing is True and plugin.transformer_cls_names_to_wrap is None  # from the model
+    # the final save (train/record.py) switches the sharded checkpoints' plugin to a whole state dict, which is
+    # what Trainer.save_model looks for before it gathers and writes the model
+    assert "FULL_STATE_DICT" not in str(plugin.state_dict_type)
+    plugin.set_state_dict_type("FULL_STATE_DICT")
+    assert "FULL_STATE_DICT" in str(plugin.state_dict_type)
 
 
 def test_defaults_resolve_to_full_state_dict_and_the_named_layer_class(recipe_path):
@@ -339,3 +344,27 @@ def test_a_checkpoint_resumes_across_offload_and_resharding_but_not_across_its_l
     assert fingerprint("fsdp=true") == {"state_dict_type": "FULL_STATE_DICT"}
     assert fingerprint("fsdp.offload_params=true", "fsdp.reshard_after_forward=false") == fingerprint("fsdp=true")
     assert fingerprint("fsdp.state_dict_type=SHARDED_STATE_DICT") != fingerprint("fsdp=true")
+
+
+def test_under_fsdp2_the_lm_head_runs_once_not_chunk_by_chunk(tiny_model_dir):
+    """Supervised-only logits run a large batch's head chunk by chunk, a call count that differs between processes;
+    under FSDP2 (a real `fully_shard` on a gloo group of one, sharded as accelerate shards it) each call of the
+    sharded head may be a collective, so there it runs once on all supervised rows, as under ZeRO-3. Same loss."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from finetune.train.launch import free_port
+
+    tests = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(tests / "fsdp_head_driver.py"), str(tiny_model_dir), str(free_port())],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["plain"]["head_rows"][0] == 0 and len(result["plain"]["head_rows"]) > 2  # chunked unsharded
+    assert result["fsdp"]["head_rows"] == [14]  # one call: the 2 x 7 supervised rows
+    assert result["fsdp"]["loss"] == pytest.approx(result["plain"]["loss"], rel=1e-6)
