@@ -346,10 +346,10 @@ def test_a_checkpoint_resumes_across_offload_and_resharding_but_not_across_its_l
     assert fingerprint("fsdp.state_dict_type=SHARDED_STATE_DICT") != fingerprint("fsdp=true")
 
 
-def test_under_fsdp2_the_lm_head_runs_once_not_chunk_by_chunk(tiny_model_dir):
-    """Supervised-only logits run a large batch's head chunk by chunk, a call count that differs between processes;
-    under FSDP2 (a real `fully_shard` on a gloo group of one, sharded as accelerate shards it) each call of the
-    sharded head may be a collective, so there it runs once on all supervised rows, as under ZeRO-3. Same loss."""
+@pytest.fixture(scope="module")
+def fsdp_on_cpu(tiny_model_dir, tmp_path_factory) -> dict:
+    """tests/fsdp_cpu_driver.py on 2 gloo processes: FSDP2's `fully_shard` as accelerate applies it, outside the
+    Trainer (which runs no FSDP on CPU). {rank: its results}."""
     import json
     import os
     import subprocess
@@ -358,13 +358,43 @@ def test_under_fsdp2_the_lm_head_runs_once_not_chunk_by_chunk(tiny_model_dir):
 
     from finetune.train.launch import free_port
 
-    tests = Path(__file__).parent
+    tests, results = Path(__file__).parent, tmp_path_factory.mktemp("fsdp_cpu")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tests.parent), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(tests / "fsdp_head_driver.py"), str(tiny_model_dir), str(free_port())],
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                           "127.0.0.1", "--master_port", str(free_port()), str(tests / "fsdp_cpu_driver.py"),
+                           str(tiny_model_dir), str(results)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["plain"]["head_rows"][0] == 0 and len(result["plain"]["head_rows"]) > 2  # chunked unsharded
-    assert result["fsdp"]["head_rows"] == [14]  # one call: the 2 x 7 supervised rows
-    assert result["fsdp"]["loss"] == pytest.approx(result["plain"]["loss"], rel=1e-6)
+    return {rank: json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+
+
+@pytest.mark.multiproc
+def test_under_fsdp2_the_lm_head_runs_once_not_chunk_by_chunk(fsdp_on_cpu):
+    """Supervised-only logits run a large batch's head chunk by chunk, a call count that differs between processes;
+    under FSDP2 each call of the sharded head may be a collective, so there it runs once on all supervised rows, as
+    under ZeRO-3. Same loss."""
+    for rank in (0, 1):
+        plain, fsdp = fsdp_on_cpu[rank]["head"]["plain"], fsdp_on_cpu[rank]["head"]["fsdp"]
+        assert plain["head_rows"][0] == 0 and len(plain["head_rows"]) > 2  # chunked when unsharded
+        assert fsdp["head_rows"] == [14]  # one call: the 2 x 7 supervised rows
+        assert fsdp["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+
+
+@pytest.mark.multiproc
+def test_plan_per_gpu_states_are_what_fsdp2_leaves_each_process(fsdp_on_cpu, tiny_model_dir):
+    """The plan's FSDP2 weights, gradients and AdamW states for 2 GPUs are what each of 2 real fully_shard processes
+    holds (the tiny model's dims split evenly; fp32 full fine-tune)."""
+    from transformers import AutoConfig
+
+    from finetune.plan.budget import PlanInputs, plan_memory
+    from finetune.plan.model_size import count_model
+
+    shape, full, lora = count_model(AutoConfig.from_pretrained(tiny_model_dir))
+    planned = plan_memory(PlanInputs(shape, full, lora, adapter="none", precision="fp32", num_gpus=2, fsdp=True))
+    for rank in (0, 1):
+        held = fsdp_on_cpu[rank]["bytes"]
+        assert held["weights"] == planned.components["weights"]
+        assert held["gradients"] == planned.components["gradients"]
+        # the plan counts torch's fp32 `step` per tensor (4 bytes) into the states and shards them too
+        assert held["optimizer states"] == pytest.approx(planned.components["optimizer states"]
+                                                         - 4 * held["tensors"] / 2)
