@@ -7,7 +7,11 @@ unit, then the root). Each rank writes RESULTS_DIR/rank{R}.json with
 - head: the rows of each LM-head call with supervised-only logits attached (1-row chunks), and the loss, sharded and
   unsharded: under FSDP2 the head must run once (a per-process number of calls of a sharded head could hang);
 - bytes: what this rank holds of the fp32 full fine-tune's weights, gradients and AdamW states after one step, for
-  the memory plan's per-GPU numbers.
+  the memory plan's per-GPU numbers;
+- lora: 4 AdamW steps of a LoRA model over a global batch of 4 (2 rows a process) against the same steps unsharded
+  on all 4 rows in one process, the losses of both, and the adapter saved whole the way the Trainer's final save
+  does it under FSDP2 (accelerate's get_state_dict: a full state dict, then PeftModel.save_pretrained), written
+  into RESULTS_DIR/fsdp and RESULTS_DIR/single.
 """
 
 import json
@@ -32,6 +36,37 @@ def shard_like_accelerate(model) -> None:
 def local_bytes(tensor) -> int:
     tensor = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     return tensor.numel() * tensor.element_size()
+
+
+def train_lora(model_dir: str, out: Path, sharded: bool) -> list[float]:
+    from peft import LoraConfig, get_peft_model
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    torch.manual_seed(0)  # the same LoRA init in both runs and on both processes
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
+    ids = torch.randint(1, 512, (4, 16), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[:, :6] = -100  # the same supervised count in every row: a process's mean is a share of the global one
+    if sharded:
+        shard_like_accelerate(model.base_model.model)
+        rank = dist.get_rank()
+        ids, labels = ids[2 * rank:2 * rank + 2], labels[2 * rank:2 * rank + 2]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    losses = []
+    for _ in range(4):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()  # FSDP2 averages the gradients over the processes
+        optimizer.step()
+        optimizer.zero_grad()
+        if sharded:
+            dist.all_reduce(loss := loss.detach().clone(), op=dist.ReduceOp.AVG)
+        losses.append(loss.item())
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)) \
+        if sharded else model.state_dict()
+    if not sharded or dist.get_rank() == 0:
+        model.save_pretrained(str(out), state_dict=state)
+    return losses
 
 
 def main() -> None:
@@ -61,7 +96,9 @@ def main() -> None:
                                     if k != "step"),
             "tensors": sum(1 for _ in model.parameters())}
     rank = dist.get_rank()
-    (results / f"rank{rank}.json").write_text(json.dumps({"head": head, "bytes": held}))
+    lora = {"single": train_lora(model_dir, results / "single", sharded=False),
+            "fsdp": train_lora(model_dir, results / "fsdp", sharded=True)}
+    (results / f"rank{rank}.json").write_text(json.dumps({"head": head, "bytes": held, "lora": lora}))
     dist.destroy_process_group()
 
 

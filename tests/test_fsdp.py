@@ -349,7 +349,7 @@ def test_a_checkpoint_resumes_across_offload_and_resharding_but_not_across_its_l
 @pytest.fixture(scope="module")
 def fsdp_on_cpu(tiny_model_dir, tmp_path_factory) -> dict:
     """tests/fsdp_cpu_driver.py on 2 gloo processes: FSDP2's `fully_shard` as accelerate applies it, outside the
-    Trainer (which runs no FSDP on CPU). {rank: its results}."""
+    Trainer (which runs no FSDP on CPU). {rank: its results, "dir": where the adapters were saved}."""
     import json
     import os
     import subprocess
@@ -365,7 +365,29 @@ def fsdp_on_cpu(tiny_model_dir, tmp_path_factory) -> dict:
                            "127.0.0.1", "--master_port", str(free_port()), str(tests / "fsdp_cpu_driver.py"),
                            str(tiny_model_dir), str(results)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return {rank: json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    return {"dir": results, **{rank: json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}}
+
+
+@pytest.mark.multiproc
+def test_lora_under_fsdp2_on_two_processes_matches_one_and_saves_the_whole_adapter(fsdp_on_cpu, tiny_model_dir):
+    """What the GPU test checks through the Trainer (tests/test_fsdp_gpu.py), checked here on FSDP2 itself: 4 LoRA
+    steps sharded over 2 processes give one process's losses, and the adapter saved from the full state dict (as
+    the Trainer's final save under FSDP2 makes it) is whole, loads with peft and equals the unsharded one."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    for rank in (0, 1):
+        lora = fsdp_on_cpu[rank]["lora"]
+        assert lora["fsdp"] == pytest.approx(lora["single"], rel=1e-5)
+        assert lora["single"][-1] < lora["single"][0]  # it trained
+    saved = load_file(str(fsdp_on_cpu["dir"] / "fsdp" / "adapter_model.safetensors"))
+    single = load_file(str(fsdp_on_cpu["dir"] / "single" / "adapter_model.safetensors"))
+    assert saved.keys() == single.keys() and len(saved) == 4 * 7  # A and B of 7 linears in each of 2 layers
+    for name, tensor in saved.items():  # whole tensors, not a process's shard
+        assert tensor.shape == single[name].shape, name
+        assert torch.allclose(tensor, single[name], atol=1e-5), name
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(fsdp_on_cpu["dir"] / "fsdp"))
 
 
 @pytest.mark.multiproc
