@@ -2,8 +2,9 @@
 
 Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
 prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
-lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them); FSDP2 runs are, from the recipe's `fsdp:`. A preference run is planned with two
-sequences per pair (recipe_shape below), a GRPO run with its generation's KV cache, as `finetune plan` plans them.
+lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them); FSDP2 runs are, from the recipe's `fsdp:`.
+A preference run is planned with two sequences per pair (recipe_shape below), a GRPO run with its generation's KV
+cache, as `finetune plan` plans them.
 """
 
 from __future__ import annotations
