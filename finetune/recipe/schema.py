@@ -35,5 +35,6 @@ GROUPS = (
 # pydantic collects the fields of a model's bases from the last base to the first: the groups are listed in
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
-class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys, ModelKeys):
+class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys,
+             ModelKeys):
     """A fine-tuning run, start to finish."""
