@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-gib", type=float, default=None, help="memory per GPU, for a GPU not in the table")
     parser.add_argument("--num-gpus", type=int, default=1, help="data-parallel GPUs (default 1)")
     parser.add_argument("--zero-stage", type=int, choices=(0, 1, 2, 3), default=0, help="DeepSpeed ZeRO stage")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="FSDP2 over --num-gpus (a recipe with `fsdp:` plans it, with its settings, anyway)")
     parser.add_argument("--adapter", choices=("none", "lora", "qlora"), default=None)
     parser.add_argument("--lora-r", type=int, default=None)
     parser.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None)
@@ -285,6 +287,20 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
     return lines
 
 
+def _fsdp_knobs(args: argparse.Namespace, recipe) -> dict:
+    """FSDP2: the recipe's `fsdp:` (its reshard and offload settings), or `--fsdp` with the defaults."""
+    from finetune.plan.run_memory import fsdp_shape
+
+    knobs = fsdp_shape(recipe) if recipe is not None else {}
+    if args.fsdp and not knobs:
+        knobs = {"fsdp": True}
+    if knobs and args.zero_stage:
+        from finetune.errors import FinetuneError
+
+        raise FinetuneError("--zero-stage plans DeepSpeed ZeRO and `fsdp` plans FSDP2: a run uses one; drop one")
+    return knobs
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.plan.budget import PlanInputs, plan_memory, verdict
     from finetune.plan.model_size import count_model
@@ -301,7 +317,8 @@ def run(args: argparse.Namespace) -> int:
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],
                         gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
-                        zero_stage=args.zero_stage, num_gpus=args.num_gpus, **_batch_shape(knobs))
+                        zero_stage=args.zero_stage, num_gpus=args.num_gpus, **_batch_shape(knobs),
+                        **_fsdp_knobs(args, recipe))
     print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
     warning = _precision_warning(args, knobs["precision"])
     if warning:

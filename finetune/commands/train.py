@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     if launching and (args.num_processes > 1 or args.num_machines > 1):
         return launch(args, recipe)
     check_deepspeed_installed(recipe)
-    if recipe.deepspeed is not None and not inside_launch():
-        os.environ.update(single_process_env())  # DeepSpeed's process group, with one member
+    if (recipe.deepspeed is not None or recipe.fsdp is not None) and not inside_launch():
+        os.environ.update(single_process_env())  # DeepSpeed's / FSDP's process group, with one member
     skipped = skip_unused_libraries(recipe)  # start-up: no bitsandbytes / DeepSpeed imports it does not use
     if skipped:
         get_logger(__name__).info(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "

@@ -21,6 +21,8 @@ def resolve_compile(recipe, device=None) -> tuple[bool, str]:
     the small models trained there and compiling costs tens of seconds, and off on older GPUs (T4, V100)."""
     if recipe.compile != "auto":
         return bool(recipe.compile), "set in the recipe (compile)"
+    if getattr(recipe, "fsdp", None) is not None:  # `compile: true` with `fsdp` is refused (recipe/distributed.py)
+        return False, "auto: off under `fsdp` (FSDP2's hooks sit on the decoder layers compile would compile)"
     if device is None:
         from finetune.model.device import training_device
 

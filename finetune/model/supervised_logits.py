@@ -19,8 +19,8 @@ rows than one chunk holds, the head is handed zero rows, and the loss runs the h
 by chunk, each chunk under non-reentrant activation checkpointing: a chunk's logits are freed as soon as
 its loss is summed and recomputed in the backward pass, so at most one chunk's logits exist at a time,
 for one extra head matmul. Same loss (a sum of the same terms, divided the same way) and same gradients.
-Not under DeepSpeed ZeRO-3: every call of its partitioned head is a collective, so every process must call it
-as often as the others; there the head runs once, in the forward, on all the supervised rows.
+Not under DeepSpeed ZeRO-3 or FSDP2: every call of its partitioned head is a collective, so every process must call
+it as often as the others; there the head runs once, in the forward, on all the supervised rows.
 """
 
 from __future__ import annotations
@@ -32,6 +32,14 @@ MAX_LOSS_DIFFERENCE = 1e-4  # relative; fp32 sums over the same terms in a diffe
 # At most 2**26 logits a chunk: 256 MiB in fp32, e.g. 1,365 rows of a 49,152 vocabulary, 441 of 152,064.
 CHUNK_LOGITS = 2**26
 PROBE_CHUNK_ROWS = 4  # the probe's ~11 supervised rows then go through 3 chunks: the chunked path is proven too
+
+
+def sharded_head(module) -> bool:
+    """Is the LM head sharded by an engine that gathers it per call? ZeRO-3 partitions its weight; FSDP2
+    (accelerate puts the head and the final norm in a unit of their own) makes it an FSDPModule."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return zero3_partitioned(module) or isinstance(module, FSDPModule)
 
 
 class SupervisedLogits:
@@ -69,10 +77,10 @@ class SupervisedLogits:
             return None  # not training with labels, or a sliced / reshaped call: leave it alone
         self.gathered = True
         rows = hidden[self.mask]
-        # not under ZeRO-3: each call of its partitioned head is a collective, and processes whose batches hold
-        # different numbers of supervised rows would make different numbers of chunks (a hang); a recomputed chunk
-        # would also find the gathered weight freed. There the head runs once, here, on all the supervised rows.
-        if rows.shape[0] > self.chunk_rows and not zero3_partitioned(module):
+        # not under ZeRO-3 or FSDP2: each call of its partitioned head is a collective, and processes whose batches
+        # hold different numbers of supervised rows would make different numbers of chunks (a hang); a recomputed
+        # chunk would also find the gathered weight freed. There the head runs once, here, on all the supervised rows.
+        if rows.shape[0] > self.chunk_rows and not sharded_head(module):
             self.chunk_hidden = rows
             return (rows[:0], *args[1:])  # the head makes no logits here; the loss makes them chunk by chunk
         return (rows, *args[1:])

@@ -14,6 +14,12 @@ reference log-probs are computed once before training and cached (finetune/train
 GRPO scores micro_batch_size completions of up to seq_len tokens (prompt + completion) per micro batch, as SFT does
 its examples, and before each step generates the step's completions, whose KV cache is its own line
 (finetune/plan/grpo.py).
+
+FSDP2 (`fsdp:`) shards weights, gradients and optimizer states over the GPUs as ZeRO-3 does, in the dtype the
+model was built in (no extra master copy: a full fine-tune's fp32 weights are the master), and gathers each
+decoder layer's weights in the compute dtype for its pass: two layers at a time (the one computing and the one
+prefetched) plus the root unit (embeddings, final norm, lm_head), or every layer at the peak when
+reshard_after_forward is false. offload_params moves the shards, their gradients and the optimizer to CPU RAM.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from dataclasses import dataclass, replace
 
 from finetune.plan.activations import activation_memory, checkpointing_mode
 from finetune.plan.grpo import Generation, kv_cache_bytes
-from finetune.plan.memory import GIB, MemoryEstimate, TrainingSetup, estimate_memory
+from finetune.plan.memory import CUDA_CONTEXT_BYTES, FRAGMENTATION, GIB, MemoryEstimate, TrainingSetup, estimate_memory
 from finetune.plan.shape import ModelShape, Trainable
 
 
@@ -47,6 +53,9 @@ class PlanInputs:
     # each of up to seq_len tokens, the last completion_tokens of them generated; 0: nothing is generated
     generated_sequences: int = 0
     completion_tokens: int = 0
+    fsdp: bool = False  # FSDP2 shards over num_gpus (the recipe's `fsdp:`); its two knobs below
+    fsdp_reshard_after_forward: bool = True
+    fsdp_offload_params: bool = False
 
     def generation(self) -> Generation | None:
         """What a GRPO step generates, in the compute dtype (bf16 / fp16, autocast's too: 2 bytes; fp32: 4)."""
@@ -80,7 +89,8 @@ def training_setup(inputs: PlanInputs) -> TrainingSetup:
     # peft adds adapters beside the base (modules_to_save as copies), so the whole base stays, frozen
     frozen = 0 if inputs.adapter == "none" else inputs.shape.total_params - trainable.quantized_params
     common = dict(trainable=trainable, frozen_params=frozen, optimizer=inputs.optimizer,
-                  zero_stage=inputs.zero_stage, num_gpus=inputs.num_gpus, hidden_size=inputs.shape.hidden_size)
+                  zero_stage=3 if inputs.fsdp else inputs.zero_stage,  # FSDP2 shards what ZeRO-3 shards
+                  num_gpus=inputs.num_gpus, hidden_size=inputs.shape.hidden_size)
     if inputs.adapter == "none":
         if deepspeed and half:  # DeepSpeed: 16-bit weights and gradients, fp32 master + states
             return TrainingSetup(trainable_bytes=2, master_weights=True, **common)
@@ -93,8 +103,8 @@ def training_setup(inputs: PlanInputs) -> TrainingSetup:
 def compute_mode(inputs: PlanInputs) -> str:
     if inputs.precision == "fp32":
         return "fp32"
-    if inputs.adapter == "lora" or (inputs.adapter == "none" and inputs.zero_stage > 0):
-        return "bf16"  # weights held in 16 bits
+    if inputs.adapter == "lora" or (inputs.adapter == "none" and (inputs.zero_stage > 0 or inputs.fsdp)):
+        return "bf16"  # weights held (FSDP2: gathered) in 16 bits
     return "autocast"  # fp32 weights (full) or fp32 residual stream around 4-bit matmuls (QLoRA)
 
 
@@ -117,7 +127,30 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
     generation = inputs.generation()
     kv_cache = kv_cache_bytes(inputs.shape, generation) if generation else 0
-    return estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache, generation_bytes=kv_cache)
+    estimate = estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache, generation_bytes=kv_cache)
+    return _fsdp(estimate, inputs) if inputs.fsdp else estimate
+
+
+def fsdp_gathered_bytes(inputs: PlanInputs) -> float:
+    """The weights FSDP2 holds unsharded at its peak, in the compute dtype (2 bytes, fp32: 4): each decoder layer
+    is one unit (its Linear weights: quantizable_params / num_layers), the root unit (embeddings, norms, lm_head:
+    the rest) stays gathered through forward and backward."""
+    shape = inputs.shape
+    e = 4 if inputs.precision == "fp32" else 2
+    per_layer = shape.quantizable_params / shape.num_layers
+    root = shape.total_params - shape.quantizable_params
+    layers = shape.num_layers if not inputs.fsdp_reshard_after_forward else min(2, shape.num_layers)
+    return (root + layers * per_layer) * e
+
+
+def _fsdp(estimate: MemoryEstimate, inputs: PlanInputs) -> MemoryEstimate:
+    planned = MemoryEstimate(components=dict(estimate.components))
+    if inputs.fsdp_offload_params:  # the shards, their gradients and the optimizer step live in CPU RAM
+        for name in ("weights", "gradients", "master weights", "optimizer states", "optimizer step temporaries"):
+            planned.components[name] = 0.0
+    planned.components["FSDP gathered weights"] = fsdp_gathered_bytes(inputs)
+    planned.overhead = CUDA_CONTEXT_BYTES + FRAGMENTATION * planned.peak_allocated
+    return planned
 
 
 @dataclass(frozen=True)
@@ -147,7 +180,10 @@ def _candidates(inputs: PlanInputs) -> list[tuple[str, PlanInputs]]:
     if inputs.optimizer in ("adamw_torch", "adamw_torch_fused", "paged_adamw_32bit"):
         out.append(("optimizer: adamw_8bit (bitsandbytes; 2 bytes of state per parameter instead of 8)",
                     replace(inputs, optimizer="adamw_8bit")))
-    if inputs.num_gpus > 1 and inputs.zero_stage < 3:
+    if inputs.fsdp and not inputs.fsdp_offload_params:
+        out.append(("fsdp: {offload_params: true} (shards, gradients and optimizer in CPU RAM; slower)",
+                    replace(inputs, fsdp_offload_params=True)))
+    if inputs.num_gpus > 1 and inputs.zero_stage < 3 and not inputs.fsdp:
         stage = inputs.zero_stage + 1 if inputs.adapter == "none" else 3
         out.append((f"DeepSpeed ZeRO stage {stage} across the {inputs.num_gpus} GPUs", replace(inputs, zero_stage=stage)))
     if inputs.adapter == "none" and inputs.lora is not None:
@@ -171,7 +207,7 @@ def verdict(inputs: PlanInputs, budget_bytes: float) -> Verdict:
             suggestions.append(f"{text}: ~{need / GIB:.1f} GiB ({mark})")
         if not any(s.endswith("(fits)") for s in suggestions):
             suggestions.append(_combined(inputs, budget_bytes))
-        if inputs.num_gpus > 1 or inputs.zero_stage > 0:
+        if (inputs.num_gpus > 1 or inputs.zero_stage > 0) and not inputs.fsdp:
             suggestions.append("ZeRO-Offload (offload_optimizer: cpu) moves optimizer states to CPU RAM")
     return Verdict(fits, estimate, budget_bytes, suggestions)
 

@@ -96,7 +96,8 @@ class MemoryEstimate:
 
     @property
     def model_states(self) -> float:
-        return sum(self.components.get(k, 0.0) for k in ("weights", "gradients", "master weights", "optimizer states"))
+        return sum(self.components.get(k, 0.0) for k in ("weights", "gradients", "master weights", "optimizer states",
+                                                         "FSDP gathered weights"))  # FSDP2: the layers it gathers
 
     @property
     def peak_allocated(self) -> float:

@@ -2,8 +2,9 @@
 
 Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
 prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
-lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them). A preference run is planned with two
-sequences per pair (recipe_shape below), a GRPO run with its generation's KV cache, as `finetune plan` plans them.
+lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them); FSDP2 runs are, from the recipe's `fsdp:`.
+A preference run is planned with two sequences per pair (recipe_shape below), a GRPO run with its generation's KV
+cache, as `finetune plan` plans them.
 """
 
 from __future__ import annotations
@@ -25,12 +26,22 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
                         seq_len=recipe.sequence_len, micro_batch_size=recipe.micro_batch_size,
                         gradient_checkpointing=recipe.gradient_checkpointing,
                         attn=attn if attn in ("eager", "sdpa", "flash_attention_2") else "sdpa",
-                        num_gpus=num_gpus, lora_dropout=recipe.lora_dropout > 0, **recipe_shape(recipe))
+                        num_gpus=num_gpus, lora_dropout=recipe.lora_dropout > 0, **recipe_shape(recipe),
+                        **fsdp_shape(recipe))
     try:
         estimate = plan_memory(inputs)
     except (FinetuneError, ValueError):  # an optimizer or adapter the planner has no table for
         return None
     return {"peak_allocated_gib": estimate.peak_allocated / GIB, "total_gib": estimate.total / GIB}
+
+
+def fsdp_shape(recipe) -> dict:
+    """PlanInputs' FSDP2 knobs from the recipe's `fsdp:` ({} without one)."""
+    spec = getattr(recipe, "fsdp", None)
+    if spec is None:
+        return {}
+    return {"fsdp": True, "fsdp_reshard_after_forward": spec.reshard_after_forward,
+            "fsdp_offload_params": spec.offload_params}
 
 
 def recipe_shape(recipe) -> dict:

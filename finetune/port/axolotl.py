@@ -53,8 +53,8 @@ def _wandb_project(value, config) -> Settings:
 
 
 _NO_TYPES = "not needed: transformers' Auto classes read the model's config.json and tokenizer_config.json"
-_FSDP = ("not in finetune: it scales out with DeepSpeed ZeRO instead of FSDP; `deepspeed: zero3` shards like "
-         "full_shard (`zero3_offload` for fsdp_offload_params); see docs/distributed.md")
+_FSDP = ("write FSDP2's settings under `fsdp:` (offload_params, reshard_after_forward, state_dict_type, "
+         "transformer_layer_cls_to_wrap; docs/distributed.md); `finetune port` converts axolotl's FSDP1 and FSDP2 keys")
 _KERNEL = ("not needed: axolotl's fused Triton LoRA kernels are a speed option with the same math; finetune uses "
            "peft's LoRA layers")
 _WANDB_ENV = "not in finetune: wandb reads it from the environment (WANDB_ENTITY, WANDB_NAME, WANDB_WATCH, " \
@@ -142,7 +142,6 @@ KEYS: dict[str, AxolotlKey] = {
     "eval_table_size": AxolotlKey("not in finetune: `finetune generate` samples from the trained model"),
     "eval_max_new_tokens": AxolotlKey("not in finetune: `finetune generate` samples from the trained model"),
     # --- scale out ---
-    "fsdp": AxolotlKey(_FSDP),
     "fsdp_config": AxolotlKey(_FSDP),
     "fsdp_version": AxolotlKey(_FSDP),
     "fsdp_final_state_dict_type": AxolotlKey(_FSDP),

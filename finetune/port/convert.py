@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, grpo
+from finetune.port import axolotl, fsdp, grpo
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.data import DatasetSpec
@@ -182,6 +182,8 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         if key == "datasets" and isinstance(value, list):
             specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+        elif key in fsdp.TOP_KEYS:
+            pass  # read together once the other keys are in (_fsdp_recipe)
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
         elif key in preference.RL_KEYS and value is not None:
@@ -204,6 +206,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             _shared_value(key, value, out, source_dir)
         else:
             out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
+    _fsdp_recipe(config, out)
     if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
@@ -220,6 +223,34 @@ def port_axolotl(config: dict, source_dir) -> Ported:
     elif rl:
         _preference_recipe(config, rl_ports, out)
     return out
+
+
+def _fsdp_recipe(config: dict, out: Ported) -> None:
+    """axolotl's `fsdp` / `fsdp_config` / `fsdp_version` together -> finetune's `fsdp:` section (FSDP2)."""
+    given = {key: config[key] for key in fsdp.TOP_KEYS if key in config}
+    if not given:
+        return
+    if not fsdp.used(config):
+        for key, value in given.items():
+            out.drop(key, value, _EMPTY if value is None else "dropped: FSDP is off (no `fsdp_config`)")
+        return
+    if config.get("adapter") == "qlora" or config.get("load_in_4bit") or config.get("load_in_8bit"):
+        for key, value in given.items():
+            out.drop(key, value, fsdp.QUANTIZED)
+        return
+    ported = fsdp.port(config)
+    for name, value in ported.settings.items():
+        if name == "gradient_checkpointing" and out.settings.get(name) != value:
+            out.comments[name] = [f"from axolotl `fsdp_config.activation_checkpointing: true` (FSDP2 checkpoints "
+                                  "each decoder layer itself under `fsdp`)"]
+        out.settings[name] = value
+    if "fsdp" not in out.settings:  # NO_SHARD: plain data parallelism
+        for key, value in given.items():
+            out.drop(key, value, "dropped: " + "; ".join(ported.notes))
+        return
+    out.note("fsdp", f"from axolotl {', '.join(f'`{key}`' for key in given)}: FSDP2 (docs/distributed.md)")
+    for text in ported.notes:
+        out.note("fsdp", text)
 
 
 def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:

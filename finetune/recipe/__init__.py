@@ -5,7 +5,8 @@
     adapter.py   full / LoRA / QLoRA and the quantized base
     methods.py   `method:` and each method's settings (which method reads which key, its default there)
     data.py      `datasets:` (one DatasetSpec per source) and how records become tokens
-    training.py  batch, schedule, optimizer, precision, scale-out
+    training.py  batch, schedule, optimizer, precision, scale-out (DeepSpeed)
+    distributed.py  `fsdp:` (FSDPSpec): FSDP2, the other scale-out engine, and what it refuses
     output.py    output_dir, logging, checkpoints, resume, the guard, trackers
     evaluation.py  `eval:` (EvalSpec)
     tags.py      what each key affects (the cache and checkpoint fingerprints read these), the Strict base

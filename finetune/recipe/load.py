@@ -18,6 +18,7 @@ from finetune.recipe.data import DatasetSpec
 from finetune.recipe.evaluation import EvalSpec
 from finetune.recipe.checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
 from finetune.recipe.data import RECORD_TYPES, looks_like_hub_id
+from finetune.recipe.distributed import fsdp_problems
 from finetune.recipe.grpo import grpo_problems
 from finetune.recipe.methods import method_problems
 
@@ -264,6 +265,7 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
     problems += method_problems(recipe)
     problems += grpo_problems(recipe, world_size)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
+    problems += fsdp_problems(recipe)
     return problems
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from finetune.recipe.adapter import AdapterKeys
 from finetune.recipe.data import DataKeys
+from finetune.recipe.distributed import DistributedKeys
 from finetune.recipe.evaluation import EvalKeys
 from finetune.recipe.grpo import GRPOKeys
 from finetune.recipe.methods import MethodKeys
@@ -25,6 +26,7 @@ GROUPS = (
     ("GRPO: online RL with rewards a program checks", GRPOKeys),
     ("Data", DataKeys),
     ("Training", TrainingKeys),
+    ("Scale-out: FSDP2", DistributedKeys),
     ("Output, checkpoints and tracking", OutputKeys),
     ("After training", EvalKeys),
 )
@@ -33,5 +35,6 @@ GROUPS = (
 # pydantic collects the fields of a model's bases from the last base to the first: the groups are listed in
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
-class Recipe(EvalKeys, OutputKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys, ModelKeys):
+class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys,
+             ModelKeys):
     """A fine-tuning run, start to finish."""

@@ -6,6 +6,7 @@
     checkpoints.py      where checkpoints live, when one is complete, which one to resume
     deepspeed_config.py the DeepSpeed JSON as the Trainer gets it ("auto" values); finding it and checking it
                         against the recipe happen at load time, in finetune/recipe/checks.py
+    fsdp_config.py      its sibling for FSDP2: the recipe's `fsdp:` as TrainingArguments' fsdp_config
     launch.py           starting N processes (accelerate / torchrun)
     curves.py           loss_curve.png and the underfit / overfit verdict
     preference_loss.py  DPO, IPO, SimPO, ORPO, KTO losses and metrics: per-pair pure functions of per-sequence

@@ -33,7 +33,8 @@ def training_arguments(recipe, settings: Resolved):
     scheduler, scheduler_kwargs = recipe.lr_scheduler, None
     if recipe.lr_scheduler == "cosine" and recipe.cosine_min_lr_ratio is not None:
         scheduler, scheduler_kwargs = "cosine_with_min_lr", {"min_lr_rate": recipe.cosine_min_lr_ratio}
-    full_checkpointing = recipe.gradient_checkpointing == "full"
+    # under `fsdp`, `full` is FSDP's own activation checkpointing (in settings.fsdp)
+    full_checkpointing = recipe.gradient_checkpointing == "full" and settings.fsdp is None
     reporters = _reporters(recipe)
     return TrainingArguments(
         output_dir=recipe.output_dir,
@@ -76,6 +77,8 @@ def training_arguments(recipe, settings: Resolved):
         train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
         disable_tqdm=not sys.stderr.isatty(),
         deepspeed=settings.deepspeed,  # its "auto" values are filled from the arguments above
+        fsdp=settings.fsdp is not None,  # FSDP2: accelerate's plugin from fsdp_config (train/fsdp_config.py)
+        fsdp_config=dict(settings.fsdp) if settings.fsdp is not None else None,  # a copy: transformers edits it
         # several CPU processes without DeepSpeed: a gloo group (see start_process_group)
         use_cpu=not settings.cuda and settings.world_size > 1 and settings.deepspeed is None,
         accelerator_config={"use_configured_state": True},

@@ -23,6 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from finetune.atomic import honour_umask
 from finetune.errors import FinetuneError
 from finetune.log import get_logger
@@ -61,9 +63,17 @@ def claim_output_dir(output_dir: Path) -> None:
         owner.write_text(json.dumps({"created": time.time(), "pid": os.getpid()}) + "\n", encoding="utf-8")
 
 
+def _fingerprint_value(value):
+    """A section (`fsdp:`) counts by its own keys that affect training (`state_dict_type`: the checkpoint's layout),
+    so changing one that does not (offload, resharding) still resumes."""
+    if isinstance(value, BaseModel):
+        return {name: getattr(value, name) for name in fields_affecting(type(value), TRAIN)}
+    return value
+
+
 def run_fingerprint(recipe, data_key: str, world_size: int) -> dict:
     """What a checkpoint must agree with to be resumed exactly (recorded in its marker)."""
-    fields = {name: getattr(recipe, name, None) for name in FINGERPRINT_FIELDS}
+    fields = {name: _fingerprint_value(getattr(recipe, name, None)) for name in FINGERPRINT_FIELDS}
     fields.update(data=data_key, world_size=world_size)
     return json.loads(json.dumps(fields, default=str))
 

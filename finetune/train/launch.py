@@ -97,8 +97,11 @@ def launch(args: argparse.Namespace, recipe) -> int:
     """Start the processes for `finetune train --num-processes N` and wait; returns their exit code."""
     import torch  # only here: the launcher needs the device count
 
+    from finetune.train.fsdp_config import check_fsdp_device
+
     check_deepspeed_installed(recipe)
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    check_fsdp_device(recipe, bool(cuda_devices))  # before any process starts
     port = args.main_process_port
     if port is None:
         if args.num_machines > 1:

@@ -53,6 +53,9 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
 
     trainer, output_dir = run["trainer"], Path(recipe.output_dir)
     restore_sdpa(base_causal_lm(trainer.model))  # the saved config must name an attention every loader has
+    # FSDP2: the final save is the whole model or adapter, whatever layout the checkpoints use (fsdp.state_dict_type)
+    if getattr(trainer, "is_fsdp_enabled", False):
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     with clear_write_errors(layout, "the trained model"):
         trainer.save_model(str(output_dir))
         if trainer.is_world_process_zero():

@@ -130,7 +130,7 @@ class Built(NamedTuple):
 def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
-    ZeRO-3, where they wait for the DeepSpeed engine to gather the weights; then the decoder layers are
+    ZeRO-3 and FSDP2, where they wait for the engine to shard and gather the weights; then the decoder layers are
     compiled when asked."""
     from transformers import set_seed
 
@@ -166,7 +166,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     at_train_begin, full_logits = [], False
     if settings.weights_partitioned and store is not None:
         full_logits = probe  # ZeRO-3: the trainer probes at its first loss, before the reference pass needs the answer
-    elif settings.weights_partitioned:  # ZeRO-3: after the engine gathers the weights
+    elif settings.weights_partitioned:  # ZeRO-3 / FSDP2: after the engine shards the model and gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
     else:
         if device.type != "cpu" and not getattr(model, "hf_device_map", None):

@@ -34,6 +34,7 @@ class Resolved:
     has_eval: bool
     numbers: dict  # plan_numbers(): steps, examples and tokens per optimizer step
     deepspeed: dict | None  # the recipe's DeepSpeed JSON, read once, as TrainingArguments takes it
+    fsdp: dict | None = None  # the recipe's `fsdp:` as TrainingArguments' fsdp_config (train/fsdp_config.py)
 
     @property
     def packed(self) -> bool:
@@ -46,11 +47,12 @@ class Resolved:
 
     @property
     def weights_partitioned(self) -> bool:
-        """ZeRO-3: each process holds a shard of every weight, so a forward pass waits for the DeepSpeed
-        engine, which gathers the weights layer by layer."""
+        """ZeRO-3 or FSDP2: each process holds a shard of every weight once the Trainer wraps the model, so a
+        forward pass waits for the engine (DeepSpeed's, or FSDP2's hooks), which gathers the weights layer by
+        layer; until then the model stays where it was loaded (FSDP2 moves each shard to its GPU)."""
         from finetune.train.deepspeed_config import zero_stage
 
-        return self.deepspeed is not None and zero_stage(self.deepspeed) == 3
+        return (self.deepspeed is not None and zero_stage(self.deepspeed) == 3) or self.fsdp is not None
 
     def record(self) -> dict:
         """What run.json records of the resolution."""
@@ -121,9 +123,11 @@ def resolve(recipe, prepared, world_size: int, cuda: bool | None = None, *, devi
     from finetune.plan.lr_recipe import resolve_learning_rate
     from finetune.train.deepspeed_config import trainer_deepspeed_config
     from finetune.train.fast_paths import Choice, DeviceProbes, prove_fast_paths
+    from finetune.train.fsdp_config import check_fsdp_device, trainer_fsdp_config
 
     device = device or (Device() if cuda is False else training_device())
     check_trainable(recipe, device)  # flex_attention set for a CPU: refused before any model is loaded
+    check_fsdp_device(recipe, device.cuda)  # `fsdp` on a CPU: the same
     precision = resolve_precision(recipe, device)
     choice = prove_fast_paths(recipe, Choice(*choose_attention(recipe, device), *resolve_compile(recipe, device), {}),
                               probes or DeviceProbes(recipe, device, precision))
@@ -141,4 +145,5 @@ def resolve(recipe, prepared, world_size: int, cuda: bool | None = None, *, devi
         packed_train=packed_train, packed_eval=packed_eval and has_eval, has_eval=has_eval,
         numbers=plan_numbers(recipe, prepared, world_size),
         deepspeed=trainer_deepspeed_config(recipe.deepspeed) if recipe.deepspeed else None,
+        fsdp=trainer_fsdp_config(recipe),
     )
