@@ -16,6 +16,7 @@ from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
+from finetune.recipe.adapter import mutates_base
 
 log = get_logger(__name__)
 
@@ -93,6 +94,10 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         ensure_weight_tying=tie_embeddings and bool(modules_to_save),
         bias="none",
         task_type="CAUSAL_LM",
+        # the variants (docs/lora.md): magnitudes + directions, alpha / sqrt(r), the adapters' starting values
+        use_dora=recipe.peft_use_dora,
+        use_rslora=recipe.peft_use_rslora,
+        init_lora_weights=recipe.peft_init_lora_weights,
     )
 
 
@@ -155,7 +160,15 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         from peft import get_peft_model
 
         check_targets(module_groups(model), recipe.lora_target_modules)
+        if modules_to_save and mutates_base(recipe):
+            raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
+                             "embeddings (lora_modules_to_save, widened for the added tokens): peft's conversion for "
+                             "the original base keeps only A and B; use the default init, or add no tokens")
         model = get_peft_model(model, lora)
+        if mutates_base(recipe):
+            log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
+                     "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
+                     "LoRA for the original base")
     trainable, total = count_parameters(model)
     log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer

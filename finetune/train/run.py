@@ -125,6 +125,8 @@ class Built(NamedTuple):
     # preference methods: log-probs from the model's full logits (sequence_logps.py); under ZeRO-3 the probe that
     # answers it, run by the trainer once the engine holds the weights
     full_logits: object = False
+    # PiSSA / OLoRA: the adapter's starting tensors, for the final save's conversion (model/lora_variants.py)
+    initial_adapter: dict | None = None
 
 
 def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
@@ -136,11 +138,14 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
 
     from finetune.data.collate import Collator
     from finetune.model import base_causal_lm, build_model
+    from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
+    from finetune.recipe.adapter import mutates_base
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
     model, tokenizer = build_model(recipe, tokenizer, settings.precision, settings.attn_implementation)
+    initial = initial_adapter(model) if mutates_base(recipe) else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
@@ -175,7 +180,8 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
             model.to(device)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits)
+    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
+                 initial)
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -258,6 +264,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
     from finetune.train.fast_paths import kernel_failures
+    from finetune.train.loraplus import optimizer_cls_and_kwargs as loraplus_optimizer
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
@@ -285,6 +292,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         trainer_class, own_kwargs = PreferenceTrainer, preference_trainer_kwargs(recipe, built, prepared, reference)
     trainer = trainer_class(
         **own_kwargs,
+        optimizer_cls_and_kwargs=loraplus_optimizer(recipe, args),  # None unless LoRA+ (train/loraplus.py)
         callbacks=[*own, throughput, step_losses, *built.callbacks],
         model=model,
         args=args,
@@ -305,6 +313,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         eval_after = final_eval_loss(trainer) if settings.has_eval else None
     return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
-            "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput}
+            "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
+            "initial_adapter": built.initial_adapter}
 
 

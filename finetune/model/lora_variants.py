@@ -1,0 +1,43 @@
+"""The LoRA variants' steps around peft (docs/lora.md): PiSSA / OLoRA's adapter saved for the ORIGINAL base.
+
+PiSSA and OLoRA start the adapter from a decomposition of each weight W and leave the rest in the base:
+W_res = W - s * B0 @ A0. Training then moves A, B; the trained model is W_res + s * B @ A. An adapter that
+needs W_res is useless to anyone holding W, so the final save is converted with peft's own conversion
+(`save_pretrained(path_initial_model_for_weight_conversion=...)`): W_res + s*B@A = W + s*(B@A - B0@A0) =
+W + s * [B | -B0] @ [A ; A0], a plain LoRA adapter of rank 2r (alpha doubled, or x sqrt(2) under rsLoRA) on W.
+Merge, GGUF export, eval and chat then load it on the untouched base like any adapter.
+
+The starting adapter (A0, B0) is kept in memory from build time: the init is deterministic under the run's seed
+(an SVD or QR of the weights; pissa_niter's randomized SVD draws after set_seed), so a resumed run rebuilds the
+same W_res and the same A0, B0 before the checkpoint's A, B are loaded.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+INITIAL = "initial_adapter"  # peft loads the starting adapter under its folder's name, beside "default"
+
+
+def initial_adapter(model) -> dict:
+    """The adapter's starting tensors (the saved-file keys), copied to the CPU."""
+    from peft import get_peft_model_state_dict
+
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in get_peft_model_state_dict(model).items()}
+
+
+def save_for_original_base(model, folder: Path, initial: dict) -> None:
+    """Write `model`'s adapter into `folder` converted to plain LoRA on the original (unmutated) base."""
+    from safetensors.torch import save_file
+
+    scratch = Path(tempfile.mkdtemp(prefix="finetune-lora-init-"))
+    try:
+        start = scratch / INITIAL
+        start.mkdir()
+        save_file({name: tensor.contiguous() for name, tensor in initial.items()}, str(start / "adapter_model.safetensors"))
+        # peft writes the starting adapter's config there itself (init_lora_weights=True: load it as it is)
+        model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(start))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
