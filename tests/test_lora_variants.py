@@ -27,6 +27,7 @@ VARIANTS = {
     "pissa": {"peft_init_lora_weights": "pissa"},
     "olora": {"peft_init_lora_weights": "olora", "peft_use_rslora": True},
     "loraplus": {"loraplus_lr_ratio": RATIO},
+    "eva": {"peft_init_lora_weights": "eva"},
 }
 
 
@@ -162,6 +163,22 @@ def test_pissa_and_olora_save_a_plain_lora_adapter_for_the_original_base(runs, t
     assert checkpoint["r"] == 4 and checkpoint["init_lora_weights"] == name
 
 
+def test_eva_starts_from_the_data_and_moves_ranks_between_layers(runs, tiny_model_dir):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    recipe, capture = runs["eva"]
+    folder = recipe.parent / "out"
+    config = json.loads((folder / "adapter_config.json").read_text())
+    assert config["init_lora_weights"] == "eva" and config["rank_pattern"]  # redistributed from r=4
+    assert set(config["rank_pattern"].values()) != {4}
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    layer = next(iter(config["rank_pattern"]))
+    assert saved[f"base_model.model.{layer}.lora_A.weight"].shape[0] == config["rank_pattern"][layer]
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(folder)).eval()
+    torch.testing.assert_close(_logits(model, capture.ids), capture.logits, rtol=1e-4, atol=1e-4)
+
+
 def test_loraplus_gives_the_b_matrices_the_ratio(runs):
     _, capture = runs["loraplus"]
     rates = {}
@@ -186,7 +203,8 @@ RESUME = dict(n=14, micro_batch_size=2, gradient_accumulation_steps=2, num_epoch
 @pytest.mark.parametrize("variant", [
     {"peft_use_dora": True, "peft_use_rslora": True, "loraplus_lr_ratio": 4.0},
     {"peft_init_lora_weights": "pissa", "loraplus_lr_ratio": 4.0},
-], ids=["dora+rslora+loraplus", "pissa+loraplus"])
+    {"peft_init_lora_weights": "eva"},
+], ids=["dora+rslora+loraplus", "pissa+loraplus", "eva"])
 def test_a_killed_run_resumes_exactly(make_recipe, tmp_path, variant):
     """The bar of tests/test_resume.py: SIGKILL mid-step, resume, the same per-step losses, gradient norms and
     final adapter as a run never interrupted (LoRA+'s groups reload in order; PiSSA rebuilds the same residual)."""
@@ -217,7 +235,8 @@ def test_a_killed_run_resumes_exactly(make_recipe, tmp_path, variant):
 
 @pytest.mark.parametrize("settings,message", [
     ({"adapter": "none", "peft_use_dora": True}, "`peft_use_dora` is a LoRA setting, but `adapter: none`"),
-    ({"peft_init_lora_weights": "eva"}, "EVA initialises A from an SVD of each layer's inputs"),
+    ({"peft_init_lora_weights": "eva", "method": "dpo"}, "finetune runs that data pass for `method: sft` only"),
+    ({"peft_init_lora_weights": "eva", "deepspeed": "zero3"}, "ZeRO-3 holds weights in shards"),
     ({"peft_init_lora_weights": "loftq"}, "use true, gaussian, pissa, pissa_niter_N or olora"),
     ({"peft_init_lora_weights": False}, "starts B random"),
     ({"peft_init_lora_weights": "pissa_niter_x"}, "e.g. `pissa_niter_4`"),

@@ -16,7 +16,7 @@ from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
-from finetune.recipe.adapter import mutates_base
+from finetune.recipe.adapter import mutates_base, uses_eva
 
 log = get_logger(__name__)
 
@@ -82,7 +82,7 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
     recipe's, widened by build_model when new tokens need trained embeddings."""
     if recipe.adapter == "none":
         return None
-    from peft import LoraConfig
+    from peft import EvaConfig, LoraConfig
 
     return LoraConfig(
         r=recipe.lora_r,
@@ -98,6 +98,9 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         use_dora=recipe.peft_use_dora,
         use_rslora=recipe.peft_use_rslora,
         init_lora_weights=recipe.peft_init_lora_weights,
+        # EVA's defaults (rho=2: a layer may take up to 2r of the rank budget); the data pass is
+        # finetune/model/lora_variants.py: eva_initialise, run by the training run once the data is there
+        eva_config=EvaConfig() if uses_eva(recipe) else None,
     )
 
 
@@ -164,7 +167,11 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
                              "embeddings (lora_modules_to_save, widened for the added tokens): peft's conversion for "
                              "the original base keeps only A and B; use the default init, or add no tokens")
-        model = get_peft_model(model, lora)
+        try:
+            model = get_peft_model(model, lora)
+        except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
+            raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
+                             "Drop the LoRA variant key it names (docs/lora.md), or use another base") from None
         if mutates_base(recipe):
             log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
                      "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
@@ -172,6 +179,12 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     trainable, total = count_parameters(model)
     log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer
+
+
+def peft_version() -> str:
+    from importlib.metadata import version
+
+    return version("peft")
 
 
 def continue_adapter(model, folder, recipe):

@@ -1,4 +1,5 @@
-"""The LoRA variants' steps around peft (docs/lora.md): PiSSA / OLoRA's adapter saved for the ORIGINAL base.
+"""The LoRA variants' steps around peft (docs/lora.md): PiSSA / OLoRA's adapter saved for the ORIGINAL base, and
+EVA's data pass.
 
 PiSSA and OLoRA start the adapter from a decomposition of each weight W and leave the rest in the base:
 W_res = W - s * B0 @ A0. Training then moves A, B; the trained model is W_res + s * B @ A. An adapter that
@@ -41,3 +42,27 @@ def save_for_original_base(model, folder: Path, initial: dict) -> None:
         model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(start))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def eva_initialise(model, collator, rows, micro_batch_size: int) -> dict:
+    """EVA (peft's `initialize_lora_eva_weights`): A from the top principal directions of each adapted layer's
+    inputs, on the training examples' supervised tokens (labels != -100), micro batch by micro batch in dataset
+    order, cycling until the directions converge; ranks move between layers (peft's rank_pattern). Deterministic
+    (the same rows, peft's fixed low-rank SVD seed), so a resumed run rebuilds the same start. Each process runs
+    it on the same rows alone (no gathering), and gets the same answer. Returns the rank per layer that changed."""
+    import torch
+    from peft import initialize_lora_eva_weights
+
+    device = next(p.device for p in model.parameters() if p.device.type != "meta")
+
+    class Batches:  # made as peft asks for them: it stops once the directions converge (often within one pass)
+        def __len__(self):
+            return -(-len(rows) // micro_batch_size)
+
+        def __iter__(self):
+            for start in range(0, len(rows), micro_batch_size):
+                batch = collator([rows[i] for i in range(start, min(start + micro_batch_size, len(rows)))])
+                yield {k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
+
+    initialize_lora_eva_weights(model, Batches(), gather_distributed_inputs=False, show_progress_bar=False)
+    return dict(model.peft_config["default"].rank_pattern or {})

@@ -42,7 +42,10 @@ def lora_variant_lines(recipe, learning_rate: float | None) -> list[str]:
         lines.append("DoRA                       the plain-LoRA learning rate (the DoRA paper's comparison); the "
                      "magnitudes train at it too")
     init = recipe.peft_init_lora_weights
-    if isinstance(init, str) and init != "gaussian":
+    if init == "eva":
+        lines.append("eva                        A starts at the principal directions of each layer's inputs, B at "
+                     "zero; the plain-LoRA learning rate (the EVA paper's comparison)")
+    elif isinstance(init, str) and init != "gaussian":
         lines.append(f"{init:<27}the adapters start from the weight's decomposition, not at zero; the plain-LoRA "
                      "learning rate (the PiSSA paper's comparison)")
     return lines

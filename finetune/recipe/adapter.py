@@ -77,7 +77,8 @@ class AdapterKeys(Strict):
                     "directions and the base keeps the rest (`pissa_niter_N`: a fast randomized SVD with N "
                     "iterations). `olora`: A and B from a QR decomposition of the weight, the base keeps the rest. "
                     "PiSSA and OLoRA change the base in memory; the saved adapter is converted to plain LoRA for the "
-                    "original base. (`eva` is refused: see docs/lora.md.)",
+                    "original base. `eva`: A from the principal directions of each layer's inputs on the training "
+                    "data (a data pass before training, `method: sft`), ranks redistributed between layers.",
         json_schema_extra=affects(TRAIN),
     )
 
@@ -113,6 +114,11 @@ def lora_init(value) -> str:
     return str(value)
 
 
+def uses_eva(recipe) -> bool:
+    """EVA: A starts from the principal directions of each layer's inputs on the training data (a data pass)."""
+    return recipe.adapter != "none" and lora_init(recipe.peft_init_lora_weights) == "eva"
+
+
 def mutates_base(recipe) -> bool:
     """PiSSA / OLoRA: the base weight in memory is W - (the adapter's starting value); the saved adapter is converted."""
     return recipe.adapter != "none" and lora_init(recipe.peft_init_lora_weights) in MUTATING_INITS
@@ -120,7 +126,7 @@ def mutates_base(recipe) -> bool:
 
 def _init_problem(value) -> str | None:
     name = lora_init(value)
-    if name in ("default", "gaussian", "olora"):
+    if name in ("default", "gaussian", "olora", "eva"):
         return None
     if name == "pissa":
         niter = str(value).removeprefix("pissa").removeprefix("_niter_")
@@ -131,10 +137,6 @@ def _init_problem(value) -> str | None:
     if name == "false":
         return ("`peft_init_lora_weights: false` starts B random, so the model changes before it trains (peft keeps "
                 "it for tests); use `true` (the default) or `gaussian`")
-    if name == "eva":
-        return ("`peft_init_lora_weights: eva` is not supported by finetune yet: EVA initialises A from an SVD of "
-                "each layer's inputs over batches of the training data, a data pass before training that finetune "
-                "does not run (nor repeat on resume); use `pissa` or `olora` for a data-free start from the weights")
     return (f"`peft_init_lora_weights: {value}` is not one finetune supports; use true, gaussian, pissa, "
             "pissa_niter_N or olora")
 
@@ -150,6 +152,10 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
         problems.append(init)
     if recipe.loraplus_lr_embedding is not None and recipe.loraplus_lr_ratio is None:
         problems.append("`loraplus_lr_embedding` is a LoRA+ setting; set `loraplus_lr_ratio` too (e.g. 16), or remove it")
+    if not init and uses_eva(recipe) and recipe.method != "sft":
+        problems.append(f"`peft_init_lora_weights: eva` starts the adapters from an SVD of each layer's inputs over "
+                        f"the training examples; finetune runs that data pass for `method: sft` only, not "
+                        f"`{recipe.method}` (its rows are pairs or prompts). Use the default init, or pissa / olora")
     if init or not mutates_base(recipe):
         return problems
     name = "PiSSA" if lora_init(recipe.peft_init_lora_weights) == "pissa" else "OLoRA"

@@ -18,7 +18,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from finetune.recipe.adapter import mutates_base
+from finetune.recipe.adapter import mutates_base, uses_eva
 from finetune.run_folder import MARKER, foreign_entries, read_marker
 
 
@@ -251,10 +251,10 @@ def _lora_variant_problems(config: dict, recipe, stage: int) -> list[str]:
                         f"brings its own optimizer ({optimizer.get('type')}), which DeepSpeed builds with one learning "
                         "rate for every weight; use a config without an `optimizer` block (zero2, zero3), or drop "
                         "LoRA+")
-    if stage == 3 and mutates_base(recipe):
-        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` decomposes each whole weight "
-                        "when the adapters are made, but ZeRO-3 holds weights in shards across processes; use "
-                        "`deepspeed: zero2`, or the default init")
+    if stage == 3 and (mutates_base(recipe) or uses_eva(recipe)):
+        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` initialises the adapters from "
+                        "whole weights or a forward pass before training, but ZeRO-3 holds weights in shards across "
+                        "processes until the engine starts; use `deepspeed: zero2`, or the default init")
     return problems
 
 

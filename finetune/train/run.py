@@ -133,7 +133,7 @@ class Built(NamedTuple):
     initial_adapter: dict | None = None
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3, where they wait for the DeepSpeed engine to gather the weights; then the decoder layers are
@@ -144,7 +144,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
     from finetune.model import base_causal_lm, build_model
     from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
-    from finetune.recipe.adapter import mutates_base
+    from finetune.recipe.adapter import mutates_base, uses_eva
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
@@ -182,6 +182,14 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
             # where the Trainer would put it, so the probes run the kernels that train (flex_attention and
             # flash-attn have no CPU path to probe); a quantized base is on its GPU already (device_map)
             model.to(device)
+        if eva_rows is not None and uses_eva(recipe):  # on the training device, before the probes (SFT only)
+            from finetune.model.lora_variants import eva_initialise
+
+            ranks = eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
+            log.info(f"peft_init_lora_weights: eva: A from the principal directions of each layer's inputs on the "
+                     f"training data; {len(ranks)} layers' ranks moved from {recipe.lora_r}"
+                     f"{': ' + ', '.join(f'{k} {v}' for k, v in list(ranks.items())[:4]) if ranks else ''}"
+                     f"{' ...' if len(ranks) > 4 else ''}")
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
     return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
@@ -247,7 +255,7 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
-    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store)
+    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
     return save_and_record(recipe, settings, layout, prepared, run, started)
