@@ -372,3 +372,58 @@ def test_an_axolotl_dora_recipe_ports_with_only_paths_to_fix_and_trains(tmp_path
     assert summary["steps"] == 2 and summary["recipe"]["peft_use_dora"] is True
     saved = load_file(str(tmp_path / "outputs" / "dora" / "adapter_model.safetensors"))
     assert any("lora_magnitude_vector" in k for k in saved)
+
+
+# --- LoRA+ under the other trainers, DoRA on a 4-bit base ----------------------------------------------------
+
+class Groups(TrainerCallback):
+    """The optimizer's (rate, parameter names) groups as the Trainer built them, and that a B matrix moved."""
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.rates = {names[id(p)]: g.get("initial_lr", g["lr"]) for g in optimizer.param_groups for p in g["params"]}
+        self.model = model
+        self.b_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
+
+    def b_moved(self) -> bool:
+        return any(not torch.equal(p.detach(), self.b_before[n]) for n, p in self.model.named_parameters()
+                   if n in self.b_before)
+
+
+def _ratio_applied(rates: dict, lr: float, ratio: float) -> bool:
+    return ({r for n, r in rates.items() if "lora_A" in n} == {lr}
+            and {r for n, r in rates.items() if "lora_B" in n} == {lr * ratio})
+
+
+def test_loraplus_builds_the_same_groups_for_preference_and_grpo_trainers(tmp_path, tiny_model_dir):
+    from grpo_helpers import grpo_recipe
+    from test_preference_data import dpo_recipe
+
+    dpo = Groups()
+    (tmp_path / "dpo").mkdir()
+    summary = run_training(dpo_recipe(tmp_path / "dpo", tiny_model_dir, n=16, val_set_size=0, num_epochs=1,
+                                      max_steps=2, loraplus_lr_ratio=8.0), extra_callbacks=[dpo])
+    assert summary["steps"] == 2 and _ratio_applied(dpo.rates, 2e-3, 8.0) and dpo.b_moved()
+    grpo = Groups()
+    (tmp_path / "grpo").mkdir()
+    summary = run_training(load_recipe(grpo_recipe(tmp_path / "grpo", tiny_model_dir, loraplus_lr_ratio=8.0)),
+                           extra_callbacks=[grpo])
+    assert summary["steps"] == 2 and _ratio_applied(grpo.rates, 5e-3, 8.0)
+
+
+def test_dora_on_a_4bit_base_trains_and_merges(tmp_path, tiny_model_dir):
+    pytest.importorskip("bitsandbytes")
+    from finetune.model.trained import load_adapter_model, locate
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    recipe = _recipe(tmp_path, tiny_model_dir, adapter="qlora", peft_use_dora=True)
+    summary = run_training(load_recipe(recipe))
+    assert summary["trainable_parameters"] == 8192 + 1024
+    assert cli_main(["merge", str(recipe)]) == 0
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(PROMPT)["input_ids"]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "merged", dtype=torch.float32)
+    adapter_model, _ = load_adapter_model(locate(str(recipe)))  # the adapter on the full-precision base
+    want = _logits(adapter_model.eval(), ids)
+    torch.testing.assert_close(_logits(merged, ids), want, rtol=1e-4, atol=1e-4)
+    base = _logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), ids)
+    assert (want - base).abs().max() > 1e-2
