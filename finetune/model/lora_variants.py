@@ -19,6 +19,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from finetune.log import get_logger
+
+log = get_logger(__name__)
+
 INITIAL = "initial_adapter"  # peft loads the starting adapter under its folder's name, beside "default"
 
 
@@ -65,4 +69,8 @@ def eva_initialise(model, collator, rows, micro_batch_size: int) -> dict:
                 yield {k: v.to(device) for k, v in batch.items() if isinstance(v, torch.Tensor)}
 
     initialize_lora_eva_weights(model, Batches(), gather_distributed_inputs=False, show_progress_bar=False)
-    return dict(model.peft_config["default"].rank_pattern or {})
+    ranks = dict(model.peft_config["default"].rank_pattern or {})
+    shown = ", ".join(f"{name} {rank}" for name, rank in list(ranks.items())[:4]) + (" ..." if len(ranks) > 4 else "")
+    log.info(f"peft_init_lora_weights: eva: A from the principal directions of each layer's inputs on the training "
+             f"data; {len(ranks)} layers' ranks moved from r{': ' + shown if ranks else ''}")
+    return ranks

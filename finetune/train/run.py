@@ -142,6 +142,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
     from finetune.data.collate import Collator
     from finetune.model import base_causal_lm, build_model
+    from finetune.model.loader import adapter_folder
     from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
     from finetune.recipe.adapter import mutates_base, uses_eva
@@ -149,7 +150,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
     model, tokenizer = build_model(recipe, tokenizer, settings.precision, settings.attn_implementation)
-    initial = initial_adapter(model) if mutates_base(recipe) else None
+    # PiSSA / OLoRA made here (not an adapter continued from base_model): keep the start for the final save
+    made_here = adapter_folder(recipe.base_model) is None  # a continued adapter keeps its own init (model/__init__.py)
+    initial = initial_adapter(model) if mutates_base(recipe) and made_here else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
@@ -182,14 +185,10 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
             # where the Trainer would put it, so the probes run the kernels that train (flex_attention and
             # flash-attn have no CPU path to probe); a quantized base is on its GPU already (device_map)
             model.to(device)
-        if eva_rows is not None and uses_eva(recipe):  # on the training device, before the probes (SFT only)
+        if eva_rows is not None and uses_eva(recipe) and made_here:  # on the device, before the probes (SFT only)
             from finetune.model.lora_variants import eva_initialise
 
-            ranks = eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
-            log.info(f"peft_init_lora_weights: eva: A from the principal directions of each layer's inputs on the "
-                     f"training data; {len(ranks)} layers' ranks moved from {recipe.lora_r}"
-                     f"{': ' + ', '.join(f'{k} {v}' for k, v in list(ranks.items())[:4]) if ranks else ''}"
-                     f"{' ...' if len(ranks) > 4 else ''}")
+            eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
     return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
