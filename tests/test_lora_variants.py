@@ -427,3 +427,18 @@ def test_dora_on_a_4bit_base_trains_and_merges(tmp_path, tiny_model_dir):
     torch.testing.assert_close(_logits(merged, ids), want, rtol=1e-4, atol=1e-4)
     base = _logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), ids)
     assert (want - base).abs().max() > 1e-2
+
+
+def test_changing_a_variant_refuses_to_resume_the_run(make_recipe):
+    from finetune.train.checkpoints import CheckpointError
+
+    recipe = make_recipe("completion", n=8, adapter="lora", lora_r=2, max_steps=2, checkpoint_interval=1)
+    run_training(load_recipe(recipe))
+    for override, change in (("peft_use_dora=true", "peft_use_dora: False -> True"),
+                             ("loraplus_lr_ratio=16", "loraplus_lr_ratio: None -> 16"),
+                             ("max_steps=3", None)):
+        if change is None:  # the same variants: it resumes
+            assert run_training(load_recipe(recipe, [override]))["resumed_from"]
+            continue
+        with pytest.raises(CheckpointError, match=change.replace("(", r"\(")):
+            run_training(load_recipe(recipe, [override, "max_steps=3"]))

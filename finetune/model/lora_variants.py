@@ -28,7 +28,13 @@ INITIAL = "initial_adapter"  # peft loads the starting adapter under its folder'
 
 def initial_adapter(model) -> dict:
     """The adapter's starting tensors (the saved-file keys), copied to the CPU."""
+    import warnings
+
     from peft import get_peft_model_state_dict
+
+    # peft warns at every checkpoint save that a PiSSA / OLoRA adapter needs the mutated base and should be
+    # converted; the final save is converted (save_for_original_base), and checkpoints are for resuming
+    warnings.filterwarnings("ignore", message=r"(PiSSA|OLoRA) changes the base weights", category=UserWarning)
 
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in get_peft_model_state_dict(model).items()}
 
