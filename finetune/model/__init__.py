@@ -199,8 +199,8 @@ def continue_adapter(model, folder, recipe):
     model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
-             f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own target "
-             "modules; the recipe's lora_* and peft_* settings do not apply, loraplus_* do)")
+             f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own "
+             "target modules; the recipe's lora_* and peft_* settings do not apply, loraplus_* do)")
     return model
 
 

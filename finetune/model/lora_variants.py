@@ -47,7 +47,8 @@ def save_for_original_base(model, folder: Path, initial: dict) -> None:
     try:
         start = scratch / INITIAL
         start.mkdir()
-        save_file({name: tensor.contiguous() for name, tensor in initial.items()}, str(start / "adapter_model.safetensors"))
+        tensors = {name: tensor.contiguous() for name, tensor in initial.items()}
+        save_file(tensors, str(start / "adapter_model.safetensors"))
         # peft writes the starting adapter's config there itself (init_lora_weights=True: load it as it is)
         model.save_pretrained(str(folder), path_initial_model_for_weight_conversion=str(start))
     finally:

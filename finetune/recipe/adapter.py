@@ -120,7 +120,7 @@ def uses_eva(recipe) -> bool:
 
 
 def mutates_base(recipe) -> bool:
-    """PiSSA / OLoRA: the base weight in memory is W - (the adapter's starting value); the saved adapter is converted."""
+    """PiSSA / OLoRA: the base in memory is W minus the adapter's starting value; the saved adapter is converted."""
     return recipe.adapter != "none" and lora_init(recipe.peft_init_lora_weights) in MUTATING_INITS
 
 
@@ -151,7 +151,8 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
     if init:
         problems.append(init)
     if recipe.loraplus_lr_embedding is not None and recipe.loraplus_lr_ratio is None:
-        problems.append("`loraplus_lr_embedding` is a LoRA+ setting; set `loraplus_lr_ratio` too (e.g. 16), or remove it")
+        problems.append("`loraplus_lr_embedding` is a LoRA+ setting; set `loraplus_lr_ratio` too (e.g. 16), or "
+                        "remove it")
     if not init and uses_eva(recipe) and recipe.method != "sft":
         problems.append(f"`peft_init_lora_weights: eva` starts the adapters from an SVD of each layer's inputs over "
                         f"the training examples; finetune runs that data pass for `method: sft` only, not "
@@ -169,8 +170,8 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
                         "adapter is converted for the original base as plain LoRA (A, B), which has no place for "
                         "DoRA's magnitudes; drop one of them")
     if recipe.method == "grpo" and method_setting(recipe, "rl_beta") > 0:
-        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` ({name}) with GRPO's `rl_beta` > 0: "
-                        "the KL reference is the model with its adapter switched off, which under " + name + " is the "
+        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` ({name}) with GRPO's `rl_beta` "
+                        f"> 0: the KL reference is the model with its adapter switched off, which under {name} is the "
                         "residual base, not the model training started from; set `rl_beta: 0` or use the default init")
     if recipe.lora_modules_to_save:
         problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` ({name}) with "
