@@ -97,13 +97,28 @@ def _report(args: argparse.Namespace) -> int:
         print(f"recipe                     {args.recipe}   (method: {recipe.method}, adapter: {recipe.adapter}, "
               f"base_model: {recipe.base_model})")
         print("\n".join(preference_lr_report(recipe, train["examples"], world_size)))
+        print("\n".join(_variant_lines(recipe, train, world_size)))
         return 0
     inputs = base_inputs(recipe, args.base_lr, args.pretrained_batch_tokens, args.family)
     print(f"recipe                     {args.recipe}   (adapter: {recipe.adapter}, base_model: {recipe.base_model})")
     print("\n".join(recipe_lr_report(recipe, train["examples"], train["supervised_tokens"], world_size, inputs)))
+    print("\n".join(_variant_lines(recipe, train, world_size)))
     if recipe.learning_rate == "auto":
         base_lr_for(recipe)  # the recipe cannot train as written: the same RecipeError (exit 2) training raises
     return 0
+
+
+def _variant_lines(recipe, train: dict, world_size: int) -> list[str]:
+    """The LoRA variants' effect on the learning rate training will use (plan/lr_lora.py)."""
+    from finetune.errors import FinetuneError
+    from finetune.plan.lr_lora import lora_variant_lines
+    from finetune.plan.lr_recipe import resolve_learning_rate
+
+    try:
+        lr = resolve_learning_rate(recipe, train, world_size)[0]
+    except FinetuneError:  # an `auto` the recipe cannot resolve: the report above says why
+        lr = None
+    return lora_variant_lines(recipe, lr)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -266,7 +266,8 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
     lines = [f"model: {shape.total_params / 1e9:.3f}B parameters ({shape.num_layers} layers, hidden "
              f"{shape.hidden_size}, vocab {shape.vocab_size}); training {trainable.trainable_params:,} "
              f"({100 * trainable.trainable_params / shape.total_params:.2f}%)",
-             f"setup: adapter {knobs['adapter']}, {knobs['precision']}"
+             f"setup: adapter {knobs['adapter']}{' with DoRA' if trainable.dora_output_features else ''}, "
+             f"{knobs['precision']}"
              f"{' (' + knobs['precision_from'] + ')' if knobs.get('precision_from') else ''}, {knobs['optimizer']}, "
              f"{_micro_batch({'method': method, 'packed': False, **knobs})}, checkpointing "
              f"{knobs['gradient_checkpointing']}, attention {knobs['attn']}"
@@ -312,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
     defaults = Recipe.model_fields  # a bare model config: the schema's defaults
     targets = recipe.lora_target_modules if recipe is not None else defaults["lora_target_modules"].get_default()
     to_save = recipe.lora_modules_to_save if recipe is not None else defaults["lora_modules_to_save"].get_default()
-    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save)
+    dora = recipe is not None and recipe.peft_use_dora  # + magnitudes, and their saved outputs (plan/budget.py)
+    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora)
     inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],

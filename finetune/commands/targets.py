@@ -33,6 +33,7 @@ def build_report(args: argparse.Namespace):
     from finetune.model.targets import inspect_model, meta_model
 
     targets = saved = None
+    dora = False
     if is_recipe(args.model):
         from finetune.recipe import load_recipe
 
@@ -40,6 +41,7 @@ def build_report(args: argparse.Namespace):
         source, trust, rank = recipe.base_model, recipe.trust_remote_code, args.rank or recipe.lora_r
         if recipe.adapter != "none":
             targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
+            dora = recipe.peft_use_dora  # + one magnitude per output feature of each adapted layer
         cache_dir = recipe.cache_dir
     else:
         from finetune.recipe.data import _default_cache_dir
@@ -50,7 +52,7 @@ def build_report(args: argparse.Namespace):
     from finetune.plan.model_size import load_config
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
-    return inspect_model(meta_model(config, trust), source, rank, targets, saved)
+    return inspect_model(meta_model(config, trust), source, rank, targets, saved, dora)
 
 
 def format_report(report) -> str:
@@ -63,7 +65,8 @@ def format_report(report) -> str:
              f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
     lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               .rstrip() for r in rows]
-    lines += ["", f"LoRA presets at rank {report.rank} (trainable of total after adapting, as peft counts):"]
+    dora = " with DoRA (+ a magnitude per output feature of each adapted layer)" if report.dora else ""
+    lines += ["", f"LoRA presets at rank {report.rank}{dora} (trainable of total after adapting, as peft counts):"]
     for p in report.presets:
         targets = p.target_modules if isinstance(p.target_modules, str) else "[" + ", ".join(p.target_modules) + "]"
         saved = f"  modules_to_save: [{', '.join(p.modules_to_save)}]" if p.modules_to_save else ""

@@ -3,6 +3,9 @@
 A merged model is a plain Hugging Face model: W' = W + (alpha / r) * B @ A for every adapted layer, with
 the modules trained in full (modules_to_save) copied in. It is written in full precision from an
 *unquantized* base, also for QLoRA: merging into 4-bit weights would round the update away.
+The LoRA variants merge through peft too: rsLoRA's scale is alpha / sqrt(r); DoRA's weight is
+m * (W + s*B@A) / |W + s*B@A| per output row; a PiSSA / OLoRA run saved its adapter converted for the original
+base (finetune/model/lora_variants.py), so it merges like any LoRA (tests/test_lora_variants.py checks each).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
+from finetune.recipe.adapter import mutates_base, uses_eva
 
 log = get_logger(__name__)
 
@@ -81,7 +82,7 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
     recipe's, widened by build_model when new tokens need trained embeddings."""
     if recipe.adapter == "none":
         return None
-    from peft import LoraConfig
+    from peft import EvaConfig, LoraConfig
 
     return LoraConfig(
         r=recipe.lora_r,
@@ -93,6 +94,13 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         ensure_weight_tying=tie_embeddings and bool(modules_to_save),
         bias="none",
         task_type="CAUSAL_LM",
+        # the variants (docs/lora.md): magnitudes + directions, alpha / sqrt(r), the adapters' starting values
+        use_dora=recipe.peft_use_dora,
+        use_rslora=recipe.peft_use_rslora,
+        init_lora_weights=recipe.peft_init_lora_weights,
+        # EVA's defaults (rho=2: a layer may take up to 2r of the rank budget); the data pass is
+        # finetune/model/lora_variants.py: eva_initialise, run by the training run once the data is there
+        eva_config=EvaConfig() if uses_eva(recipe) else None,
     )
 
 
@@ -155,10 +163,28 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         from peft import get_peft_model
 
         check_targets(module_groups(model), recipe.lora_target_modules)
-        model = get_peft_model(model, lora)
+        if modules_to_save and mutates_base(recipe):
+            raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
+                             "embeddings (lora_modules_to_save, widened for the added tokens): peft's conversion for "
+                             "the original base keeps only A and B; use the default init, or add no tokens")
+        try:
+            model = get_peft_model(model, lora)
+        except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
+            raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
+                             "Drop the LoRA variant key it names (docs/lora.md), or use another base") from None
+        if mutates_base(recipe):
+            log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
+                     "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
+                     "LoRA for the original base")
     trainable, total = count_parameters(model)
     log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer
+
+
+def peft_version() -> str:
+    from importlib.metadata import version
+
+    return version("peft")
 
 
 def continue_adapter(model, folder, recipe):
@@ -173,7 +199,8 @@ def continue_adapter(model, folder, recipe):
     model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
-             "its own target modules; the recipe's lora_* settings do not apply)")
+             f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own "
+             "target modules; the recipe's lora_* and peft_* settings do not apply, loraplus_* do)")
     return model
 
 

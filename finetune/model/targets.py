@@ -141,8 +141,11 @@ def saved_module_parameters(model, modules_to_save: list[str]) -> int:
     return sum(p.numel() for m in modules for p in m.parameters())
 
 
-def preset(model, groups, name: str, targets, modules_to_save: list[str], rank: int, base_total: int) -> Preset:
-    lora = sum(rank * (g.in_features + g.out_features) * g.count for g in matched_groups(groups, targets))
+def preset(model, groups, name: str, targets, modules_to_save: list[str], rank: int, base_total: int,
+           dora: bool = False) -> Preset:
+    # A (r x in) and B (out x r) per adapted layer; DoRA adds its magnitude vector, one number per output feature
+    per_layer = (lambda g: rank * (g.in_features + g.out_features) + (g.out_features if dora else 0))
+    lora = sum(per_layer(g) * g.count for g in matched_groups(groups, targets))
     saved = saved_module_parameters(model, modules_to_save)
     trainable = lora + saved
     target_list = targets if targets == "all-linear" else sorted(set(targets))
@@ -166,22 +169,22 @@ def default_qv_targets(model, groups) -> list[str]:
     return sorted({g.suffix for g in groups if g.targetable and g.suffix.endswith(("q_proj", "v_proj"))})
 
 
-def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None) -> list[Preset]:
+def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False) -> list[Preset]:
     base_total = unique_parameter_count(model)
     attention = sorted({g.suffix for g in groups if g.targetable and not g.output_layer
                         and set(g.pattern.split(".")) & set(ATTENTION_NAMES)})
     out = []
     qv = default_qv_targets(model, groups)
     if qv and matched_groups(groups, qv):
-        out.append(preset(model, groups, "q,v", qv, [], rank, base_total))
+        out.append(preset(model, groups, "q,v", qv, [], rank, base_total, dora))
     if attention:
-        out.append(preset(model, groups, "all attention", attention, [], rank, base_total))
-    out.append(preset(model, groups, "all-linear", "all-linear", [], rank, base_total))
+        out.append(preset(model, groups, "all attention", attention, [], rank, base_total, dora))
+    out.append(preset(model, groups, "all-linear", "all-linear", [], rank, base_total, dora))
     out.append(preset(model, groups, "all-linear + embeddings/lm_head saved", "all-linear",
-                      embedding_module_names(model), rank, base_total))
+                      embedding_module_names(model), rank, base_total, dora))
     if recipe_targets is not None:
         check_targets(groups, recipe_targets)
-        out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total))
+        out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total, dora))
     return out
 
 
@@ -206,19 +209,20 @@ class Report:
     total_parameters: int
     groups: list[ModuleGroup]
     presets: list[Preset]
+    dora: bool = False  # the counts include DoRA's magnitude vectors
 
     def to_json(self) -> dict:
         modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
         return {
             "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
-            "rank": self.rank, "total_parameters": self.total_parameters, "modules": modules,
+            "rank": self.rank, "dora": self.dora, "total_parameters": self.total_parameters, "modules": modules,
             "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
         }
 
 
-def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None) -> Report:
+def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False) -> Report:
     groups = module_groups(model)
     return Report(source=source, architecture=type(model).__name__,
                   model_type=getattr(model.config, "model_type", "?"), rank=rank,
                   total_parameters=unique_parameter_count(model), groups=groups,
-                  presets=presets(model, groups, rank, recipe_targets, recipe_saved))
+                  presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora), dora=dora)

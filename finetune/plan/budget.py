@@ -120,9 +120,14 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
         # each adapted Linear saves its (dropped-out) input, and the bool mask when dropout > 0
         e = 4 if mode == "fp32" else 2
         per_token = trainable.adapter_input_features * (e + (1 if inputs.lora_dropout else 0))
+        # DoRA (peft's DoraLinearLayer): the base output and the scaled LoRA output of each adapted layer are saved
+        # for the magnitude's gradient, two (tokens x out_features) tensors
+        per_token += 2 * trainable.dora_output_features * e
         extra = per_token * row_tokens * rows
         if checkpointing_mode(inputs.gradient_checkpointing) == "full":
             extra //= inputs.shape.num_layers  # only the recomputed layer holds them
+        # and, one layer at a time, B@A (through an in x in identity) and W + s*B@A for the column norms
+        extra += 3 * trainable.dora_weight_elements * e
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
     generation = inputs.generation()

@@ -77,17 +77,18 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None) -> Trainable:
+def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False) -> Trainable:
     """LoRA counts as peft builds them: A (r x in) and B (out x r) per adapted Linear, no bias; `all-linear`
-    means every Linear but the output layer. modules_to_save are trained as full copies."""
+    means every Linear but the output layer; DoRA adds one magnitude per output feature (a tensor per layer).
+    modules_to_save are trained as full copies."""
     linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules)]
     if not linears:
         raise FinetuneError(
             f"lora_target_modules {target_modules} match no Linear module of this model; "
             "run `finetune targets` to list them"
         )
-    params = sum(r * (m.in_features + m.out_features) for _, m in linears)
-    tensors = 2 * len(linears)
+    params = sum(r * (m.in_features + m.out_features) + (m.out_features if dora else 0) for _, m in linears)
+    tensors = (3 if dora else 2) * len(linears)
     for name in modules_to_save or []:
         for qualified, module in model.named_modules():
             if qualified == name or qualified.endswith("." + name):
@@ -95,11 +96,13 @@ def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=N
                 params += sum(p.numel() for p in own)
                 tensors += len(own)
     return Trainable(trainable_params=params, trainable_tensors=tensors,
-                     adapter_input_features=sum(m.in_features for _, m in linears))
+                     adapter_input_features=sum(m.in_features for _, m in linears),
+                     dora_output_features=sum(m.out_features for _, m in linears) if dora else 0,
+                     dora_weight_elements=max(m.in_features * m.out_features for _, m in linears) if dora else 0)
 
 
-def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None):
+def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False):
     """(ModelShape, full Trainable, LoRA Trainable) for a config."""
     model = meta_model(config)
     return (model_shape(model), full_trainable(model),
-            lora_trainable(model, lora_r, target_modules, modules_to_save))
+            lora_trainable(model, lora_r, target_modules, modules_to_save, dora))

@@ -39,4 +39,8 @@ class Trainable:
     trainable_tensors: int = 0  # each tensor's Adam state carries a 4-byte `step` scalar
     quantized_params: int = 0  # frozen weights stored in 4 or 8 bits (QLoRA / load_in_8bit)
     adapter_input_features: int = 0  # sum of in_features over all LoRA-adapted Linears (their saved inputs)
+    # DoRA only (0 otherwise): sum of out_features over the adapted Linears (two outputs each saved for the
+    # magnitude's gradient), and the largest adapted weight's elements (W + s*B@A, rebuilt each forward for its norm)
+    dora_output_features: int = 0
+    dora_weight_elements: int = 0
 

@@ -95,12 +95,10 @@ KEYS: dict[str, AxolotlKey] = {
     "lora_qkv_kernel": AxolotlKey(_KERNEL),
     "lora_o_kernel": AxolotlKey(_KERNEL),
     "lora_fan_in_fan_out": AxolotlKey("not needed: peft detects Conv1D layers (GPT-2 style) itself"),
-    "peft_use_dora": AxolotlKey("not in finetune: DoRA is not supported; plain LoRA is trained"),
-    "peft_use_rslora": AxolotlKey("not in finetune: the LoRA scale is lora_alpha / lora_r; for rsLoRA's "
-                                  "alpha / sqrt(r), set lora_alpha to alpha x sqrt(r), rounded"),
+    # peft_use_dora, peft_use_rslora, peft_init_lora_weights, loraplus_lr_ratio, loraplus_lr_embedding: same name,
+    # same meaning (recipe/adapter.py; docs/lora.md)
     "lora_on_cpu": AxolotlKey("not in finetune"),
     "peft_layers_to_transform": AxolotlKey("not in finetune: LoRA adapts the matching modules of every layer"),
-    "loraplus_lr_ratio": AxolotlKey("not in finetune: LoRA+ (a separate LR for B) is not supported"),
     # --- model and tokenizer loading ---
     "model_type": AxolotlKey(_NO_TYPES),
     "tokenizer_type": AxolotlKey(_NO_TYPES),

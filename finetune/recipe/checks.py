@@ -18,6 +18,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from finetune.recipe.adapter import mutates_base, uses_eva
 from finetune.run_folder import MARKER, foreign_entries, read_marker
 
 
@@ -241,6 +242,22 @@ def _precision_problems(config: dict, recipe) -> list[str]:
     return []
 
 
+def _lora_variant_problems(config: dict, recipe, stage: int) -> list[str]:
+    """LoRA+ needs the Trainer to build the optimizer; PiSSA / OLoRA need each whole weight at init."""
+    problems = []
+    optimizer = config.get("optimizer")
+    if recipe.adapter != "none" and recipe.loraplus_lr_ratio is not None and isinstance(optimizer, dict):
+        problems.append(f"`loraplus_lr_ratio` gives the B matrices their own learning rate, but the `deepspeed` config "
+                        f"brings its own optimizer ({optimizer.get('type')}), which DeepSpeed builds with one learning "
+                        "rate for every weight; use a config without an `optimizer` block (zero2, zero3), or drop "
+                        "LoRA+")
+    if stage == 3 and (mutates_base(recipe) or uses_eva(recipe)):
+        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` initialises the adapters from "
+                        "whole weights or a forward pass before training, but ZeRO-3 holds weights in shards across "
+                        "processes until the engine starts; use `deepspeed: zero2`, or the default init")
+    return problems
+
+
 def deepspeed_problems(recipe, explicit: set[str], world_size: int) -> list[str]:
     """Everything wrong with the recipe's DeepSpeed config, as messages; [] when it is usable."""
     if recipe.deepspeed is None:
@@ -253,6 +270,7 @@ def deepspeed_problems(recipe, explicit: set[str], world_size: int) -> list[str]
         return [f"`deepspeed` config: zero_optimization.stage is {stage!r}; use 0, 1, 2 or 3"]
     problems = [*_batch_problems(config, recipe, world_size), *_optimizer_problems(config, recipe, explicit),
                 *_precision_problems(config, recipe)]
+    problems += _lora_variant_problems(config, recipe, stage)
     if stage == 3 and (recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit):
         problems.append(
             "ZeRO-3 shards every weight across processes, but a bitsandbytes 4/8-bit base keeps its weights "

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
 from finetune.port import axolotl
+from finetune.recipe.adapter import adapter_problems
 from finetune.recipe.schema import Recipe
 from finetune.recipe.data import DatasetSpec
 from finetune.recipe.evaluation import EvalSpec
@@ -263,6 +264,7 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
                                 "does not use (its `learning_rate: auto` is the method's published default: `finetune lr "
                                 "recipe.yml` shows it); remove it")
     problems += method_problems(recipe)
+    problems += adapter_problems(recipe, explicit)
     problems += grpo_problems(recipe, world_size)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
     problems += fsdp_problems(recipe)

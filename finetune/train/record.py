@@ -58,6 +58,11 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     with clear_write_errors(layout, "the trained model"):
         trainer.save_model(str(output_dir))
+        if trainer.is_world_process_zero() and run.get("initial_adapter") is not None:
+            from finetune.model.lora_variants import save_for_original_base
+
+            # PiSSA / OLoRA: the adapter rewritten as plain LoRA on the original base (model/lora_variants.py)
+            save_for_original_base(trainer.model, output_dir, run["initial_adapter"])
         if trainer.is_world_process_zero():
             run["tokenizer"].save_pretrained(str(output_dir))
             honour_umask(output_dir)  # safetensors writes 0600 files (finetune/atomic.py)

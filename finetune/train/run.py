@@ -92,6 +92,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
 
 
 def _report_machine(recipe, settings: Resolved) -> None:
+    from finetune.plan.lr_lora import lora_variant_lines
+
+    for line in lora_variant_lines(recipe, settings.learning_rate):  # rsLoRA's scale, LoRA+'s B rate (plan/lr_lora.py)
+        log.info(" ".join(line.split()))
     say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
@@ -125,9 +129,11 @@ class Built(NamedTuple):
     # preference methods: log-probs from the model's full logits (sequence_logps.py); under ZeRO-3 the probe that
     # answers it, run by the trainer once the engine holds the weights
     full_logits: object = False
+    # PiSSA / OLoRA: the adapter's starting tensors, for the final save's conversion (model/lora_variants.py)
+    initial_adapter: dict | None = None
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3 and FSDP2, where they wait for the engine to shard and gather the weights; then the decoder layers are
@@ -136,11 +142,17 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
 
     from finetune.data.collate import Collator
     from finetune.model import base_causal_lm, build_model
+    from finetune.model.loader import adapter_folder
+    from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
+    from finetune.recipe.adapter import mutates_base, uses_eva
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
     model, tokenizer = build_model(recipe, tokenizer, settings.precision, settings.attn_implementation)
+    # PiSSA / OLoRA made here (not an adapter continued from base_model): keep the start for the final save
+    made_here = adapter_folder(recipe.base_model) is None  # a continued adapter keeps its own init (model/__init__.py)
+    initial = initial_adapter(model) if mutates_base(recipe) and made_here else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
@@ -173,9 +185,14 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None) -> 
             # where the Trainer would put it, so the probes run the kernels that train (flex_attention and
             # flash-attn have no CPU path to probe); a quantized base is on its GPU already (device_map)
             model.to(device)
+        if eva_rows is not None and uses_eva(recipe) and made_here:  # on the device, before the probes (SFT only)
+            from finetune.model.lora_variants import eva_initialise
+
+            eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits)
+    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
+                 initial)
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -237,7 +254,7 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
-    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store)
+    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
     return save_and_record(recipe, settings, layout, prepared, run, started)
@@ -258,6 +275,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.throughput import ThroughputCallback
     from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
     from finetune.train.fast_paths import kernel_failures
+    from finetune.train.loraplus import optimizer_cls_and_kwargs as loraplus_optimizer
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
@@ -285,6 +303,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         trainer_class, own_kwargs = PreferenceTrainer, preference_trainer_kwargs(recipe, built, prepared, reference)
     trainer = trainer_class(
         **own_kwargs,
+        optimizer_cls_and_kwargs=loraplus_optimizer(recipe, args),  # None unless LoRA+ (train/loraplus.py)
         callbacks=[*own, throughput, step_losses, *built.callbacks],
         model=model,
         args=args,
@@ -305,6 +324,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         eval_after = final_eval_loss(trainer) if settings.has_eval else None
     return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
-            "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput}
+            "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
+            "initial_adapter": built.initial_adapter}
 
 

@@ -28,7 +28,9 @@ from finetune.data.preference.rows import PACKED, UNPACKED
 
 # recipe fields that change the starting model's forward pass (the data key covers data and tokenizer)
 MODEL_FIELDS = ("base_model", "adapter", "load_in_4bit", "load_in_8bit", "lora_modules_to_save", "tokens",
-                "special_tokens", "seed")
+                "special_tokens", "seed",
+                # PiSSA / OLoRA hold W - B0A0 in the base (rounded in bf16), DoRA m / |W| x W: the start, up to rounding
+                "peft_init_lora_weights", "peft_use_dora")
 SMALL_FILE = 1 << 20  # files up to 1 MiB (configs, adapter configs) are hashed by content; weights by size + mtime
 
 
