@@ -53,6 +53,8 @@ def test_fsdp_and_deepspeed_together_is_one_message_naming_both(recipe_path):
     (["adapter=qlora"], "`fsdp` with a quantized base (`adapter: qlora` / `load_in_4bit` / `load_in_8bit`)"),
     (["load_in_8bit=true"], "accelerate leaves bitsandbytes' uint8-packed weights out of FSDP2's sharding"),
     (["compile=true"], "`compile: true` with `fsdp`"),
+    (["peft_init_lora_weights=pissa"], "`peft_init_lora_weights: pissa` with `fsdp`"),
+    (["peft_init_lora_weights=olora"], "`peft_init_lora_weights: olora` with `fsdp`"),
     (["fsdp.state_dict_type=SHARDED_STATE_DICT", "export_interval=1"],
      "`export_interval` keeps loadable models, but `fsdp.state_dict_type: SHARDED_STATE_DICT`"),
 ])

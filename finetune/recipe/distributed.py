@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from finetune.recipe.adapter import mutates_base, uses_eva
 from finetune.recipe.tags import TRAIN, Strict, affects
 
 
@@ -103,6 +104,11 @@ def fsdp_problems(recipe) -> list[str]:
         problems.append("`compile: true` with `fsdp`: finetune compiles each decoder layer in place, the same "
                         "modules FSDP2 hangs its gather and free hooks on, a combination it has not verified; "
                         "set `compile: auto` (off under `fsdp`) or `false`")
+    if recipe.adapter != "none" and (mutates_base(recipe) or uses_eva(recipe)):
+        problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` with `fsdp`: it initialises the "
+                        "adapters from whole weights or a forward pass, and PiSSA / OLoRA convert the final adapter "
+                        "from the whole state dict, while FSDP2 holds each weight in shards; use the default init "
+                        "under `fsdp`, or train without it")
     if recipe.fsdp.state_dict_type == "SHARDED_STATE_DICT" and recipe.export_interval:
         problems.append("`export_interval` keeps loadable models, but `fsdp.state_dict_type: SHARDED_STATE_DICT` "
                         "writes each process's shard and no model: use `FULL_STATE_DICT`, or drop `export_interval` "
