@@ -274,3 +274,34 @@ def test_a_hub_id_the_hub_does_not_answer_for_is_one_message(tmp_path, tiny_mode
                                         r"\(ConnectionError: Failed to resolve 'huggingface.co'\); download it"):
         build_dataset(recipe, tiny_tokenizer)
     assert not (tmp_path / "cache" / "ingested").exists()
+
+
+def test_counts_name_this_recipes_path_when_another_recipe_built_the_cache(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                           capsys):
+    """Two recipes read the same bytes under different names through one cache: each recipe's counts (the prepared
+    stats, the records line on stderr) name its own path, not the path of the recipe that filled the cache."""
+    rows = alpaca_rows(6)
+    name = "qa.parquet"  # the file's name enters its content hash: the same name, the same bytes, two folders
+    for folder in ("first", "second"):
+        write_parquet(tmp_path / folder / name, rows)
+        recipe = {"base_model": str(tiny_model_dir), "sequence_len": 256, "micro_batch_size": 4, "output_dir": "out",
+                  "cache_dir": str(tmp_path / "cache"), "report_to": ["none"],
+                  "datasets": [{"path": name, "type": "instruction",
+                                "map": {"instruction": "question", "input": "context", "output": "answer"}}]}
+        (tmp_path / folder / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    capsys.readouterr()
+    build_dataset(load_recipe(tmp_path / "first" / "recipe.yml"), tiny_tokenizer)
+    capsys.readouterr()
+    prepared = build_dataset(load_recipe(tmp_path / "second" / "recipe.yml"), tiny_tokenizer)
+    assert prepared.reused  # the same content: the first recipe's cache entry
+    assert [s["path"] for s in prepared.stats["sources"]] == [str(tmp_path / "second" / name)]
+    err = capsys.readouterr().err
+    assert f"records {tmp_path / 'second' / name} (cached)" in err and str(tmp_path / "first") not in err
+
+
+def test_the_same_file_twice_counts_each_entry_once(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_jsonl(tmp_path / "d.jsonl", make_records("instruction", 5))
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="d.jsonl")
+    recipe = recipe.model_copy(update={"datasets": [recipe.datasets[0], recipe.datasets[0]]})
+    prepared = build_dataset(recipe, tiny_tokenizer)
+    assert [s["records"] for s in prepared.stats["sources"]] == [5, 5] and prepared.stats["records"] == 10

@@ -83,12 +83,13 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split)."""
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
-    def counted(path, item):
+    def counted(index, item):
         formats[item[0]] += 1
-        per_file[path] += 1
+        per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    shaped = (counted(path, _sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
+    shaped = (counted(i, _sft_record(path, item)) for i, (shape, path) in enumerate(files)
+              for item in read_records(path, shape))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -129,8 +130,8 @@ def source_counts(recipe, files: list[tuple[str, str]], per_file: dict) -> list[
     """Per `datasets:` entry: the records the data stage read, and where the entry was read into records first
     (a raw source, or records mapped from parquet, a folder, a hub id...), what that read, kept and dropped."""
     out = []
-    for spec, (_, path) in zip(recipe.datasets, files):
-        entry = {"path": spec.path, "records": per_file.get(path, 0)}
+    for i, (spec, (_, path)) in enumerate(zip(recipe.datasets, files)):
+        entry = {"path": spec.path, "records": per_file.get(i, 0)}
         report = Path(path).with_name(Path(path).name.removesuffix(".jsonl") + ".report.json")
         if path != spec.path and report.is_file():
             counts = json.loads(report.read_text(encoding="utf-8"))
@@ -185,6 +186,9 @@ def cache_entry(recipe, tokenizer) -> tuple[list[tuple[str, str]], Prepared]:
     if cached is not None:
         dd, prepared.stats = cached
         prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
+        if "sources" in prepared.stats:  # the key is the content, not the names: say this recipe's paths
+            prepared.stats["sources"] = [{**entry, "path": spec.path}
+                                         for entry, spec in zip(prepared.stats["sources"], recipe.datasets)]
     return files, prepared
 
 
