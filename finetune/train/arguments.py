@@ -76,8 +76,10 @@ def training_arguments(recipe, settings: Resolved):
         train_sampling_strategy="group_by_length" if recipe.group_by_length else "random",
         disable_tqdm=not sys.stderr.isatty(),
         deepspeed=settings.deepspeed,  # its "auto" values are filled from the arguments above
-        # several CPU processes without DeepSpeed: a gloo group (see start_process_group)
-        use_cpu=not settings.cuda and settings.world_size > 1 and settings.deepspeed is None,
+        # several CPU processes without DeepSpeed: a gloo group (see start_process_group); bf16 on a CPU: transformers
+        # refuses bf16 without a GPU unless told the run is on the CPU, where torch autocasts to bf16
+        use_cpu=not settings.cuda and (settings.world_size > 1 or settings.precision == "bf16")
+        and settings.deepspeed is None,
         accelerator_config={"use_configured_state": True},
         ddp_timeout=recipe.ddp_timeout,
     )

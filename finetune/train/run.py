@@ -96,6 +96,9 @@ def _report_machine(recipe, settings: Resolved) -> None:
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
         log.info(settings.optimizer_notice)
+    if settings.precision == "bf16" and not settings.cuda:
+        log.info("precision: bf16 on CPU: torch's CPU autocast, often slower than fp32 on CPUs without bf16 "
+                 "instructions (`precision: auto` trains fp32 on a CPU and bf16 on a bf16 GPU)")
 
 
 def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:
