@@ -13,11 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from finetune.data.dedup import recipe_records
 from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
-from finetune.ingest.records import read_records, require_records_file
+from finetune.ingest.records import require_records_file
 from finetune.recipe.data import RECORD_TYPES
 
 
@@ -88,8 +89,8 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
         per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    shaped = (counted(i, _sft_record(path, item)) for i, (shape, path) in enumerate(files)
-              for item in read_records(path, shape))
+    shaped = (counted(i, _sft_record(path, item))
+              for i, path, _, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -219,6 +220,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         "dropped_too_long": outcome.get("too_long", 0),
         "dropped_no_supervised_tokens": outcome.get("no_supervised_tokens", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "formats": outcome.get("formats", {}),  # records per shape: the prompt format inference must use
         "sources": source_counts(recipe, files, outcome.get("per_file", {})),
         "train": split_stats(train),
@@ -263,6 +265,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "dropped_too_long": outcome.get("too_long", 0),
         "dropped_response_too_long": outcome.get("response_too_long", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
         "train": item_stats(train),
         "eval": item_stats(held),
@@ -308,6 +311,7 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "records": outcome.get("records", 0),
         "dropped_too_long": outcome.get("too_long", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
         "train": prompt_stats(train),
         "eval": prompt_stats(held),

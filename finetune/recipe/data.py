@@ -285,6 +285,15 @@ class DataKeys(Strict):
         json_schema_extra=affects(TRAIN),
     )
 
+    # tokens: it changes which records become examples (and the split drawn from them)
+    dataset_exact_deduplication: bool = Field(
+        False,
+        description="Train each record once: a record identical to an earlier one, in the same dataset or another "
+                    "(the same canonical record: prompt, chosen and rejected of a pair), is dropped and counted. "
+                    "axolotl's key of the same name.",
+        json_schema_extra=affects(TOKENS),
+    )
+
     dataset_processes: int = Field(
         1, gt=0, description="Processes that tokenize records (worth it from ~100k records; each loads the tokenizer).",
         json_schema_extra=affects(),

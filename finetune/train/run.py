@@ -48,6 +48,9 @@ def count_data(recipe, state):
         tokenizer = load_tokenizer(recipe)
         prepared = build_dataset(recipe, tokenizer)
     stats = prepared.stats
+    if stats.get("dropped_duplicates"):
+        log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
+                 "earlier one")
     if recipe.method == "grpo":
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
