@@ -305,3 +305,43 @@ def test_the_same_file_twice_counts_each_entry_once(tmp_path, tiny_model_dir, ti
     recipe = recipe.model_copy(update={"datasets": [recipe.datasets[0], recipe.datasets[0]]})
     prepared = build_dataset(recipe, tiny_tokenizer)
     assert [s["records"] for s in prepared.stats["sources"]] == [5, 5] and prepared.stats["records"] == 10
+
+
+@pytest.mark.parametrize("method", ["dpo", "kto"])
+def test_map_reads_axolotl_preference_pairs(tmp_path, tiny_model_dir, tiny_tokenizer, method):
+    """Issue 33 item 9: axolotl's `{conversation, chosen, rejected}` pairs (its chat_template.default examples) with
+    `map: {messages: conversation}` failed with '"chosen" is missing' on every record. The turns are the prompt, the
+    pair is kept; other names for the answers map too (axolotl's field_chosen / field_rejected)."""
+    rows = [{"conversation": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": f"q {i}"}],
+             "better": {"role": "assistant", "content": f"yes {i}"}, "worse": f"no {i}"} for i in range(6)]
+    write_jsonl(tmp_path / "pairs.jsonl", rows)
+    recipe = {"base_model": str(tiny_model_dir), "method": method, "sequence_len": 256, "output_dir": "out",
+              "cache_dir": "cache", "report_to": ["none"],
+              "datasets": [{"path": "pairs.jsonl", "type": "preference",
+                            "map": {"messages": "conversation", "chosen": "better", "rejected": "worse"}}]}
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    prepared = build_dataset(load_recipe(tmp_path / "recipe.yml"), tiny_tokenizer)
+    assert prepared.stats["records"] == 6 and prepared.stats["train"]["examples"] == 6 * (2 if method == "kto" else 1)
+    written = next(p for p in (tmp_path / "cache" / "ingested").glob("records-*.jsonl") if ".rejects" not in p.name)
+    first = json.loads(written.read_text().splitlines()[0])
+    assert first == {"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "q 0"}],
+                     "chosen": [{"role": "assistant", "content": "yes 0"}],
+                     "rejected": [{"role": "assistant", "content": "no 0"}]}
+
+
+def test_map_renames_the_answers_of_plain_pairs_and_keeps_a_kto_label(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from finetune.ingest.records import read_records
+    from finetune.ingest.records_source import materialize_records
+    from finetune.recipe.data import DatasetSpec
+
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Sky?", "good": " Blue.", "bad": " Green."}])
+    out = materialize_records(DatasetSpec(path=str(tmp_path / "p.jsonl"), map={"chosen": "good", "rejected": "bad"}),
+                              str(tmp_path / "cache"))
+    assert read_records(out) == [("preference", {"prompt": "Sky?", "chosen": " Blue.", "rejected": " Green."})]
+    write_jsonl(tmp_path / "k.jsonl", [{"dialog": [{"from": "human", "value": "Sky?"}, {"from": "gpt", "value": "Blue."}],
+                                        "label": True}])
+    out = materialize_records(DatasetSpec(path=str(tmp_path / "k.jsonl"), map={"messages": "dialog"}),
+                              str(tmp_path / "cache"))
+    assert read_records(out) == [("unpaired", {"prompt": [{"role": "user", "content": "Sky?"}],
+                                               "completion": [{"role": "assistant", "content": "Blue."}],
+                                               "label": True})]

@@ -142,7 +142,9 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tup
         if found not in shapes_for(recipe.method):
             raise DataError(
                 f"`{path}` record {number} is a {found} record; `method: {recipe.method}` trains on "
-                f"{' or '.join(shapes_for(recipe.method))} records ({{prompt, chosen, rejected}}: docs/preference.md). "
+                f"{' or '.join(shapes_for(recipe.method))} records ({{prompt, chosen, rejected}}"
+                f"{'; one example: {prompt, completion, label} or {messages, label}' if recipe.method == 'kto' else ''}"
+                ": docs/preference.md). "
                 "Point the dataset at preference data, or set `method: sft` for this file"
             )
         outcome["records"] += 1
