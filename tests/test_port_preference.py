@@ -348,3 +348,28 @@ def test_validate_names_the_finetune_spelling_of_rl_keys(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "write `method: dpo`" in err and "write `rpo_alpha`" in err
     assert "axolotl's `chatml.intel` is a preference dataset type" in err
+
+
+def test_deduplicate_dpo_example_trains_each_pair_once(tmp_path, tiny_model_dir, capsys):
+    """Issue 33 items 6 and 9 on axolotl's lora-1b-deduplicate-dpo example: the same `{conversation, chosen,
+    rejected}` dataset twice with `dataset_exact_deduplication: true`. Ported, it loads (exit 0), reads axolotl's
+    records as they are through `map:`, and trains every pair once (it trained each twice, after the records had
+    been renamed by hand)."""
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+
+    code, text, recipe = _port(tmp_path, RL_ASSETS / "lora-1b-deduplicate-dpo.yml", f"base_model={tiny_model_dir}",
+                               "datasets.0.path=pairs.jsonl", "datasets.1.path=pairs.jsonl", "load_in_8bit=false",
+                               "attn_implementation=sdpa", "optimizer=adamw_torch")
+    assert code == 0, capsys.readouterr().err
+    assert recipe["dataset_exact_deduplication"] is True and "convert the records" not in capsys.readouterr().out
+    assert [d["map"] for d in recipe["datasets"]] == [{"messages": "conversation"}] * 2
+    rng = random.Random(2)
+    write_jsonl(tmp_path / "pairs.jsonl", [
+        {"conversation": [{"role": "system", "content": sentence(rng)}, {"role": "user", "content": sentence(rng)}],
+         "chosen": {"role": "assistant", "content": "yes " + sentence(rng)},
+         "rejected": {"role": "assistant", "content": "no " + sentence(rng)}} for _ in range(6)])
+    ported = load_recipe(tmp_path / "recipe.yml")
+    ported.cache_dir = str(tmp_path / "cache")
+    stats = build_dataset(ported, load_tokenizer(ported)).stats
+    assert stats["records"] == 6 and stats["dropped_duplicates"] == 6 and stats["train"]["examples"] == 6
