@@ -166,7 +166,7 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
                      out: Ported) -> None:
     result["type"] = records.type
-    result.update({key: value for key, value in (("map", records.map), ("roles", records.roles)) if value})
+    result.update({key: getattr(records, key) for key in ("map", "roles") if getattr(records, key, None)})
     value = spec.get("type")
     said = f"axolotl `{_inline(value)}` -> `{records.type}`" if value is not None else f"`{records.type}`"
     out.note("datasets", f"{where}.type: {said}: {records.note}")
