@@ -189,7 +189,8 @@ def test_keys_with_no_finetune_equivalent_exit_1_with_their_own_reason(tmp_path,
     schema: 1.58-bit BitNet layers, NEFTune noise, ReLoRA...) were dropped as "not in the axolotl table" with exit 0.
     Each is kept for a decision with what it does; `--set KEY=null` decides it away, as the docs say."""
     src = tmp_path / "a.yml"
-    keys = {"use_onebitllms": True, "neftune_noise_alpha": 5, "relora": True, "unfrozen_parameters": ["^lm_head"]}
+    keys = {"use_onebitllms": True, "neftune_noise_alpha": 5, "relora": True, "unfrozen_parameters": ["^lm_head"],
+            "curriculum_sampling": True}
     src.write_text(yaml.safe_dump({"base_model": str(tiny_model_dir), "datasets": [{"path": "d.jsonl",
                                    "type": "alpaca"}], **keys, "learning_rate": 1e-4}, sort_keys=False))
     out = tmp_path / "r.yml"
@@ -198,7 +199,8 @@ def test_keys_with_no_finetune_equivalent_exit_1_with_their_own_reason(tmp_path,
     assert "not in the axolotl table" not in err + out.read_text()
     assert "`use_onebitllms: true`: replaces the Linear layers with BitNet 1.58-bit ones" in err
     assert "`neftune_noise_alpha: 5`: adds noise to the input embeddings" in err and "`relora: true`: merges" in err
-    assert _flat(out.read_text()).count("NEEDS YOUR DECISION") == 4
+    assert "`curriculum_sampling: true`: trains the records in their order" in err
+    assert _flat(out.read_text()).count("NEEDS YOUR DECISION") == 5
     nulls = [a for key in keys for a in ("--set", f"{key}=null")]
     assert main(["port", str(src), "-o", str(out), "--force", *nulls]) == 0, capsys.readouterr().err
     text = out.read_text()

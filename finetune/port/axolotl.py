@@ -216,6 +216,14 @@ for _key, _entry in {
                                           "so the records tokenize differently"),
     "chat_template_kwargs": _unhonoured("passes settings to the chat template "
                                         "(`enable_thinking`...), so the records render differently"),
+    "curriculum_sampling": _unhonoured("trains the records in their order (curriculum) where finetune shuffles "
+                                       "them each epoch"),
+    "min_sample_len": _unhonoured("drops examples shorter than this many tokens"),
+    "lora_target_parameters": _unhonoured("adapts parameters (MoE experts) that are not Linear modules"),
+    "peft_layer_replication": _unhonoured("replicates decoder layers before the adapter is added"),
+    "loftq_config": _unhonoured("initialises LoRA with LoftQ (and quantizes the base itself)"),
+    "mean_resizing_embeddings": AxolotlKey("not needed: finetune always starts new token rows at the mean of the "
+                                           "others"),
 }.items():
     KEYS.setdefault(_key, _entry)
 
