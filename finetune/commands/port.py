@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _before_training(ported) -> None:
     if ported.hub_paths:
-        print(f"the dataset(s) {', '.join(ported.hub_paths)} are read from the Hugging Face hub when training: the "
+        print(f"the dataset(s) {', '.join(dict.fromkeys(ported.hub_paths))} are read from the Hugging Face hub when training: the "
               "hub must be reachable then, or download them first and point `path` at the folder (see the comments "
               "in the recipe)")
     for edit in ported.data_edits:
