@@ -47,6 +47,20 @@ def drop_quantizer(model) -> None:
         del model.config.quantization_config
 
 
+# --- peft ------------------------------------------------------------------------------------------------
+
+def save_new_token_rows_only(peft_model) -> None:
+    """Save this adapter without whole copies of the resized embeddings and lm_head. peft 0.21.2's
+    `PeftModel.save_pretrained(save_embedding_layers="auto")` adds both whole matrices to the adapter whenever the
+    vocabulary was resized (utils/save_and_load.py compares `config.vocab_size` with the base's), also when the new
+    rows are trainable tokens, which the adapter holds already. The HF Trainer (5.23) saves checkpoints and the
+    final model through `model.save_pretrained(output_dir, state_dict=..., is_main_process=...)`, with no way to
+    pass it; this one instance's save_pretrained passes `save_embedding_layers=False` (the class is untouched)."""
+    import functools
+
+    peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)
+
+
 # --- torch.nn.Module instances (any library's) ---------------------------------------------------------
 
 def replace_forward(module, forward) -> None:

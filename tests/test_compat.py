@@ -85,6 +85,30 @@ def test_drop_quantizer_clears_what_save_pretrained_reads(tiny_llama, tmp_path):
     assert "quantization_config" not in (tmp_path / "config.json").read_text()
 
 
+def test_save_new_token_rows_only_keeps_the_resized_matrices_out_of_the_adapter(tiny_llama, tmp_path):
+    """What it relies on: with the vocabulary resized, peft's save_pretrained ("auto") adds both whole matrices to
+    an adapter whose new rows are trainable tokens; the Trainer's call (no save_embedding_layers) then leaves
+    them out."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    from transformers import AutoModelForCausalLM
+
+    tiny_llama.save_pretrained(tmp_path / "base")
+    base = AutoModelForCausalLM.from_pretrained(tmp_path / "base")  # peft compares with this folder's vocab_size
+    base.resize_token_embeddings(66)
+    config = LoraConfig(r=2, target_modules=["q_proj"],
+                        trainable_token_indices={"embed_tokens": [64, 65], "lm_head": [64, 65]})
+    model = get_peft_model(base, config)
+    model.save_pretrained(tmp_path / "auto")
+    assert any(v.shape[0] == 66 for v in load_file(tmp_path / "auto" / "adapter_model.safetensors").values())
+    compat.save_new_token_rows_only(model)
+    model.save_pretrained(tmp_path / "rows", state_dict=None, is_main_process=True)  # as Trainer._save calls it
+    saved = load_file(tmp_path / "rows" / "adapter_model.safetensors")
+    assert not any(v.shape[0] == 66 for v in saved.values())
+    assert sum("trainable_tokens_delta" in k for k in saved) == 2
+
+
 def test_replace_forward_changes_one_instance_only():
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     compat.replace_forward(a, lambda x: x * 0 + 7)

@@ -172,12 +172,16 @@ def test_new_tokens_resize_embeddings_and_train_them_with_an_adapter(make_recipe
                                      special_tokens={"pad_token": "<pad>", "sep_token": "<|sep|>"}))
     model, tokenizer = build_model(recipe)
     assert len(tokenizer) == base_rows + 2 and tokenizer.sep_token == "<|sep|>"
-    assert model.get_input_embeddings().num_embeddings == base_rows + 2
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    assert any("embed_tokens.modules_to_save" in n for n in trainable)
-    assert any("lm_head.modules_to_save" in n for n in trainable)
+    assert model.get_input_embeddings().token_adapter.base_layer.num_embeddings == base_rows + 2
+    # only the two new tokens' rows train (peft's trainable tokens), not whole copies of both matrices
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    rows = {n: p for n, p in trainable.items() if "token_adapter" in n}
+    assert {n.split(".token_adapter")[0].rsplit(".", 1)[-1] for n in rows} == {"embed_tokens", "lm_head"}
+    assert all(p.shape[0] == 2 for p in rows.values()) and not any("modules_to_save" in n for n in trainable)
+    assert model.peft_config["default"].trainable_token_indices["embed_tokens"] == \
+        sorted(tokenizer.convert_tokens_to_ids(["<|tool|>", "<|sep|>"]))
     err = capfd.readouterr().err
-    assert "embeddings resized from 512 to 514" in err and "training embed_tokens and lm_head in full" in err
+    assert "embeddings resized from 512 to 514" in err and "training their rows of embed_tokens and lm_head" in err
     # the data cache key covers the added tokens
     plain = load_recipe(make_recipe("completion", n=4))
     assert tokenizer_fingerprint(load_tokenizer(recipe)) != tokenizer_fingerprint(load_tokenizer(plain))

@@ -140,14 +140,15 @@ def test_keys_that_change_what_trains_are_kept_for_a_decision_and_exit_1(tmp_pat
         captured.err and "`eot_tokens: [<|im_end|>]`: finetune supervises the end-of-turn token" in captured.err
     text = _flat(out.read_text())
     assert text.count("NEEDS YOUR DECISION") == 2 and yaml.safe_load(out.read_text())["eot_tokens"] == ["<|im_end|>"]
-    # the others are dropped, each with its own reason; deduplication becomes an instruction before training
+    # streaming is dropped with its reason; deduplication is finetune's key of the same name (issue 33 item 6: it
+    # was dropped with exit 0, and every record of axolotl's two-identical-datasets example trained twice)
     assert re.search(r"^# streaming: true \^ dropped, not needed: finetune tokenizes", text, re.M)
-    assert re.search(r"^# dataset_exact_deduplication: true \^ dropped, not in finetune's training: records are "
-                     r"trained as they are", text, re.M)
-    assert "before training, deduplicate the records: `finetune ingest d.jsonl -o d.dedup.jsonl`" in captured.out
+    assert yaml.safe_load(out.read_text())["dataset_exact_deduplication"] is True
     src.write_text(yaml.safe_dump(base, sort_keys=False))
     assert main(["port", str(src), "-o", str(out), "--force"]) == 0
-    assert "deduplicate the records" in capsys.readouterr().out
+    from finetune.recipe import load_recipe
+
+    assert load_recipe(out).dataset_exact_deduplication is True
 
 
 # --- validate on an axolotl recipe ---------------------------------------------------------------------------
@@ -181,3 +182,36 @@ def test_a_plain_typo_still_gets_did_you_mean(tmp_path, capsys):
     path.write_text("base_model: x\nlora_rr: 8\ndatasets: [{path: d.jsonl}]\n")
     assert main(["validate", str(path)]) == 2
     assert "did you mean `lora_r`?" in capsys.readouterr().err
+
+
+def test_keys_with_no_finetune_equivalent_exit_1_with_their_own_reason(tmp_path, tiny_model_dir, capsys):
+    """Issue 33 item 6: axolotl keys that change what is trained and that finetune cannot honour (from axolotl's
+    schema: 1.58-bit BitNet layers, NEFTune noise, ReLoRA...) were dropped as "not in the axolotl table" with exit 0.
+    Each is kept for a decision with what it does; `--set KEY=null` decides it away, as the docs say."""
+    src = tmp_path / "a.yml"
+    keys = {"use_onebitllms": True, "neftune_noise_alpha": 5, "relora": True, "unfrozen_parameters": ["^lm_head"],
+            "curriculum_sampling": True}
+    src.write_text(yaml.safe_dump({"base_model": str(tiny_model_dir), "datasets": [{"path": "d.jsonl",
+                                   "type": "alpaca"}], **keys, "learning_rate": 1e-4}, sort_keys=False))
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "not in the axolotl table" not in err + out.read_text()
+    assert "`use_onebitllms: true`: replaces the Linear layers with BitNet 1.58-bit ones" in err
+    assert "`neftune_noise_alpha: 5`: adds noise to the input embeddings" in err and "`relora: true`: merges" in err
+    assert "`curriculum_sampling: true`: trains the records in their order" in err
+    assert _flat(out.read_text()).count("NEEDS YOUR DECISION") == 5
+    nulls = [a for key in keys for a in ("--set", f"{key}=null")]
+    assert main(["port", str(src), "-o", str(out), "--force", *nulls]) == 0, capsys.readouterr().err
+    text = out.read_text()
+    recipe = yaml.safe_load(text)
+    assert not set(keys) & set(recipe) and recipe["learning_rate"] == 1e-4 and "NEEDS YOUR DECISION" not in text
+    # each removed key is still accounted for, as written, where it stood
+    assert re.search(r"^# use_onebitllms: true\n#  \^ removed on the command line \(--set use_onebitllms=null\)",
+                     text, re.M)
+    assert text.index("# relora: true") < text.index("learning_rate:")
+    assert main(["validate", str(out)]) == 0
+    capsys.readouterr()
+    # validate on the axolotl recipe itself names the same reason
+    assert main(["validate", str(src)]) == 2
+    assert "`use_onebitllms`" in (err := capsys.readouterr().err) and "BitNet 1.58-bit" in err

@@ -61,18 +61,17 @@ def test_axolotl_preference_examples_port_and_validate(name, tmp_path, tiny_mode
     assert "rl" not in recipe and "remove_unused_columns" not in recipe
 
 
-def test_dpo_lora_example_names_the_one_rename_its_records_need(tmp_path, tiny_model_dir, capsys):
-    """axolotl's chat_template.default with `field_messages: conversation`: the recipe ports as it is; the records
-    need `conversation` renamed to `conversations`, and then the ported recipe reads them unchanged."""
+def test_dpo_lora_example_reads_its_records_through_map(tmp_path, tiny_model_dir, capsys):
+    """axolotl's chat_template.default with `field_messages: conversation`: the ported recipe reads axolotl's records
+    as they are, through `map: {messages: conversation}` (issue 33 item 9: the records had to be renamed first)."""
     code, text, recipe = _port(tmp_path, RL_ASSETS / "llama-3-instruct-dpo-lora-8b.yml", f"base_model={tiny_model_dir}",
                                "datasets.0.path=pairs.jsonl", "attn_implementation=sdpa")
     printed = capsys.readouterr().out
     assert code == 0 and recipe["method"] == "dpo" and recipe["adapter"] == "lora"
-    assert "convert the records of datasets[0]" in printed and "rename `conversation` to `conversations`" in printed
-    assert "datasets[0].field_messages: conversation: dropped, rename `conversation` to `conversations`" in _flat(text)
+    assert "convert the records" not in printed and recipe["datasets"][0]["map"] == {"messages": "conversation"}
+    assert "datasets[0].field_messages: conversation: dropped, -> `map: {messages: conversation}`" in _flat(text)
 
     from finetune.data import build_dataset
-    from finetune.errors import DataError
     from finetune.model.loader import load_tokenizer
 
     rng = random.Random(0)
@@ -82,12 +81,7 @@ def test_dpo_lora_example_names_the_one_rename_its_records_need(tmp_path, tiny_m
     write_jsonl(tmp_path / "pairs.jsonl", axolotl_records)
     ported = load_recipe(tmp_path / "recipe.yml")
     ported.cache_dir = str(tmp_path / "cache")
-    tokenizer = load_tokenizer(ported)
-    with pytest.raises(DataError):
-        build_dataset(ported, tokenizer)
-    write_jsonl(tmp_path / "pairs.jsonl", [{"conversations" if k == "conversation" else k: v for k, v in r.items()}
-                                           for r in axolotl_records])
-    prepared = build_dataset(ported, tokenizer)
+    prepared = build_dataset(ported, load_tokenizer(ported))
     assert prepared.stats["records"] == 8
     assert prepared.stats["train"]["examples"] + prepared.stats["eval"]["examples"] == 8
 
@@ -183,29 +177,38 @@ def test_what_the_port_says_of_a_dataset_type_is_what_the_reader_does(method, na
         assert ported.convert.startswith("write each record as {")
 
 
-@pytest.mark.parametrize("fields,reads", [
-    ({"field_messages": "conversations"}, True),
-    ({"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"},
-      "roles": {"user": ["human"], "assistant": ["gpt"]}}, True),
-    ({"field_messages": "conversation"}, False),
-    ({}, False),  # axolotl's default `messages`
-    ({"field_messages": "conversations", "field_chosen": "better", "field_rejected": "worse"}, False),
-    ({"field_messages": "conversations", "message_property_mappings": {"role": "speaker", "content": "text"}}, False),
+@pytest.mark.parametrize("fields", [
+    {"field_messages": "conversations"},
+    {"field_messages": "conversations", "message_property_mappings": {"role": "from", "content": "value"},
+     "roles": {"user": ["human"], "assistant": ["gpt"]}},
+    {"field_messages": "conversation"},
+    {},  # axolotl's default `messages`
+    {"field_messages": "conversations", "field_chosen": "better", "field_rejected": "worse"},
+    {"field_messages": "conversations", "message_property_mappings": {"role": "speaker", "content": "text"}},
+    {"field_messages": "dialog", "roles": {"user": ["me"], "assistant": ["bot"]}},
 ])
-def test_chat_template_default_reads_as_is_only_when_the_reader_does(fields, reads):
+def test_chat_template_default_reads_every_layout_as_it_is(fields, tmp_path):
+    """Every chat_template.default layout ports with no record to convert: other names through `map:` and `roles:`,
+    read by finetune's records reader into the same canonical pair."""
+    from finetune.ingest.records import read_records
+    from finetune.ingest.records_source import materialize_records
+    from finetune.recipe.data import DatasetSpec
+
     messages = fields.get("field_messages", "messages")
     role, content = ((fields.get("message_property_mappings") or {}).get(k, k) for k in ("role", "content"))
-    user = "human" if role == "from" else "user"
-    record = {messages: [{role: user, content: _Q}],
-              fields.get("field_chosen", "chosen"): {role: "gpt" if role == "from" else "assistant", content: _A},
-              fields.get("field_rejected", "rejected"): {role: "gpt" if role == "from" else "assistant", content: _B}}
+    user = {"from": "human"}.get(role, "me" if messages == "dialog" else "user")
+    bot = {"from": "gpt"}.get(role, "bot" if messages == "dialog" else "assistant")
+    record = {messages: [{role: user, content: _Q}], fields.get("field_chosen", "chosen"): {role: bot, content: _A},
+              fields.get("field_rejected", "rejected"): {role: bot, content: _B}}
     ported = preference_records.dataset({"path": "d.jsonl", "type": "chat_template.default", **fields}, "dpo")
-    assert ported.type == "preference" and (ported.convert == "") == reads
-    if reads:
-        assert canonical(record, "preference")["chosen"] == [{"role": "assistant", "content": _A}]
-    else:
-        with pytest.raises(RecordProblem):
-            canonical(record, "preference")
+    assert ported.type == "preference" and ported.convert == ""
+    write_jsonl(tmp_path / "d.jsonl", [record])
+    spec = DatasetSpec(path=str(tmp_path / "d.jsonl"), type="preference", map=ported.map or None,
+                       roles=ported.roles or None)
+    path = materialize_records(spec, str(tmp_path / "cache")) if ported.map or ported.roles else spec.path
+    assert read_records(path) == [("preference", {"prompt": [{"role": "user", "content": _Q}],
+                                                  "chosen": [{"role": "assistant", "content": _A}],
+                                                  "rejected": [{"role": "assistant", "content": _B}]})]
 
 
 def test_user_defined_types_read_as_plain_text_unless_renamed_or_formatted():
@@ -345,3 +348,28 @@ def test_validate_names_the_finetune_spelling_of_rl_keys(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "write `method: dpo`" in err and "write `rpo_alpha`" in err
     assert "axolotl's `chatml.intel` is a preference dataset type" in err
+
+
+def test_deduplicate_dpo_example_trains_each_pair_once(tmp_path, tiny_model_dir, capsys):
+    """Issue 33 items 6 and 9 on axolotl's lora-1b-deduplicate-dpo example: the same `{conversation, chosen,
+    rejected}` dataset twice with `dataset_exact_deduplication: true`. Ported, it loads (exit 0), reads axolotl's
+    records as they are through `map:`, and trains every pair once (it trained each twice, after the records had
+    been renamed by hand)."""
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+
+    code, text, recipe = _port(tmp_path, RL_ASSETS / "lora-1b-deduplicate-dpo.yml", f"base_model={tiny_model_dir}",
+                               "datasets.0.path=pairs.jsonl", "datasets.1.path=pairs.jsonl", "load_in_8bit=false",
+                               "attn_implementation=sdpa", "optimizer=adamw_torch")
+    assert code == 0, capsys.readouterr().err
+    assert recipe["dataset_exact_deduplication"] is True and "convert the records" not in capsys.readouterr().out
+    assert [d["map"] for d in recipe["datasets"]] == [{"messages": "conversation"}] * 2
+    rng = random.Random(2)
+    write_jsonl(tmp_path / "pairs.jsonl", [
+        {"conversation": [{"role": "system", "content": sentence(rng)}, {"role": "user", "content": sentence(rng)}],
+         "chosen": {"role": "assistant", "content": "yes " + sentence(rng)},
+         "rejected": {"role": "assistant", "content": "no " + sentence(rng)}} for _ in range(6)])
+    ported = load_recipe(tmp_path / "recipe.yml")
+    ported.cache_dir = str(tmp_path / "cache")
+    stats = build_dataset(ported, load_tokenizer(ported)).stats
+    assert stats["records"] == 6 and stats["dropped_duplicates"] == 6 and stats["train"]["examples"] == 6

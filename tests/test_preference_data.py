@@ -160,3 +160,42 @@ def test_the_reference_is_the_sft_model_the_run_continues(tmp_path, tiny_model_d
 
     before, after = load_file(sft_out / "adapter_model.safetensors"), load_file(tmp_path / "dpo-out" / "adapter_model.safetensors")
     assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("method", ["dpo", "kto"])
+def test_dataset_exact_deduplication_trains_each_pair_once(tmp_path, tiny_model_dir, method):
+    """Issue 33 item 6: axolotl's lora-1b-deduplicate-dpo example lists one dataset twice with
+    `dataset_exact_deduplication: true`; every pair must train once (it trained twice), also a pair repeated inside
+    one file, and a pair written in another layout (sharegpt turns) that reads as the same canonical pair."""
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+
+    rng = random.Random(5)
+    pairs = [chat_pair(rng) for _ in range(10)]
+    write_jsonl(tmp_path / "a.jsonl", pairs + [pairs[0]])
+    turns = lambda messages: [{"from": {"system": "system", "user": "human", "assistant": "gpt"}[m["role"]],
+                               "value": m["content"]} for m in messages]
+    write_jsonl(tmp_path / "b.jsonl", [{"conversations": turns(p["prompt"]), "chosen": turns(p["chosen"])[0],
+                                        "rejected": turns(p["rejected"])[0]} for p in pairs[:4]])
+    datasets = [{"path": "a.jsonl", "type": "preference"}, {"path": "a.jsonl", "type": "preference"},
+                {"path": "b.jsonl", "type": "preference"}]
+    per_pair = 2 if method == "kto" else 1
+    for dedup, records in ((True, 10), (False, 26)):
+        (tmp_path / "cache").exists() and __import__("shutil").rmtree(tmp_path / "cache")
+        recipe = dpo_recipe(tmp_path, tiny_model_dir, method=method, datasets=datasets, val_set_size=0,
+                            dataset_exact_deduplication=dedup)
+        stats = build_dataset(recipe, load_tokenizer(recipe)).stats
+        assert stats["records"] == records and stats["train"]["examples"] == records * per_pair
+        assert stats["dropped_duplicates"] == (16 if dedup else 0)
+
+
+def test_dataset_exact_deduplication_for_sft_records(make_recipe, tmp_path):
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+
+    path = make_recipe("instruction", n=6, dataset_exact_deduplication=True,
+                       datasets=[{"path": "instruction.jsonl", "type": "instruction"}] * 2)
+    recipe = load_recipe(path)
+    stats = build_dataset(recipe, load_tokenizer(recipe)).stats
+    assert stats["records"] == 6 and stats["dropped_duplicates"] == 6
+    assert [s["records"] for s in stats["sources"]] == [6, 0]

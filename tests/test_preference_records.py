@@ -104,6 +104,12 @@ UNPAIRED = {
     "sharegpt messages": ({"prompt": [{"from": "human", "value": "Sky?"}],
                            "completion": [{"from": "gpt", "value": "Blue."}], "label": True},
                           {"prompt": [user("Sky?")], "completion": [bot("Blue.")], "label": True}),
+    # LLaMA-Factory's KTO layout (its kto_en_demo): the assistant turns ending the conversation are the completion
+    # (issue 33 item 9: it was read as a chat record and refused without naming the shape to use)
+    "messages and label": ({"messages": [{"role": "system", "content": ""}, user("Hi"), bot("Yo"), user("Sky?"),
+                                         bot("Blue.")], "label": False},
+                           {"prompt": [user("Hi"), bot("Yo"), user("Sky?")], "completion": [bot("Blue.")],
+                            "label": False}),
 }
 
 
@@ -182,6 +188,7 @@ PROBLEMS = [
     ({"prompt": "Sky?", "completion": "", "label": True}, '"completion" is empty'),
     ({"prompt": [user("Sky?")], "completion": "Blue.", "label": True},
      'plain and conversational mixed: "completion" is a string but "prompt" is a list of messages'),
+    ({"messages": [user("Sky?")], "label": True}, '"messages" does not end with an assistant turn'),
 ]
 
 
@@ -334,3 +341,17 @@ def test_cleaner_apply_on_a_pair():
         CONV_PAIR | {"prompt": [user("Sky?")]}, None)
     record, (reason, detail) = cleaner.apply({"prompt": "Sky?", "chosen": "Blue.", "rejected": "Blue."})
     assert record is None and reason == "identical_pair" and "same answer" in detail
+
+
+def test_a_kto_recipe_on_chat_records_names_the_layouts_it_reads(tmp_path, tiny_model_dir):
+    from finetune.data import build_dataset
+    from finetune.model.loader import load_tokenizer
+    from finetune.recipe import load_recipe
+
+    write_jsonl(tmp_path / "chat.jsonl", [{"messages": [user("Sky?"), bot("Blue.")]}])
+    (tmp_path / "r.yml").write_text(json.dumps({
+        "base_model": str(tiny_model_dir), "method": "kto", "datasets": [{"path": "chat.jsonl"}],
+        "output_dir": "out", "cache_dir": "cache", "report_to": ["none"]}))
+    recipe = load_recipe(tmp_path / "r.yml")
+    with pytest.raises(DataError, match=r"is a chat record; .*\{prompt, completion, label\} or \{messages, label\}"):
+        build_dataset(recipe, load_tokenizer(recipe))

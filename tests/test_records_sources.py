@@ -274,3 +274,74 @@ def test_a_hub_id_the_hub_does_not_answer_for_is_one_message(tmp_path, tiny_mode
                                         r"\(ConnectionError: Failed to resolve 'huggingface.co'\); download it"):
         build_dataset(recipe, tiny_tokenizer)
     assert not (tmp_path / "cache" / "ingested").exists()
+
+
+def test_counts_name_this_recipes_path_when_another_recipe_built_the_cache(tmp_path, tiny_model_dir, tiny_tokenizer,
+                                                                           capsys):
+    """Two recipes read the same bytes under different names through one cache: each recipe's counts (the prepared
+    stats, the records line on stderr) name its own path, not the path of the recipe that filled the cache."""
+    rows = alpaca_rows(6)
+    name = "qa.parquet"  # the file's name enters its content hash: the same name, the same bytes, two folders
+    for folder in ("first", "second"):
+        write_parquet(tmp_path / folder / name, rows)
+        recipe = {"base_model": str(tiny_model_dir), "sequence_len": 256, "micro_batch_size": 4, "output_dir": "out",
+                  "cache_dir": str(tmp_path / "cache"), "report_to": ["none"],
+                  "datasets": [{"path": name, "type": "instruction",
+                                "map": {"instruction": "question", "input": "context", "output": "answer"}}]}
+        (tmp_path / folder / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    capsys.readouterr()
+    build_dataset(load_recipe(tmp_path / "first" / "recipe.yml"), tiny_tokenizer)
+    capsys.readouterr()
+    prepared = build_dataset(load_recipe(tmp_path / "second" / "recipe.yml"), tiny_tokenizer)
+    assert prepared.reused  # the same content: the first recipe's cache entry
+    assert [s["path"] for s in prepared.stats["sources"]] == [str(tmp_path / "second" / name)]
+    err = capsys.readouterr().err
+    assert f"records {tmp_path / 'second' / name} (cached)" in err and str(tmp_path / "first") not in err
+
+
+def test_the_same_file_twice_counts_each_entry_once(tmp_path, tiny_model_dir, tiny_tokenizer):
+    write_jsonl(tmp_path / "d.jsonl", make_records("instruction", 5))
+    recipe = recipe_with(tmp_path, tiny_model_dir, path="d.jsonl")
+    recipe = recipe.model_copy(update={"datasets": [recipe.datasets[0], recipe.datasets[0]]})
+    prepared = build_dataset(recipe, tiny_tokenizer)
+    assert [s["records"] for s in prepared.stats["sources"]] == [5, 5] and prepared.stats["records"] == 10
+
+
+@pytest.mark.parametrize("method", ["dpo", "kto"])
+def test_map_reads_axolotl_preference_pairs(tmp_path, tiny_model_dir, tiny_tokenizer, method):
+    """Issue 33 item 9: axolotl's `{conversation, chosen, rejected}` pairs (its chat_template.default examples) with
+    `map: {messages: conversation}` failed with '"chosen" is missing' on every record. The turns are the prompt, the
+    pair is kept; other names for the answers map too (axolotl's field_chosen / field_rejected)."""
+    rows = [{"conversation": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": f"q {i}"}],
+             "better": {"role": "assistant", "content": f"yes {i}"}, "worse": f"no {i}"} for i in range(6)]
+    write_jsonl(tmp_path / "pairs.jsonl", rows)
+    recipe = {"base_model": str(tiny_model_dir), "method": method, "sequence_len": 256, "output_dir": "out",
+              "cache_dir": "cache", "report_to": ["none"],
+              "datasets": [{"path": "pairs.jsonl", "type": "preference",
+                            "map": {"messages": "conversation", "chosen": "better", "rejected": "worse"}}]}
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    prepared = build_dataset(load_recipe(tmp_path / "recipe.yml"), tiny_tokenizer)
+    assert prepared.stats["records"] == 6 and prepared.stats["train"]["examples"] == 6 * (2 if method == "kto" else 1)
+    written = next(p for p in (tmp_path / "cache" / "ingested").glob("records-*.jsonl") if ".rejects" not in p.name)
+    first = json.loads(written.read_text().splitlines()[0])
+    assert first == {"prompt": [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "q 0"}],
+                     "chosen": [{"role": "assistant", "content": "yes 0"}],
+                     "rejected": [{"role": "assistant", "content": "no 0"}]}
+
+
+def test_map_renames_the_answers_of_plain_pairs_and_keeps_a_kto_label(tmp_path, tiny_model_dir, tiny_tokenizer):
+    from finetune.ingest.records import read_records
+    from finetune.ingest.records_source import materialize_records
+    from finetune.recipe.data import DatasetSpec
+
+    write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Sky?", "good": " Blue.", "bad": " Green."}])
+    out = materialize_records(DatasetSpec(path=str(tmp_path / "p.jsonl"), map={"chosen": "good", "rejected": "bad"}),
+                              str(tmp_path / "cache"))
+    assert read_records(out) == [("preference", {"prompt": "Sky?", "chosen": " Blue.", "rejected": " Green."})]
+    write_jsonl(tmp_path / "k.jsonl", [{"dialog": [{"from": "human", "value": "Sky?"}, {"from": "gpt", "value": "Blue."}],
+                                        "label": True}])
+    out = materialize_records(DatasetSpec(path=str(tmp_path / "k.jsonl"), map={"messages": "dialog"}),
+                              str(tmp_path / "cache"))
+    assert read_records(out) == [("unpaired", {"prompt": [{"role": "user", "content": "Sky?"}],
+                                               "completion": [{"role": "assistant", "content": "Blue."}],
+                                               "label": True})]

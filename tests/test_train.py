@@ -155,3 +155,31 @@ def test_the_final_evaluation_runs_once(make_recipe, eval_steps):
     assert set(counter.at_step) == expected
     final_evals = [e["eval_loss"] for e in summary["log_history"] if "eval_loss" in e and e["step"] == final]
     assert final_evals == [summary["final_eval_loss"]]
+
+
+class AutocastSeen(TrainerCallback):
+    """Records, for each training forward pass, the CPU autocast dtype in force (None: autocast off)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def hook(module, inputs):
+            if module.training:
+                self.seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+
+        model.get_input_embeddings().register_forward_pre_hook(hook)  # inside the forward accelerate wraps
+
+
+@pytest.mark.parametrize("adapter", ["lora", "none"])
+def test_bf16_on_a_cpu_trains_in_bf16(make_recipe, tmp_path, adapter, capsys):
+    """Issue 33 item 7: `precision: bf16` (axolotl's `bf16: true`, ported) on a machine without a GPU ended in
+    transformers' "Your setup doesn't support bf16/gpu" traceback. It trains, under torch's CPU bf16 autocast, and
+    the log says what that costs there."""
+    recipe = load_recipe(make_recipe("completion", n=8, adapter=adapter, precision="bf16", max_steps=2))
+    seen = AutocastSeen()
+    summary = run_training(recipe, extra_callbacks=[seen])
+    assert summary["steps"] == 2 and seen.seen and set(seen.seen) == {torch.bfloat16}
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert summary["precision"] == run["precision"] == "bf16"
+    assert "precision: bf16 on CPU" in capsys.readouterr().err

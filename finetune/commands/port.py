@@ -59,8 +59,13 @@ def run(args: argparse.Namespace) -> int:
         raise FinetuneError(f"`{output}` exists; choose another -o, or pass --force to replace it")
     ported = port_axolotl(_read(source), source.parent.resolve())
     for assignment in args.overrides:
+        key = assignment.split("=", 1)[0].split(".")[0]
+        written = ported.settings.get(key)
         apply_override(ported.settings, assignment)
-        ported.note(assignment.split("=", 1)[0].split(".")[0], f"set on the command line: --set {assignment}")
+        if key in ported.blocked and ported.settings.get(key) is None:  # `--set KEY=null`: decided, without it
+            ported.unblock(key, written, f"removed on the command line (--set {assignment}): trained without it")
+        else:
+            ported.note(key, f"set on the command line: --set {assignment}")
     header = [f"Converted from the axolotl recipe {source.name} by `finetune port` (finetune {__version__}).",
               "Every axolotl key that changed or was dropped has a comment saying why. Relative paths are "
               "relative to this file (axolotl reads them from the working directory). "
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _before_training(ported) -> None:
     if ported.hub_paths:
-        print(f"the dataset(s) {', '.join(ported.hub_paths)} are read from the Hugging Face hub when training: the "
+        print(f"the dataset(s) {', '.join(dict.fromkeys(ported.hub_paths))} are read from the Hugging Face hub when training: the "
               "hub must be reachable then, or download them first and point `path` at the folder (see the comments "
               "in the recipe)")
     for edit in ported.data_edits:

@@ -114,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     prepared = build_dataset(recipe, tokenizer)
     s = prepared.stats
     print(f"cache: {prepared.cache_path}{' (reused)' if prepared.reused else ' (built)'}")
+    if s.get("dropped_duplicates"):
+        print(f"dataset_exact_deduplication: {s['dropped_duplicates']:,} records dropped, each the same as an earlier one")
     if recipe.method == "grpo":
         return show_grpo(recipe, tokenizer, prepared, args.show)
     if recipe.method != "sft":

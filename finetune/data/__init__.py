@@ -13,11 +13,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from finetune.data.dedup import recipe_records
 from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
-from finetune.ingest.records import read_records, require_records_file
+from finetune.ingest.records import require_records_file
 from finetune.recipe.data import RECORD_TYPES
 
 
@@ -83,12 +84,13 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split)."""
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
-    def counted(path, item):
+    def counted(index, item):
         formats[item[0]] += 1
-        per_file[path] += 1
+        per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    shaped = (counted(path, _sft_record(path, item)) for shape, path in files for item in read_records(path, shape))
+    shaped = (counted(i, _sft_record(path, item))
+              for i, path, _, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -129,8 +131,8 @@ def source_counts(recipe, files: list[tuple[str, str]], per_file: dict) -> list[
     """Per `datasets:` entry: the records the data stage read, and where the entry was read into records first
     (a raw source, or records mapped from parquet, a folder, a hub id...), what that read, kept and dropped."""
     out = []
-    for spec, (_, path) in zip(recipe.datasets, files):
-        entry = {"path": spec.path, "records": per_file.get(path, 0)}
+    for i, (spec, (_, path)) in enumerate(zip(recipe.datasets, files)):
+        entry = {"path": spec.path, "records": per_file.get(i, 0)}
         report = Path(path).with_name(Path(path).name.removesuffix(".jsonl") + ".report.json")
         if path != spec.path and report.is_file():
             counts = json.loads(report.read_text(encoding="utf-8"))
@@ -185,6 +187,9 @@ def cache_entry(recipe, tokenizer) -> tuple[list[tuple[str, str]], Prepared]:
     if cached is not None:
         dd, prepared.stats = cached
         prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
+        if "sources" in prepared.stats:  # the key is the content, not the names: say this recipe's paths
+            prepared.stats["sources"] = [{**entry, "path": spec.path}
+                                         for entry, spec in zip(prepared.stats["sources"], recipe.datasets)]
     return files, prepared
 
 
@@ -215,6 +220,7 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         "dropped_too_long": outcome.get("too_long", 0),
         "dropped_no_supervised_tokens": outcome.get("no_supervised_tokens", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "formats": outcome.get("formats", {}),  # records per shape: the prompt format inference must use
         "sources": source_counts(recipe, files, outcome.get("per_file", {})),
         "train": split_stats(train),
@@ -259,6 +265,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "dropped_too_long": outcome.get("too_long", 0),
         "dropped_response_too_long": outcome.get("response_too_long", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
         "train": item_stats(train),
         "eval": item_stats(held),
@@ -304,6 +311,7 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "records": outcome.get("records", 0),
         "dropped_too_long": outcome.get("too_long", 0),
         "truncated": outcome.get("truncated", 0),
+        "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
         "train": prompt_stats(train),
         "eval": prompt_stats(held),

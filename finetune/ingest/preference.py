@@ -21,7 +21,8 @@ Accepted preference inputs (the first key found decides the form):
                    longest run of whole messages both begin with, up to its last user turn
 A string "prompt" beside whole conversations (UltraFeedback's layout) is read as the implicit form, as TRL
 does. Messages may be written {"role", "content"} or sharegpt's {"from", "value"} (human, gpt) anywhere; an
-empty system message in a prompt is dropped. Unpaired: {"prompt", "completion", "label": true | false}.
+empty system message in a prompt is dropped. Unpaired: {"prompt", "completion", "label": true | false}, or
+{"messages", "label"} (LLaMA-Factory's KTO layout): the assistant turns ending the conversation are the completion.
 
 Pure Python: no torch, no data/.
 """
@@ -79,7 +80,8 @@ def canonical_unpaired(record: dict) -> dict:
     if not isinstance(label, bool):
         raise RecordProblem(f'"label" must be true or false (a JSON boolean), got {json.dumps(label)}; write true '
                             "for a desirable completion, false for an undesirable one")
-    out = _explicit(record, SIDES["unpaired"])
+    out = _split_conversation(record) if "messages" in record and "completion" not in record \
+        else _explicit(record, SIDES["unpaired"])
     _check_prompt(out["prompt"])
     _check_answer(out["completion"], "completion")
     return {**out, "label": label}
@@ -182,6 +184,22 @@ def _implicit(record: dict) -> dict:
                                     f"{_a(message['role'])} message after the shared prompt); a pair answers one "
                                     "prompt with two assistant replies")
     return {"prompt": chosen[:cut], "chosen": chosen[cut:], "rejected": rejected[cut:]}
+
+
+def _split_conversation(record: dict) -> dict:
+    """KTO's {messages, label} (LLaMA-Factory's layout): the assistant turns that end the conversation are the
+    completion, the turns before them the prompt."""
+    messages = record["messages"]
+    if not isinstance(messages, list):
+        raise RecordProblem('"messages" must be a list of messages')
+    messages = _drop_empty_system(_messages(messages, "messages"))
+    cut = len(messages)
+    while cut and messages[cut - 1]["role"] == "assistant":
+        cut -= 1
+    if cut == len(messages):
+        raise RecordProblem('"messages" does not end with an assistant turn: in a {messages, label} record the '
+                            "assistant turns at the end are the completion the label judges", "empty_side")
+    return {"prompt": messages[:cut], "completion": messages[cut:]}
 
 
 def _whole_conversations(record: dict) -> bool:

@@ -9,6 +9,7 @@ The vocabulary is the raw sources' `map:` (finetune/ingest/mapping.py): record f
   system     a field whose text becomes a leading system turn
 and `roles:` maps a source role name to ours (system, user, assistant). Without a mapping a record with
 `conversations` is read as sharegpt: turns under `from`/`value` (or `role`/`content`), roles human/gpt.
+Preference rows keep their pair (`chosen`, `rejected`: `map:` names them otherwise), KTO rows their `label`.
 
 No torch here: ingestion never imports the training stack.
 """
@@ -19,7 +20,7 @@ from collections.abc import Callable
 
 from finetune.errors import DataError
 from finetune.ingest.mapping import build_mapper
-from finetune.recipe.data import CONVERSATION_MAP_FIELDS as CONVERSATION_FIELDS
+from finetune.recipe.data import CONVERSATION_MAP_FIELDS as CONVERSATION_FIELDS, PAIR_MAP_FIELDS as PAIR_FIELDS
 
 ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
 SHAREGPT_FIELD = "conversations"
@@ -56,6 +57,8 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
             raise DataError(f"`{source}`: the prompt column `{column}` (map: prompt) is not in the records; their "
                             f"fields are: {', '.join(columns[:20])}")
         return lambda row, where: ({"prompt": row.get(column), **{k: v for k, v in row.items() if k != column}}, None)
+    if mapping and set(mapping) <= set(PAIR_FIELDS):
+        return _pair_mapper(mapping)
     if mapping:
         flat = build_mapper(tuple(mapping.items()), None, columns, f"`{source}`")
         return lambda row, where: flat(row)
@@ -65,31 +68,60 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
 
 
 def _conversation_mapper(field: str, mapping: dict, role_names: dict, source: str) -> RecordMapper:
+    """The turns under `field` as messages. A preference row keeps its pair: the turns are the prompt, and
+    chosen / rejected (`map: {chosen: ..., rejected: ...}` names them otherwise) are converted the same way, a
+    string being the assistant's answer (axolotl's `{conversation, chosen, rejected}`); a row with a `label`
+    stays a KTO example, `{messages, label}`."""
     role_key, content_key, system_field = mapping.get("role"), mapping.get("content"), mapping.get("system")
+    sides = {side: mapping.get(side, side) for side in PAIR_FIELDS}
+
+    def turn_messages(turns: list, name: str, where: str) -> tuple[list | None, str | None]:
+        messages = []
+        for i, turn in enumerate(turns):
+            if not isinstance(turn, dict):
+                return None, f"{name}[{i}] is not an object"
+            r_key = role_key or ("role" if "role" in turn else "from")
+            c_key = content_key or ("content" if "content" in turn else "value")
+            role = turn.get(r_key)
+            if role not in role_names:
+                known = ", ".join(sorted(role_names))
+                raise RoleError(
+                    f"`{source}` {where}: {name}[{i}] has the role {role!r} (key `{r_key}`), which the mapping "
+                    f"does not cover (known: {known}); add it to the dataset's `roles:`, e.g. "
+                    f"`roles: {{{role}: assistant}}` (or user, system)")
+            content = turn.get(c_key)
+            if not isinstance(content, str):
+                return None, f"{name}[{i}] has no text under `{c_key}`"
+            messages.append({"role": role_names[role], "content": content})
+        return messages, None
 
     def mapper(row: dict, where: str) -> tuple[dict | None, str | None]:
         turns = row.get(field)
         if not isinstance(turns, list) or not turns:
             return None, f"`{field}` is not a non-empty list of turns"
-        messages = []
+        system = []
         if system_field and isinstance(row.get(system_field), str) and row[system_field].strip():
-            messages.append({"role": "system", "content": row[system_field]})
-        for i, turn in enumerate(turns):
-            if not isinstance(turn, dict):
-                return None, f"{field}[{i}] is not an object"
-            r_key = role_key or ("role" if "role" in turn else "from")
-            c_key = content_key or ("content" if "content" in turn else "value")
-            name = turn.get(r_key)
-            if name not in role_names:
-                known = ", ".join(sorted(role_names))
-                raise RoleError(
-                    f"`{source}` {where}: {field}[{i}] has the role {name!r} (key `{r_key}`), which the mapping "
-                    f"does not cover (known: {known}); add it to the dataset's `roles:`, e.g. "
-                    f"`roles: {{{name}: assistant}}` (or user, system)")
-            content = turn.get(c_key)
-            if not isinstance(content, str):
-                return None, f"{field}[{i}] has no text under `{c_key}`"
-            messages.append({"role": role_names[name], "content": content})
-        return {"messages": messages}, None
+            system.append({"role": "system", "content": row[system_field]})
+        messages, why = turn_messages(turns, field, where)
+        if messages is None:
+            return None, why
+        if not any(key in row for key in sides.values()):
+            return {"messages": system + messages, **({"label": row["label"]} if "label" in row else {})}, None
+        pair = {"prompt": system + messages}
+        for side, key in sides.items():
+            value = row.get(key)
+            if isinstance(value, (dict, list)):
+                value, why = turn_messages([value] if isinstance(value, dict) else value, key, where)
+                if value is None:
+                    return None, why
+            pair[side] = [{"role": "assistant", "content": value}] if isinstance(value, str) else value
+        return pair, None
 
     return mapper
+
+
+def _pair_mapper(mapping: dict) -> RecordMapper:
+    """`map: {chosen: ..., rejected: ...}` alone: the pair's fields renamed, the rest of the row as it is."""
+    renamed = {theirs: ours for ours, theirs in mapping.items()}
+    return lambda row, where: ({renamed.get(key, key): value for key, value in row.items()
+                                if key not in PAIR_FIELDS or key in renamed}, None)

@@ -38,6 +38,8 @@ def detect_shape(record: dict) -> str | None:
     alpaca-style pairs' "instruction"). One side alone is a pair with a side missing, said as such."""
     if "chosen" in record or "rejected" in record:
         return "preference"
+    if "messages" in record and "label" in record:  # KTO's conversation and its label (LLaMA-Factory's layout)
+        return "unpaired"
     if "messages" in record:
         return "chat"
     if "instruction" in record or "output" in record:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 
-from finetune.compat import parameter_count
+from finetune.compat import parameter_count, save_new_token_rows_only
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
@@ -77,9 +77,10 @@ def describe_quantization(recipe, precision: str) -> str:
     return f"4-bit NF4, double quantization, compute in {precision}"
 
 
-def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embeddings: bool = False):
-    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save` is the
-    recipe's, widened by build_model when new tokens need trained embeddings."""
+def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embeddings: bool = False,
+                    trainable_tokens: dict[str, list[int]] | None = None):
+    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save`: the recipe's;
+    `trainable_tokens`: the embedding (and lm_head) rows of the recipe's new tokens (fit_embeddings)."""
     if recipe.adapter == "none":
         return None
     from peft import EvaConfig, LoraConfig
@@ -90,6 +91,7 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         lora_dropout=recipe.lora_dropout,
         target_modules=recipe.lora_target_modules,
         modules_to_save=modules_to_save,
+        trainable_token_indices=trainable_tokens,  # the rows of new tokens (finetune/model/tokens.py)
         # a tied embedding / lm_head pair stays one trained matrix instead of two diverging copies
         ensure_weight_tying=tie_embeddings and bool(modules_to_save),
         bias="none",
@@ -146,7 +148,7 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     model.config.use_cache = False
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
-    modules_to_save = fit_embeddings(model, tokenizer, recipe)
+    trainable_tokens = fit_embeddings(model, tokenizer, recipe)
     if quantized_base(recipe):
         log.info(f"base quantized: {describe_quantization(recipe, precision)}")
         from peft import prepare_model_for_kbit_training
@@ -156,17 +158,18 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
     adapter = adapter_folder(recipe.base_model)
-    lora = get_lora_config(recipe, modules_to_save, tie_embeddings=ties_embeddings(model))
+    lora = get_lora_config(recipe, recipe.lora_modules_to_save or None, tie_embeddings=ties_embeddings(model),
+                           trainable_tokens=trainable_tokens)
     if adapter is not None:
         model = continue_adapter(model, adapter, recipe)
     elif lora is not None:
         from peft import get_peft_model
 
         check_targets(module_groups(model), recipe.lora_target_modules)
-        if modules_to_save and mutates_base(recipe):
+        if trainable_tokens and mutates_base(recipe):
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
-                             "embeddings (lora_modules_to_save, widened for the added tokens): peft's conversion for "
-                             "the original base keeps only A and B; use the default init, or add no tokens")
+                             "rows (trainable_token_indices): peft's conversion for the original base "
+                             "keeps only A and B; use the default init, or add no tokens")
         try:
             model = get_peft_model(model, lora)
         except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
@@ -176,6 +179,8 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
             log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
                      "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
                      "LoRA for the original base")
+    if getattr(getattr(model, "active_peft_config", None), "trainable_token_indices", None):
+        save_new_token_rows_only(model)  # the adapter holds the new rows: never whole copies of both matrices
     trainable, total = count_parameters(model)
     log.info(f"trainable parameters: {trainable:,} of {total:,} ({100 * trainable / total:.3f}%)")
     return model, tokenizer

@@ -1,9 +1,10 @@
 """New tokens from the recipe (`special_tokens`, `tokens`), the model's side: given embedding rows in the
-model and, with an adapter, trained through full copies of the embeddings and lm_head (modules to save).
+model and, with an adapter, their rows of the embeddings and lm_head trained (peft's trainable tokens).
 The tokenizer's side (adding them when it is loaded) is in finetune/model/loader.py.
 
 A LoRA adapter cannot learn a new token: the token's embedding row and its lm_head row are fresh (the mean of
-the others) and sit outside every adapted layer. Training those two modules in full is what gives it meaning.
+the others) and sit outside every adapted layer. Training those rows is what gives it meaning; the rest of both
+matrices stays the base's, so the adapter holds a row per new token, not two copies of the vocabulary.
 """
 
 from __future__ import annotations
@@ -28,22 +29,27 @@ def notice(message: str) -> None:
     get_logger(__name__).info(message)
 
 
-def fit_embeddings(model, tokenizer, recipe) -> list[str] | None:
-    """Grow the embeddings to the tokenizer; returns lora_modules_to_save, widened to the embeddings and lm_head
-    when the recipe added tokens and trains an adapter."""
-    from finetune.model.targets import embedding_module_names
+def fit_embeddings(model, tokenizer, recipe) -> dict[str, list[int]] | None:
+    """Grow the embeddings to the tokenizer; returns peft's `trainable_token_indices` for the recipe's new tokens
+    when it trains an adapter: their embedding rows and (unless tied to the embeddings) their lm_head rows, trained
+    alongside the adapter and saved with it: one row per new token, not the whole matrices (issue 33: a new pad
+    token made a LoRA adapter 718 MB)."""
+    from finetune.model.targets import embedding_module_names, ties_embeddings
 
     rows = model.get_input_embeddings().num_embeddings
     if len(tokenizer) > rows:
         # new rows start at the mean of the old ones (transformers' mean_resizing), not at random
         model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
         notice(f"new tokens: embeddings resized from {rows:,} to {len(tokenizer):,} rows")
-    saved = list(recipe.lora_modules_to_save or [])
     new = tokens_new_to_base(recipe)
     if not new or recipe.adapter == "none":
-        return saved or None
-    wanted = [n for n in embedding_module_names(model) if n not in saved]
-    if wanted:
-        notice(f"new tokens {new}: training {' and '.join(wanted)} in full alongside the adapter "
-               f"(lora_modules_to_save), so the new tokens can be learned; the adapter grows accordingly")
-    return saved + wanted or None
+        return None
+    ids = sorted(set(tokenizer.convert_tokens_to_ids(new)))
+    # a tied lm_head follows the embedding's rows (peft ties the two); an untied one gets its own rows
+    modules = embedding_module_names(model)[:1 if ties_embeddings(model) else None]
+    saved = set(recipe.lora_modules_to_save or [])
+    modules = [name for name in modules if name not in saved]  # trained in full already, as the recipe asks
+    if modules:
+        notice(f"new tokens {new}: training their rows of {' and '.join(modules)} alongside the adapter (peft's "
+               f"trainable tokens: {len(ids)} row(s) each, saved with the adapter)")
+    return {name: ids for name in modules} or None

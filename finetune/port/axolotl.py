@@ -176,12 +176,53 @@ KEYS: dict[str, AxolotlKey] = {
         "for that, or keep training this recipe with axolotl", blocks=True),
     "streaming": AxolotlKey("not needed: finetune tokenizes the dataset once and caches it, reading the records a "
                             "batch at a time"),
-    "dataset_exact_deduplication": AxolotlKey(
-        "not in finetune's training: records are trained as they are; `finetune ingest FILE -o OUT.jsonl` drops "
-        "exact duplicates (on by default), then point `path` at OUT.jsonl"),
     "torch_compile": AxolotlKey("write `compile: true` (each decoder layer is compiled; `compile: auto`, the "
                                 "default, is on with CUDA)", _when_true({"compile": True})),
 }
+
+
+def _unhonoured(what: str) -> AxolotlKey:
+    """A key that changes what is trained and that finetune has no equivalent for: kept for the user's decision."""
+    return AxolotlKey(f"{what}; finetune has no equivalent: delete the line (`--set KEY=null` when porting) to "
+                      "train without it, or keep training this recipe with axolotl", blocks=True)
+
+
+# Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit above: set, each of these changes the
+# weights, the loss or the tokens trained, so dropping it would train something else (issue 33). A key another
+# table above already describes keeps that description.
+for _key, _entry in {
+    "use_onebitllms": _unhonoured("replaces the Linear layers with BitNet 1.58-bit ones "
+                                  "(onebitllms) and trains those"),
+    "qat": _unhonoured("trains with fake-quantized weights (quantization-aware training, torchao)"),
+    "fp8": _unhonoured("trains the matmuls in FP8 (torchao); finetune trains in bf16, fp16 or fp32"),
+    "relora": _unhonoured("merges the LoRA weights into the base and restarts them every "
+                          "`jagged_restart_steps` (ReLoRA), training a full-rank update"),
+    "lisa_n_layers": _unhonoured("trains a random few layers at a time, switched every "
+                                 "`lisa_step_interval` steps (LISA)"),
+    "neftune_noise_alpha": _unhonoured("adds noise to the input embeddings while training "
+                                       "(NEFTune)"),
+    "use_eaft": _unhonoured("replaces the cross-entropy loss with entropy-aware focal training (EAFT)"),
+    "scaling_softmax": _unhonoured("changes the attention's softmax (SSMax) in the model trained"),
+    "reinit_weights": _unhonoured("trains from random weights instead of the pretrained ones"),
+    "embedding_lr": _unhonoured("gives the embeddings their own learning rate"),
+    "embedding_lr_scale": _unhonoured("gives the embeddings their own learning rate"),
+    "lr_groups": _unhonoured("gives groups of modules their own learning rates"),
+    "fix_untrained_tokens": _unhonoured("sets the embedding rows of the listed tokens to the "
+                                        "mean of the others before training"),
+    "added_tokens_overrides": _unhonoured("renames the tokenizer's reserved added tokens, "
+                                          "so the records tokenize differently"),
+    "chat_template_kwargs": _unhonoured("passes settings to the chat template "
+                                        "(`enable_thinking`...), so the records render differently"),
+    "curriculum_sampling": _unhonoured("trains the records in their order (curriculum) where finetune shuffles "
+                                       "them each epoch"),
+    "min_sample_len": _unhonoured("drops examples shorter than this many tokens"),
+    "lora_target_parameters": _unhonoured("adapts parameters (MoE experts) that are not Linear modules"),
+    "peft_layer_replication": _unhonoured("replicates decoder layers before the adapter is added"),
+    "loftq_config": _unhonoured("initialises LoRA with LoftQ (and quantizes the base itself)"),
+    "mean_resizing_embeddings": AxolotlKey("not needed: finetune always starts new token rows at the mean of the "
+                                           "others"),
+}.items():
+    KEYS.setdefault(_key, _entry)
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {

@@ -8,7 +8,6 @@ from __future__ import annotations
 import re
 import textwrap
 from dataclasses import dataclass, field
-from pathlib import PurePath
 from typing import Any
 
 import yaml
@@ -50,6 +49,16 @@ class Ported:
         self.settings[key] = value
         self.note(key, f"NEEDS YOUR DECISION: {why}")
         self.blocked[key] = f"`{key}: {_inline(value)}`: {why}"
+
+    def unblock(self, key: str, value: Any, why: str) -> None:
+        """A key kept for a decision (`value` as written), decided away: out of the recipe, a dropped key's comment
+        where it stood."""
+        position = list(self.settings).index(key)
+        del self.settings[key], self.blocked[key]
+        self.comments.pop(key, None)
+        self.dropped = [(n - (n > position), written, reason) for n, written, reason in self.dropped]
+        self.drop(key, value, why)
+        self.dropped[-1] = (position, *self.dropped[-1][1:])
 
     def drop(self, key: str, value: Any, why: str) -> None:
         written = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=100).rstrip()
@@ -157,6 +166,7 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
                      out: Ported) -> None:
     result["type"] = records.type
+    result.update({key: getattr(records, key) for key in ("map", "roles") if getattr(records, key, None)})
     value = spec.get("type")
     said = f"axolotl `{_inline(value)}` -> `{records.type}`" if value is not None else f"`{records.type}`"
     out.note("datasets", f"{where}.type: {said}: {records.note}")
@@ -211,13 +221,6 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
                  "linear layer to it")
-    if config.get("dataset_exact_deduplication") is True:
-        for spec in out.settings.get("datasets", []):
-            path = str(spec.get("path", "FILE"))
-            stem = path.removesuffix(".gz").rsplit(".", 1)[0] if "." in PurePath(path).name else path
-            out.todo.append(f"deduplicate the records: `finetune ingest {path} -o {stem}.dedup.jsonl` (axolotl's "
-                            f"`dataset_exact_deduplication`; exact duplicates are dropped by default) and point "
-                            f"`path` at {stem}.dedup.jsonl")
     if rl == "grpo":
         _grpo_recipe(config, out)
     elif rl:

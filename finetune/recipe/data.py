@@ -20,7 +20,9 @@ FLAT_MAP_FIELDS = ("text", "instruction", "input", "output", "system", "user", "
 CONVERSATION_MAP_FIELDS = ("messages", "role", "content")
 # GRPO: the column holding the prompt; every other column is kept for the reward functions
 PROMPT_MAP_FIELDS = ("prompt",)
-RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS + PROMPT_MAP_FIELDS
+# preference pairs: the fields holding the two answers (with a conversation mapping, or alone to rename them)
+PAIR_MAP_FIELDS = ("chosen", "rejected")
+RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS + PROMPT_MAP_FIELDS + PAIR_MAP_FIELDS
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -41,6 +43,9 @@ def records_map_problems(mapping: dict) -> list[str]:
     if "prompt" in mapping and len(mapping) > 1:
         problems.append("`map` names `prompt` (a GRPO prompt record) with other fields; a prompt record maps only "
                         "`prompt`, and keeps every other column for the rewards")
+    if set(mapping) & set(PAIR_MAP_FIELDS) and (flat or "prompt" in mapping):
+        problems.append("`map` names `chosen`/`rejected` with flat fields; a pair maps them alone or with a "
+                        "conversation (`messages`, `role`, `content`)")
     if conversation and flat:
         problems.append(f"`map` mixes a conversation ({', '.join(sorted(conversation))}) with flat fields "
                         f"({', '.join(sorted(flat))}); map one record shape")
@@ -283,6 +288,15 @@ class DataKeys(Strict):
         False,
         description="Without packing: batch examples of similar length together to cut padding (order less random).",
         json_schema_extra=affects(TRAIN),
+    )
+
+    # tokens: it changes which records become examples (and the split drawn from them)
+    dataset_exact_deduplication: bool = Field(
+        False,
+        description="Train each record once: a record identical to an earlier one, in the same dataset or another "
+                    "(the same canonical record: prompt, chosen and rejected of a pair), is dropped and counted. "
+                    "axolotl's key of the same name.",
+        json_schema_extra=affects(TOKENS),
     )
 
     dataset_processes: int = Field(

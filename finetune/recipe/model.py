@@ -77,7 +77,7 @@ class ModelKeys(Strict):
         {},
         description=(
             "Set the tokenizer's special tokens, e.g. {pad_token: \"<pad>\", eos_token: \"<|im_end|>\"}. A token "
-            "new to the vocabulary grows the embeddings; with an adapter, embeddings and lm_head are then trained."
+            "new to the vocabulary grows the embeddings; with an adapter, its embedding and lm_head rows are then trained."
         ),
         json_schema_extra=affects(TRAIN, CONTENT),
     )
@@ -86,7 +86,7 @@ class ModelKeys(Strict):
         [],
         description=(
             "Extra tokens added to the vocabulary (e.g. [\"<|tool|>\"]). New ones grow the embeddings; with an "
-            "adapter, embeddings and lm_head are then trained and saved with it (modules to save)."
+            "adapter, their embedding and lm_head rows are then trained and saved with it (trainable tokens)."
         ),
         json_schema_extra=affects(TRAIN, CONTENT),
     )

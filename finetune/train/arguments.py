@@ -79,8 +79,10 @@ def training_arguments(recipe, settings: Resolved):
         deepspeed=settings.deepspeed,  # its "auto" values are filled from the arguments above
         fsdp=settings.fsdp is not None,  # FSDP2: accelerate's plugin from fsdp_config (train/fsdp_config.py)
         fsdp_config=dict(settings.fsdp) if settings.fsdp is not None else None,  # a copy: transformers edits it
-        # several CPU processes without DeepSpeed: a gloo group (see start_process_group)
-        use_cpu=not settings.cuda and settings.world_size > 1 and settings.deepspeed is None,
+        # several CPU processes without DeepSpeed: a gloo group (see start_process_group); bf16 on a CPU: transformers
+        # refuses bf16 without a GPU unless told the run is on the CPU, where torch autocasts to bf16
+        use_cpu=not settings.cuda and (settings.world_size > 1 or settings.precision == "bf16")
+        and settings.deepspeed is None,
         accelerator_config={"use_configured_state": True},
         ddp_timeout=recipe.ddp_timeout,
     )

@@ -48,6 +48,9 @@ def count_data(recipe, state):
         tokenizer = load_tokenizer(recipe)
         prepared = build_dataset(recipe, tokenizer)
     stats = prepared.stats
+    if stats.get("dropped_duplicates"):
+        log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
+                 "earlier one")
     if recipe.method == "grpo":
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
@@ -100,6 +103,9 @@ def _report_machine(recipe, settings: Resolved) -> None:
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
         log.info(settings.optimizer_notice)
+    if settings.precision == "bf16" and not settings.cuda:
+        log.info("precision: bf16 on CPU: torch's CPU autocast, often slower than fp32 on CPUs without bf16 "
+                 "instructions (`precision: auto` trains fp32 on a CPU and bf16 on a bf16 GPU)")
 
 
 def probe_model(model, collator, attn: str, packed: bool, seed: int) -> None:

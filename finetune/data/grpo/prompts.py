@@ -50,27 +50,27 @@ def fit_prompt(ids: list[int], room: int, strategy: str, bos) -> tuple[list[int]
 
 def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Prompt], dict]:
     """Every prompt record of every file -> Prompt, fitted to its room; with the outcome counts."""
-    from finetune.ingest.records import PROMPT_SHAPE, read_records
+    from finetune.data.dedup import recipe_records
+    from finetune.ingest.records import PROMPT_SHAPE
     from finetune.recipe.methods import method_setting
 
     room = recipe.sequence_len - method_setting(recipe, "max_completion_length")
     items, outcome, listed = [], Counter(), []
-    for shape, path in files:
-        for number, (found, record) in enumerate(read_records(path, shape), start=1):
-            if found != PROMPT_SHAPE:
-                raise DataError(
-                    f"`{path}` record {number} is a {found} record; `method: grpo` trains on prompt records "
-                    "({\"prompt\": ..., and the columns your rewards read}: docs/grpo.md). Point the dataset at "
-                    "prompts, or set the method this file is for")
-            outcome["records"] += 1
-            ids, what = fit_prompt(prompt_ids(tokenizer, record["prompt"]), room, recipe.excess_length_strategy,
-                                   tokenizer.bos_token_id)
-            if what:
-                outcome[what] += 1
-                if ids is None and len(listed) < LISTED_DROPS:
-                    listed.append(f"{path} record {number}: {what}")
-            if ids is not None:
-                items.append(Prompt(ids, record))
+    for _, path, number, (found, record) in recipe_records(files, recipe.dataset_exact_deduplication, outcome):
+        if found != PROMPT_SHAPE:
+            raise DataError(
+                f"`{path}` record {number} is a {found} record; `method: grpo` trains on prompt records "
+                "({\"prompt\": ..., and the columns your rewards read}: docs/grpo.md). Point the dataset at "
+                "prompts, or set the method this file is for")
+        outcome["records"] += 1
+        ids, what = fit_prompt(prompt_ids(tokenizer, record["prompt"]), room, recipe.excess_length_strategy,
+                               tokenizer.bos_token_id)
+        if what:
+            outcome[what] += 1
+            if ids is None and len(listed) < LISTED_DROPS:
+                listed.append(f"{path} record {number}: {what}")
+        if ids is not None:
+            items.append(Prompt(ids, record))
     if not items:
         raise DataError(f"no usable prompts: {outcome['records']} records, {outcome['too_long']} longer than the "
                         f"{room} tokens sequence_len leaves them; raise `sequence_len` or lower `max_completion_length`")

@@ -133,31 +133,32 @@ def _pair_texts(record: dict, method: str):
 
 def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list, dict]:
     """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts."""
-    from finetune.ingest.records import read_records
+    from finetune.data.dedup import recipe_records
     from finetune.recipe.methods import shapes_for
 
     renderer = Renderer(tokenizer)
     items, outcome, listed = [], Counter(), []
-    for shape, path in files:
-        for number, (found, record) in enumerate(read_records(path, shape), start=1):
-            if found not in shapes_for(recipe.method):
-                raise DataError(
-                    f"`{path}` record {number} is a {found} record; `method: {recipe.method}` trains on "
-                    f"{' or '.join(shapes_for(recipe.method))} records ({{prompt, chosen, rejected}}: docs/preference.md). "
-                    "Point the dataset at preference data, or set `method: sft` for this file"
-                )
-            outcome["records"] += 1
-            for prompt, responses, label in _pair_texts(record, recipe.method):
-                prompt_ids, answers = renderer.encode(prompt, responses)
-                header = renderer.header_tokens() if isinstance(prompt, list) else 0
-                prompt_ids, what = fit(prompt_ids, answers, recipe, header, tokenizer.bos_token_id)
-                if what:
-                    outcome[what] += 1
-                if prompt_ids is None:
-                    if len(listed) < LISTED_DROPS:
-                        listed.append(f"{path} record {number}: {what}")
-                    continue
-                items.append(Pair(prompt_ids, *answers) if label is None else Unpaired(prompt_ids, answers[0], label))
+    for _, path, number, (found, record) in recipe_records(files, recipe.dataset_exact_deduplication, outcome):
+        if found not in shapes_for(recipe.method):
+            raise DataError(
+                f"`{path}` record {number} is a {found} record; `method: {recipe.method}` trains on "
+                f"{' or '.join(shapes_for(recipe.method))} records ({{prompt, chosen, rejected}}"
+                f"{'; one example: {prompt, completion, label} or {messages, label}' if recipe.method == 'kto' else ''}"
+                ": docs/preference.md). "
+                "Point the dataset at preference data, or set `method: sft` for this file"
+            )
+        outcome["records"] += 1
+        for prompt, responses, label in _pair_texts(record, recipe.method):
+            prompt_ids, answers = renderer.encode(prompt, responses)
+            header = renderer.header_tokens() if isinstance(prompt, list) else 0
+            prompt_ids, what = fit(prompt_ids, answers, recipe, header, tokenizer.bos_token_id)
+            if what:
+                outcome[what] += 1
+            if prompt_ids is None:
+                if len(listed) < LISTED_DROPS:
+                    listed.append(f"{path} record {number}: {what}")
+                continue
+            items.append(Pair(prompt_ids, *answers) if label is None else Unpaired(prompt_ids, answers[0], label))
     outcome_dict = dict(outcome)
     outcome_dict["dropped_listed"] = listed
     if not items:

@@ -102,6 +102,8 @@ class DatasetPort:
     key_notes: dict[str, str] = field(default_factory=dict)
     convert: str = ""
     chat: str | None = None
+    map: dict[str, str] = field(default_factory=dict)  # the dataset's `map:` (finetune/ingest/record_map.py)
+    roles: dict[str, str] = field(default_factory=dict)  # the dataset's `roles:` (theirs -> ours)
 
 
 def dataset(spec: dict, method: str) -> DatasetPort:
@@ -141,47 +143,42 @@ def dataset(spec: dict, method: str) -> DatasetPort:
 
 def _chat_template_default(spec: dict, target: str) -> DatasetPort:
     """axolotl's chat_template.default: {field_messages: [prompt messages], field_chosen: message, field_rejected:
-    message}, rendered with the recipe's chat template: finetune's sharegpt-style pair once the prompt field is
-    named `conversations`."""
-    names = {"field_messages": (spec.get("field_messages") or "messages", "conversations"),
-             "field_chosen": (spec.get("field_chosen") or "chosen", "chosen"),
-             "field_rejected": (spec.get("field_rejected") or "rejected", "rejected")}
-    renames = [f"`{have}` to `{want}`" for have, want in names.values() if have != want]
-    key_notes = {key: "finetune's name already" if have == want else f"rename `{have}` to `{want}` in the records"
-                 for key, (have, want) in names.items() if key in spec}
+    message}, rendered with the recipe's chat template: finetune's sharegpt-style pair as it is when the prompt
+    field is `conversations`, else read through the dataset's `map:` (and `roles:` for other role names)."""
+    names = {"messages": spec.get("field_messages") or "messages", "chosen": spec.get("field_chosen") or "chosen",
+             "rejected": spec.get("field_rejected") or "rejected"}
     mapping = spec.get("message_property_mappings") or {}
     role = mapping.get("role") or spec.get("message_field_role") or "role"
     content = mapping.get("content") or spec.get("message_field_content") or "content"
     props_read = (role, content) in (("role", "content"), ("from", "value"))
+    mapped = {ours: theirs for ours, theirs in names.items() if theirs != ours and not
+              (ours == "messages" and theirs == "conversations")}
     if not props_read:
-        renames.append(f"the messages' `{role}` / `{content}` to `role` / `content`")
-    for key in ("message_property_mappings", "message_field_role", "message_field_content"):
-        if key in spec:
-            key_notes[key] = "finetune reads role/content and from/value messages" if props_read \
-                else "rename them in the records"
-    odd_roles = _odd_roles(spec.get("roles"))
-    if odd_roles:
-        renames.append(f"the roles {', '.join(odd_roles)} to user / assistant / system")
+        mapped.update(role=role, content=content)
+    if names["messages"] == "messages":  # a pair under `messages` reads only through the conversation mapping
+        mapped["messages"] = "messages"
+    roles = _role_map(spec.get("roles"))
+    said = {"field_messages": "messages", "field_chosen": "chosen", "field_rejected": "rejected",
+            "message_property_mappings": "role", "message_field_role": "role", "message_field_content": "content"}
+    key_notes = {key: (f"-> `map: {{{ours}: {mapped[ours]}}}`" if ours in mapped else "finetune's name already")
+                 for key, ours in said.items() if key in spec}
     if "roles" in spec:
-        key_notes["roles"] = "rename them in the records" if odd_roles else "finetune reads these role names"
-    layout = (f"{{{names['field_messages'][0]}: [prompt messages], {names['field_chosen'][0]}: message, "
-              f"{names['field_rejected'][0]}: message}}")
-    if not renames:
-        return DatasetPort("preference", f"{layout}: finetune's sharegpt-style pair, read as it is and rendered with "
-                                         "the chat template, as axolotl renders it", key_notes, chat="template")
-    return DatasetPort("preference", f"{layout}: finetune reads this layout as a sharegpt-style pair "
-                                     "({conversations: [messages], chosen: message, rejected: message}) once the "
-                                     "fields are renamed", key_notes, chat="template",
-                       convert=f"rename {', '.join(renames)} in each record (or write each as {target})")
+        key_notes["roles"] = f"-> `roles:` {json.dumps(roles)}" if roles else "finetune reads these role names"
+    layout = f"{{{names['messages']}: [prompt messages], {names['chosen']}: message, {names['rejected']}: message}}"
+    how = "read through the dataset's `map:`" + (" and `roles:`" if roles else "") if mapped or roles \
+        else "finetune's sharegpt-style pair, read as it is"
+    return DatasetPort("preference", f"{layout}: {how} and rendered with the chat template, as axolotl renders it",
+                       key_notes, chat="template", map=mapped, roles=roles)
 
 
-def _odd_roles(roles: Any) -> list[str]:
-    """Role names finetune does not read as axolotl maps them (finetune reads system/user/assistant, human/gpt)."""
-    if not isinstance(roles, dict):
-        return []
+def _role_map(roles: Any) -> dict[str, str]:
+    """axolotl's `roles:` (ours -> their names) as finetune's (theirs -> ours), for the names finetune does not
+    read as they are (it reads system/user/assistant, human/gpt)."""
     aliases = {"user": ("user", "human"), "assistant": ("assistant", "gpt"), "system": ("system",)}
-    return [f"`{name}`" for target, names in roles.items() if target in aliases
-            for name in (names if isinstance(names, list) else [names]) if name not in aliases[target]]
+    if not isinstance(roles, dict):
+        return {}
+    return {str(name): target for target, names in roles.items() if target in aliases
+            for name in (names if isinstance(names, list) else [names]) if name not in aliases[target]}
 
 
 def _user_defined(value: dict, method: str, shape: str, target: str) -> DatasetPort:
