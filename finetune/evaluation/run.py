@@ -61,7 +61,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     models = Models(subject, gguf, tokenizer)
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
-        f"{subject.base_source}", "adapter": subject.is_adapter, "method": subject.recipe.method,
+        f"{subject.base_source}", "base": subject.base_label, "adapter": subject.is_adapter, "method": subject.recipe.method,
         "prompt_format": f"{subject.prompt_format} ({subject.format_reason})",
         "data_source": held.source if held else None, "gguf": str(gguf) if gguf else None,
     }

@@ -1,9 +1,14 @@
 """What `finetune eval` evaluates: a trained run (its recipe, folder and prompt format) and its models.
 
-The base and the tuned model are used one at a time through `Models.side(name)`. For an adapter they are the
-same module: the tuned model is the PeftModel, the base is that model with its adapter disabled (peft's
-`disable_adapter()`), so one copy of the weights serves both and the adapter is evaluated without merging.
-For a full fine-tune the base is loaded from where the run started (run.json's base_model_path).
+The base and the tuned model are used one at a time through `Models.side(name)`. The base is the model the run
+started from: a preference run's reference (finetune/train/preference/reference.py), for every method and every way
+of starting, and the report names it (`Subject.base_label`):
+    an adapter trained fresh          the same module with its adapter disabled (peft's `disable_adapter()`): one
+                                      copy of the weights serves both, the adapter is evaluated without merging
+    an adapter that continued one     (base_model: an SFT run's adapter folder) the same module with the adapter it
+                                      continued loaded beside the trained one and switched to (peft's set_adapter)
+    a full fine-tune                  loaded from where the run started (run.json's base_model_path: a model or a
+                                      merged folder); from an adapter folder, that adapter merged into its base
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from finetune.errors import FinetuneError, ModelError
 
 GGUF_DIR = "gguf"  # where `finetune export --gguf` writes by default (finetune/commands/export.py)
+START = "start"  # the peft adapter name of the adapter a run continued, loaded beside the trained one ("default")
 
 
 @dataclass
@@ -27,6 +33,15 @@ class Subject:
     prompt_format: str  # chat | alpaca | raw: what the run trained with (finetune/model/prompt_format.py)
     format_reason: str
     run: dict  # run.json ({} when absent)
+    start_adapter: Path | None = None  # the adapter folder the run continued (its base_model), if it did
+
+    @property
+    def base_label(self) -> str:
+        """The model the run started from, in words: what eval's "base" is."""
+        if self.start_adapter is not None:
+            how = "" if self.is_adapter else ", merged"
+            return f"the adapter {self.start_adapter} on {self.base_source}{how} (the model the run started from)"
+        return f"{self.base_source} (the model the run started from)"
 
     @property
     def formats(self) -> set[str]:
@@ -70,7 +85,22 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     else:
         base = run.get("base_model_path") or resolve_model_path(recipe.base_model, recipe.cache_dir)
     name, why = served_format(trained.folder)
-    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run)
+    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run, started_from(recipe))
+
+
+def started_from(recipe) -> Path | None:
+    """The adapter folder the run continued (its base_model), or None when it started from a model. A base_model
+    path that is gone is refused: the model the run started from cannot be rebuilt, and comparing with another
+    (the adapter's own base) would count the earlier stage as this run's gain."""
+    from finetune.model.loader import adapter_folder
+
+    start = adapter_folder(recipe.base_model)
+    looks_local = recipe.base_model.startswith((".", "/", "~"))
+    if start is None and looks_local and not Path(recipe.base_model).expanduser().exists():
+        raise ModelError(f"the run started from `{recipe.base_model}`, which is gone; evaluation compares the trained "
+                         "model with the model its run started from. Restore that folder, or evaluate with a recipe "
+                         "whose base_model names it (`finetune eval RECIPE.yml --set base_model=PATH`)")
+    return start
 
 
 def recorded_recipe(data: dict):
@@ -114,6 +144,8 @@ class Models:
             trained = Trained(subject.folder, True, subject.base_source, subject.recipe)
             # fp32 everywhere: the numbers compare models, not precisions (a 4-bit QLoRA base is dequantized)
             self.tuned, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+            if subject.start_adapter is not None:  # the base is the base + the adapter the run continued
+                self.tuned.load_adapter(str(subject.start_adapter), adapter_name=START)
         else:
             self.tuned = _load(subject.folder)
         self.tuned.to(device()).eval()
@@ -137,13 +169,31 @@ class Models:
                 yield model
             finally:
                 del model
+        elif self.subject.is_adapter and self.subject.start_adapter is not None:
+            self.tuned.set_adapter(START, inference_mode=True)
+            try:
+                yield self.tuned
+            finally:
+                self.tuned.set_adapter("default", inference_mode=True)
         elif self.subject.is_adapter:
             with self.tuned.disable_adapter():
                 yield self.tuned
         else:
             if self._base is None:
-                self._base = _load(self.subject.base_source).to(device()).eval()
+                self._base = self._load_start().to(device()).eval()
             yield self._base
+
+    def _load_start(self):
+        """A full fine-tune's starting model: the model folder, or the adapter it started from merged into its base
+        (as finetune/model/__init__.py's continue_adapter built it)."""
+        from finetune.model.trained import Trained, load_adapter_model
+
+        start = self.subject.start_adapter
+        if start is None:
+            return _load(self.subject.base_source)
+        trained = Trained(start, True, self.subject.base_source, None)
+        model, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+        return model.merge_and_unload()
 
 
 def _load(source, **kwargs):
