@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import FinetuneError, ModelError
+from finetune.log import get_logger
+
+log = get_logger(__name__)
 
 GGUF_DIR = "gguf"  # where `finetune export --gguf` writes by default (finetune/commands/export.py)
 START = "start"  # the peft adapter name of the adapter a run continued, loaded beside the trained one ("default")
@@ -43,11 +46,18 @@ class Subject:
             return f"the adapter {self.start_adapter} on {self.base_source}{how} (the model the run started from)"
         return f"{self.base_source} (the model the run started from)"
 
+    checkpoint_of: Path | None = None  # the folder is a checkpoint of this output_dir (its run did not finish, or
+    checkpoint_step: int | None = None  # it was passed); the report goes to that output_dir, not the checkpoint
+
     @property
     def formats(self) -> set[str]:
         """The record shapes the run trained on."""
-        found = set((self.run.get("data") or {}).get("formats") or ())
-        return found or {spec.type for spec in self.recipe.datasets}
+        return subject_formats(self.run, self.recipe)
+
+    @property
+    def report_home(self) -> Path:
+        """Where the report goes by default: the run's output folder (a checkpoint may be rotated away)."""
+        return self.checkpoint_of or self.folder
 
 
 def _run_json(folder: Path) -> dict:
@@ -63,15 +73,24 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     there; FinetuneError when the folder does not say which recipe trained it."""
     from finetune.model.loader import resolve_model_path
     from finetune.model.trained import locate
-    from finetune.model.prompt_format import served_format
+    from finetune.model.prompt_format import FORMAT_FILE, format_for, served_format
+    from finetune.model.trained import newest_checkpoint_of, unfinished_message
 
     from finetune.model.trained import is_recipe_path
 
     if overrides and not is_recipe_path(target):
         raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
                             "(`finetune eval RECIPE.yml --set ...`) or drop --set")
-    trained = locate(target, overrides)  # ModelError: no adapter or model there
+    trained = locate(target, overrides, newest_checkpoint=True)  # ModelError: no adapter, model or checkpoint
+    if trained.checkpoint_of is not None:
+        log.warning(f"the run in {trained.checkpoint_of} did not finish (no final model): evaluating its newest "
+                    f"checkpoint, {trained.folder} (step {trained.checkpoint_step})")
     run = _run_json(trained.folder)
+    owner = checkpoint_owner(trained.folder)
+    if not run and owner is not None:  # a checkpoint passed as the target: its run's record, if the run finished
+        run = _run_json(owner)
+        if not run and recipe is None and trained.recipe is None:
+            raise FinetuneError(unfinished_message(owner, newest_checkpoint_of(owner)))
     recipe = recipe or trained.recipe
     if recipe is None:
         if not run.get("recipe"):
@@ -85,7 +104,25 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     else:
         base = run.get("base_model_path") or resolve_model_path(recipe.base_model, recipe.cache_dir)
     name, why = served_format(trained.folder)
-    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run, started_from(recipe))
+    if not (trained.folder / "run.json").is_file() and not (trained.folder / FORMAT_FILE).is_file():
+        # a checkpoint: no record of its own, so the record shapes its run (or recipe) trained on say it
+        name, why = format_for(recipe.method, subject_formats(run, recipe))
+    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run, started_from(recipe),
+                   trained.checkpoint_of, trained.checkpoint_step)
+
+
+def checkpoint_owner(folder: Path) -> Path | None:
+    """The output_dir whose complete checkpoint (or export) `folder` is, or None."""
+    from finetune.run_folder import read_marker
+
+    folder = Path(folder)
+    if folder.parent.name in ("checkpoints", "exports") and read_marker(folder) is not None:
+        return folder.parent.parent
+    return None
+
+
+def subject_formats(run: dict, recipe) -> set[str]:
+    return set((run.get("data") or {}).get("formats") or ()) or {spec.type for spec in recipe.datasets}
 
 
 def started_from(recipe) -> Path | None:
