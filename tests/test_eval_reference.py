@@ -45,16 +45,21 @@ def _dpo_from(sft_out, root, adapter: str) -> dict:
     return {"trained": run["preference"]["eval_metrics"], "report": report}
 
 
-@pytest.mark.parametrize("adapter", ["lora", "none"])
+@pytest.mark.parametrize("adapter", ["lora", "none", "lora on merged"])
 def test_eval_rewards_of_a_dpo_run_from_an_sft_adapter_are_the_runs_own(sft, tmp_path, adapter):
-    """lora: the SFT adapter keeps training; none: it is merged into its base, then fully fine-tuned. Either way
-    the reference was base + SFT, so eval's base is too: its rewards are the run's last eval rewards, not the
-    SFT stage counted as preference reward."""
-    got = _dpo_from(sft, tmp_path, adapter)
+    """lora: the SFT adapter keeps training; none: it is merged into its base, then fully fine-tuned; lora on
+    merged: a fresh LoRA on the SFT run merged by `finetune merge`. Every way the reference was base + SFT, so
+    eval's base is too: its rewards are the run's last eval rewards, not the SFT stage counted as reward."""
+    start = sft
+    if adapter == "lora on merged":
+        start = tmp_path / "merged"
+        assert cli_main(["merge", str(sft), "--output", str(start)]) == 0
+        adapter = "lora"
+    got = _dpo_from(start, tmp_path, adapter)
     reward, trained = got["report"]["preference"]["reward"], got["trained"]
     assert reward["pairs"] == 8
     assert reward["chosen_reward"] == pytest.approx(trained["eval_rewards/chosen"], abs=2e-4)
     assert reward["rejected_reward"] == pytest.approx(trained["eval_rewards/rejected"], abs=2e-4)
     assert reward["reward_margin"] == pytest.approx(trained["eval_rewards/margins"], abs=2e-4)
-    # the report names the base it compared with: the SFT adapter the run started from
-    assert str(sft) in got["report"]["base"]
+    # the report names the base it compared with: the SFT model the run started from
+    assert str(start) in got["report"]["base"]
