@@ -72,11 +72,8 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     """A recipe (its output_dir) or a run's output folder -> the Subject. ModelError when no trained model is
     there; FinetuneError when the folder does not say which recipe trained it."""
     from finetune.model.loader import resolve_model_path
-    from finetune.model.trained import locate
     from finetune.model.prompt_format import FORMAT_FILE, format_for, served_format
-    from finetune.model.trained import newest_checkpoint_of, unfinished_message
-
-    from finetune.model.trained import is_recipe_path
+    from finetune.model.trained import is_recipe_path, locate, newest_checkpoint_of, unfinished_message
 
     if overrides and not is_recipe_path(target):
         raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
