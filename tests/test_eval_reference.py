@@ -63,3 +63,18 @@ def test_eval_rewards_of_a_dpo_run_from_an_sft_adapter_are_the_runs_own(sft, tmp
     assert reward["reward_margin"] == pytest.approx(trained["eval_rewards/margins"], abs=2e-4)
     # the report names the base it compared with: the SFT model the run started from
     assert str(start) in got["report"]["base"]
+
+
+def test_a_run_whose_starting_adapter_is_gone_is_refused(sft, tmp_path, capsys):
+    """Without the adapter it continued, the model the run started from cannot be rebuilt: comparing with the
+    adapter's own base instead would count the SFT stage as this run's gain. One message, no traceback."""
+    import shutil
+
+    start = tmp_path / "sft_copy"
+    shutil.copytree(sft, start)
+    _dpo_from(start, tmp_path, "lora")
+    shutil.rmtree(start)
+    capsys.readouterr()
+    assert cli_main(["eval", str(tmp_path / "out"), "--generations", "0"]) != 0
+    err = capsys.readouterr().err
+    assert f"started from `{start}`, which is gone" in err and "Traceback" not in err, err

@@ -79,3 +79,16 @@ def test_the_folder_or_a_checkpoint_of_a_crashed_run_says_exactly_how_to_evaluat
         assert "did not finish" in err and "finetune eval RECIPE.yml" in err, err
         assert "checkpoints/step-4" in err and "Traceback" not in err, err
         assert "train first" not in err.lower(), err
+
+
+def test_a_checkpoint_of_a_finished_run_is_evaluated_with_its_runs_record(tmp_path, tiny_model_dir):
+    """The overfit verdict names a checkpoint to use: it can be evaluated as it is (its run's run.json says the
+    recipe, data and format); the report goes beside the checkpoint, not over the final model's."""
+    (tmp_path / "recipe.yml").write_text(yaml.safe_dump(_recipe(tmp_path, tiny_model_dir, checkpoint_interval=2,
+                                                                max_checkpoints=2)))
+    assert cli_main(["train", str(tmp_path / "recipe.yml")]) == 0
+    checkpoint = tmp_path / "out" / "checkpoints" / "step-2"
+    assert cli_main(["eval", str(checkpoint), "--generations", "0"]) == 0
+    report = json.loads((checkpoint / "eval" / "report.json").read_text())
+    assert report["run"] == str(checkpoint) and report["prompt_format"].startswith("alpaca")
+    assert not (tmp_path / "out" / "eval").exists()
