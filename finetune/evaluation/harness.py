@@ -1,7 +1,8 @@
 """The lm-evaluation-harness bridge: local task folders, run on the adapter without merging, fully offline.
 
 lm-eval's HFLM takes a model object (`pretrained=model`): the PeftModel as it is (the base is the same model
-with its adapter disabled), so no merge is needed. Tasks are lm-eval task YAML files in a folder, with their
+with its adapter disabled, or switched to the adapter the run continued: finetune/evaluation/subject.py), so no
+merge is needed. Tasks are lm-eval task YAML files in a folder, with their
 data in local files (`dataset_path: json`, `dataset_kwargs: {data_files: ...}`); a relative data file is
 relative to the YAML file (lm-eval itself would read it relative to the current folder). finetune ships one
 example task, `tiny_facts` (finetune/eval_tasks/tiny_facts/), always available by name.
