@@ -298,7 +298,8 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         before = trainer.evaluate() if settings.has_eval else {}
         eval_before = before.get("eval_loss")
         if eval_before is not None:  # a preference run's reference pass, when it ran here, is timed apart
-            ref = f"; before it, the reference pass {before['reference_pass_s']:.1f} s" if "reference_pass_s" in before else ""
+            passed = before.get("reference_pass_s")
+            ref = f"; before it, the reference pass {passed:.1f} s" if passed is not None else ""
             log.info(f"eval loss before training: {eval_before:.4f} ({before.get('eval_runtime', 0):.1f} s{ref})")
         with interrupt.catching_sigint(), clear_write_errors(layout, "a checkpoint"):
             result = trainer.train(resume_from_checkpoint=resume_from)

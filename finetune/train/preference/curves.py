@@ -1,12 +1,12 @@
 """The verdicts and panels only a preference run has (finetune/train/preference.py logs the metrics).
 
-    nothing learned           preference accuracy ended at chance (0.5 +- CHANCE_BAND) or at a tie (<= TIE_ACCURACY:
-                              accuracy counts chosen > rejected, so rewards that are still exactly equal score 0),
-                              or it did not rise (ended below its start + ACCURACY_RISE: flat or falling, wherever
-                              it sits: a first level above chance is the noise of dropout or a small split, not
-                              learning), and the loss stayed where it started: at log 2 = 0.693 (+- LOG2_BAND), DPO's loss
-                              while the policy equals the reference, or within LOSS_STILL of its first level
-                              (methods that start elsewhere)
+    nothing learned           preference accuracy ended at chance (0.5 +- CHANCE_BAND) or at a tie
+                              (<= TIE_ACCURACY: accuracy counts chosen > rejected, so rewards that are still
+                              exactly equal score 0), or it did not rise (ended below its start + ACCURACY_RISE:
+                              flat or falling, wherever it sits: a first level above chance is the noise of
+                              dropout or of a small split, not learning), and the loss stayed where it started:
+                              at log 2 = 0.693 (+- LOG2_BAND), DPO's loss while the policy equals the reference,
+                              or within LOSS_STILL of its first level (methods that start elsewhere)
     likelihood displacement   the chosen answers' log-prob fell (by more than LOGP_FALL of its start and at least
                               LOGP_FALL_NATS), and their reward with it (the log-prob varies with which answers a
                               step holds; the reward compares each answer with its own start), while the reward
