@@ -59,6 +59,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         held = heldout_data(subject, tokenizer, spec.data)
         log.info(f"evaluating on {len(held.examples)} held-out examples: {held.source}")
     models = Models(subject, gguf, tokenizer)
+    log.info(f"base: {subject.base_label}; tuned: {subject.folder}")
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
         f"{subject.base_source}", "base": subject.base_label, "checkpoint_step": subject.checkpoint_step,
