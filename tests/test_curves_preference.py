@@ -4,6 +4,7 @@ and a real DPO run that cannot learn."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import re
@@ -49,6 +50,22 @@ def test_accuracy_at_chance_and_loss_at_log2_is_nothing_learned():
     assert d["verdict"] == "nothing learned", d  # without the rule: "underfit" (the loss barely moved)
     assert "chance is 0.5" in d["reason"] and "log 2" in d["reason"] and "learning_rate" in d["reason"]
     assert d["preference"]["rewards/accuracies"]["last"] == pytest.approx(0.5, abs=0.1)
+
+
+def test_loss_at_log2_with_accuracy_falling_is_nothing_learned_with_one_set_of_numbers():
+    """Issue 33, item 2: DPO's loss 0.690 -> 0.691 and accuracy 0.67 -> 0.61 was called "well-fit" (0.61 is
+    above the chance band, so it read as "learned"). A loss that stays at log 2 while accuracy falls or stays
+    flat learned nothing; the verdict's loss levels are the ones the run's closing line prints."""
+    d = diagnose(_history(lambda s: 0.690 + 0.001 * s / 60, lambda s: 0.67 - 0.06 * s / 60, lambda s: 0.001,
+                          lambda s: -150.0, lambda s: -152.0))
+    assert d["verdict"] == "nothing learned", d
+    levels = d["train_loss_levels"]
+    assert f"{levels['first']:.3f} -> {levels['last']:.3f}" in d["reason"], d
+    assert re.search(r"rewards/accuracies 0\.6\d -> 0\.6\d", d["reason"]) and "learning_rate" in d["reason"], d
+    # accuracy that rises clearly while the loss stays near log 2 (small beta: small margins) did learn
+    d = diagnose(_history(lambda s: 0.690, lambda s: 0.55 + 0.3 * s / 60, lambda s: 0.001 * s,
+                          lambda s: -150.0, lambda s: -152.0))
+    assert d["verdict"] == "well-fit" and "moved little" in d["reason"], d
 
 
 def test_rewards_that_still_tie_are_nothing_learned():
@@ -130,7 +147,7 @@ def test_sft_histories_get_no_preference_section():
     assert d["verdict"] == "well-fit" and "preference" not in d
 
 
-def test_a_real_dpo_run_that_cannot_move_is_nothing_learned(tmp_path, tiny_model_dir):
+def test_a_real_dpo_run_that_cannot_move_is_nothing_learned(tmp_path, tiny_model_dir, caplog):
     """A learning rate far too small for the log-probs to change: the curves say so, and why."""
     from test_plan_preference import _dpo_recipe
 
@@ -139,7 +156,12 @@ def test_a_real_dpo_run_that_cannot_move_is_nothing_learned(tmp_path, tiny_model
 
     recipe = load_recipe(_dpo_recipe(tmp_path, tiny_model_dir, n=40, micro_batch_size=4,
                                      gradient_accumulation_steps=1, num_epochs=1, learning_rate=1e-12))
-    summary = run_training(recipe)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        summary = run_training(recipe)
     assert summary["steps"] == 10
     diagnosis = json.loads((tmp_path / "out" / "diagnosis.json").read_text())
     assert diagnosis["verdict"] == "nothing learned", diagnosis
+    # the closing line gives the loss levels the verdict read, not two other numbers
+    done = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("done:"))
+    levels = diagnosis["train_loss_levels"]
+    assert f"train loss {levels['first']:.4f} -> {levels['last']:.4f}" in done, done

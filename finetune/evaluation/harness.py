@@ -1,7 +1,8 @@
 """The lm-evaluation-harness bridge: local task folders, run on the adapter without merging, fully offline.
 
 lm-eval's HFLM takes a model object (`pretrained=model`): the PeftModel as it is (the base is the same model
-with its adapter disabled), so no merge is needed. Tasks are lm-eval task YAML files in a folder, with their
+with its adapter disabled, or switched to the adapter the run continued: finetune/evaluation/subject.py), so no
+merge is needed. Tasks are lm-eval task YAML files in a folder, with their
 data in local files (`dataset_path: json`, `dataset_kwargs: {data_files: ...}`); a relative data file is
 relative to the YAML file (lm-eval itself would read it relative to the current folder). finetune ships one
 example task, `tiny_facts` (finetune/eval_tasks/tiny_facts/), always available by name.
@@ -14,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from finetune.errors import FinetuneError
+from finetune.lm_eval_tasks import SHIPPED_TASKS, task_configs, unknown_task_message
 
-SHIPPED_TASKS = Path(__file__).resolve().parent.parent / "eval_tasks"
 BATCH_SIZE = 8  # requests per forward pass
 NOT_METRICS = ("alias", "sample_len", "sample_count")  # lm-eval's bookkeeping beside the scores
 
@@ -26,39 +27,6 @@ def require_lm_eval() -> None:
     if lm_eval_missing():
         raise FinetuneError(f"lm-eval tasks were asked for, but lm-evaluation-harness is not installed: "
                             f"{LM_EVAL_INSTALL}; or run without --tasks / --tasks-dir")
-
-
-def _absolute_data_files(config: dict, folder: Path) -> dict:
-    """The task's local data files made absolute, relative to the YAML's folder."""
-    kwargs = dict(config.get("dataset_kwargs") or {})
-    files = kwargs.get("data_files")
-
-    def resolve(value):
-        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
-            return str((folder / value).resolve())
-        return value
-
-    if isinstance(files, dict):
-        kwargs["data_files"] = {split: ([resolve(v) for v in f] if isinstance(f, list) else resolve(f))
-                                for split, f in files.items()}
-    elif files is not None:
-        kwargs["data_files"] = [resolve(v) for v in files] if isinstance(files, list) else resolve(files)
-    return {**config, "dataset_kwargs": kwargs} if kwargs else config
-
-
-def task_configs(folder: Path) -> dict[str, dict]:
-    """{task name: its config} for every task YAML (a file with a `task:` name) under `folder`."""
-    from finetune.compat import lm_eval_load_yaml
-
-    found = {}
-    for path in sorted(folder.rglob("*.y*ml")):
-        try:
-            config = lm_eval_load_yaml(path)
-        except Exception as exc:  # a broken YAML or a !function that does not import: say which file
-            raise FinetuneError(f"cannot read the lm-eval task file `{path}`: {exc}") from None
-        if isinstance(config, dict) and isinstance(config.get("task"), str):
-            found[config["task"]] = _absolute_data_files(config, path.parent)
-    return found
 
 
 def chosen_tasks(names: list[str], tasks_dir: str | None) -> list[dict]:
@@ -79,9 +47,7 @@ def chosen_tasks(names: list[str], tasks_dir: str | None) -> list[dict]:
     wanted = list(names) or sorted(local)
     unknown = [name for name in wanted if name not in available]
     if unknown:
-        where = f" or in `{tasks_dir}`" if tasks_dir else " (pass --tasks-dir for a folder of your own)"
-        raise FinetuneError(f"unknown lm-eval task {', '.join(unknown)}: not among finetune's tasks"
-                            f"{where}; available: {', '.join(sorted(available))}")
+        raise FinetuneError(unknown_task_message(unknown, available, tasks_dir, "--tasks-dir"))
     return [available[name] for name in wanted]
 
 

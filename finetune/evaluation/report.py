@@ -83,7 +83,8 @@ def verdict(report: dict) -> str:
 
 def markdown(report: dict, other: dict | None = None) -> str:
     lines = [f"# Evaluation of `{report['run']}`", "", f"**Verdict:** {report['verdict']}", ""]
-    lines += [f"- model: {report['model']}", f"- prompt format: {report['prompt_format']}",
+    lines += [f"- model: {report['model']}", *([f"- base: {report['base']}"] if report.get("base") else []),
+              f"- prompt format: {report['prompt_format']}",
               f"- held-out data: {report.get('data_source', '-')}", ""]
     rows = headline(report)
     if rows:

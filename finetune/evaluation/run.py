@@ -59,9 +59,11 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         held = heldout_data(subject, tokenizer, spec.data)
         log.info(f"evaluating on {len(held.examples)} held-out examples: {held.source}")
     models = Models(subject, gguf, tokenizer)
+    log.info(f"base: {subject.base_label}; tuned: {subject.folder}")
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
-        f"{subject.base_source}", "adapter": subject.is_adapter, "method": subject.recipe.method,
+        f"{subject.base_source}", "base": subject.base_label, "checkpoint_step": subject.checkpoint_step,
+        "adapter": subject.is_adapter, "method": subject.recipe.method,
         "prompt_format": f"{subject.prompt_format} ({subject.format_reason})",
         "data_source": held.source if held else None, "gguf": str(gguf) if gguf else None,
     }
@@ -86,7 +88,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         report["benchmarks"] = run_tasks(models, ["base", "tuned"], configs, spec.task_limit,
                                          spec.apply_chat_template)
     report["verdict"] = verdict(report)
-    report["report_dir"] = str(write_report(report, Path(out_dir or subject.folder / REPORT_DIR), other))
+    report["report_dir"] = str(write_report(report, Path(out_dir or subject.report_home / REPORT_DIR), other))
     return report
 
 

@@ -1,9 +1,14 @@
 """What `finetune eval` evaluates: a trained run (its recipe, folder and prompt format) and its models.
 
-The base and the tuned model are used one at a time through `Models.side(name)`. For an adapter they are the
-same module: the tuned model is the PeftModel, the base is that model with its adapter disabled (peft's
-`disable_adapter()`), so one copy of the weights serves both and the adapter is evaluated without merging.
-For a full fine-tune the base is loaded from where the run started (run.json's base_model_path).
+The base and the tuned model are used one at a time through `Models.side(name)`. The base is the model the run
+started from: a preference run's reference (finetune/train/preference/reference.py), for every method and every way
+of starting, and the report names it (`Subject.base_label`):
+    an adapter trained fresh          the same module with its adapter disabled (peft's `disable_adapter()`): one
+                                      copy of the weights serves both, the adapter is evaluated without merging
+    an adapter that continued one     (base_model: an SFT run's adapter folder) the same module with the adapter it
+                                      continued loaded beside the trained one and switched to (peft's set_adapter)
+    a full fine-tune                  loaded from where the run started (run.json's base_model_path: a model or a
+                                      merged folder); from an adapter folder, that adapter merged into its base
 """
 
 from __future__ import annotations
@@ -14,8 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.errors import FinetuneError, ModelError
+from finetune.log import get_logger
+
+log = get_logger(__name__)
 
 GGUF_DIR = "gguf"  # where `finetune export --gguf` writes by default (finetune/commands/export.py)
+START = "start"  # the peft adapter name of the adapter a run continued, loaded beside the trained one ("default")
 
 
 @dataclass
@@ -27,12 +36,28 @@ class Subject:
     prompt_format: str  # chat | alpaca | raw: what the run trained with (finetune/model/prompt_format.py)
     format_reason: str
     run: dict  # run.json ({} when absent)
+    start_adapter: Path | None = None  # the adapter folder the run continued (its base_model), if it did
+
+    @property
+    def base_label(self) -> str:
+        """The model the run started from, in words: what eval's "base" is."""
+        if self.start_adapter is not None:
+            how = "" if self.is_adapter else ", merged"
+            return f"the adapter {self.start_adapter} on {self.base_source}{how} (the model the run started from)"
+        return f"{self.base_source} (the model the run started from)"
+
+    checkpoint_of: Path | None = None  # the folder is a checkpoint of this output_dir (its run did not finish, or
+    checkpoint_step: int | None = None  # it was passed); the report goes to that output_dir, not the checkpoint
 
     @property
     def formats(self) -> set[str]:
         """The record shapes the run trained on."""
-        found = set((self.run.get("data") or {}).get("formats") or ())
-        return found or {spec.type for spec in self.recipe.datasets}
+        return subject_formats(self.run, self.recipe)
+
+    @property
+    def report_home(self) -> Path:
+        """Where the report goes by default: the run's output folder (a checkpoint may be rotated away)."""
+        return self.checkpoint_of or self.folder
 
 
 def _run_json(folder: Path) -> dict:
@@ -47,16 +72,22 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     """A recipe (its output_dir) or a run's output folder -> the Subject. ModelError when no trained model is
     there; FinetuneError when the folder does not say which recipe trained it."""
     from finetune.model.loader import resolve_model_path
-    from finetune.model.trained import locate
-    from finetune.model.prompt_format import served_format
-
-    from finetune.model.trained import is_recipe_path
+    from finetune.model.prompt_format import FORMAT_FILE, format_for, served_format
+    from finetune.model.trained import is_recipe_path, locate, newest_checkpoint_of, unfinished_message
 
     if overrides and not is_recipe_path(target):
         raise FinetuneError(f"--set overrides a recipe's keys, but `{target}` is not a recipe file; pass the recipe "
                             "(`finetune eval RECIPE.yml --set ...`) or drop --set")
-    trained = locate(target, overrides)  # ModelError: no adapter or model there
+    trained = locate(target, overrides, newest_checkpoint=True)  # ModelError: no adapter, model or checkpoint
+    if trained.checkpoint_of is not None:
+        log.warning(f"the run in {trained.checkpoint_of} did not finish (no final model): evaluating its newest "
+                    f"checkpoint, {trained.folder} (step {trained.checkpoint_step})")
     run = _run_json(trained.folder)
+    owner = checkpoint_owner(trained.folder)
+    if not run and owner is not None:  # a checkpoint passed as the target: its run's record, if the run finished
+        run = _run_json(owner)
+        if not run and recipe is None and trained.recipe is None:
+            raise FinetuneError(unfinished_message(owner, newest_checkpoint_of(owner)))
     recipe = recipe or trained.recipe
     if recipe is None:
         if not run.get("recipe"):
@@ -70,7 +101,40 @@ def locate_subject(target: str, overrides: list[str] = (), recipe=None) -> Subje
     else:
         base = run.get("base_model_path") or resolve_model_path(recipe.base_model, recipe.cache_dir)
     name, why = served_format(trained.folder)
-    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run)
+    if not (trained.folder / "run.json").is_file() and not (trained.folder / FORMAT_FILE).is_file():
+        # a checkpoint: no record of its own, so the record shapes its run (or recipe) trained on say it
+        name, why = format_for(recipe.method, subject_formats(run, recipe))
+    return Subject(recipe, trained.folder, trained.is_adapter, str(base), name, why, run, started_from(recipe),
+                   trained.checkpoint_of, trained.checkpoint_step)
+
+
+def checkpoint_owner(folder: Path) -> Path | None:
+    """The output_dir whose complete checkpoint (or export) `folder` is, or None."""
+    from finetune.run_folder import read_marker
+
+    folder = Path(folder)
+    if folder.parent.name in ("checkpoints", "exports") and read_marker(folder) is not None:
+        return folder.parent.parent
+    return None
+
+
+def subject_formats(run: dict, recipe) -> set[str]:
+    return set((run.get("data") or {}).get("formats") or ()) or {spec.type for spec in recipe.datasets}
+
+
+def started_from(recipe) -> Path | None:
+    """The adapter folder the run continued (its base_model), or None when it started from a model. A base_model
+    path that is gone is refused: the model the run started from cannot be rebuilt, and comparing with another
+    (the adapter's own base) would count the earlier stage as this run's gain."""
+    from finetune.model.loader import adapter_folder
+
+    start = adapter_folder(recipe.base_model)
+    looks_local = recipe.base_model.startswith((".", "/", "~"))
+    if start is None and looks_local and not Path(recipe.base_model).expanduser().exists():
+        raise ModelError(f"the run started from `{recipe.base_model}`, which is gone; evaluation compares the trained "
+                         "model with the model its run started from. Restore that folder, or evaluate with a recipe "
+                         "whose base_model names it (`finetune eval RECIPE.yml --set base_model=PATH`)")
+    return start
 
 
 def recorded_recipe(data: dict):
@@ -114,6 +178,8 @@ class Models:
             trained = Trained(subject.folder, True, subject.base_source, subject.recipe)
             # fp32 everywhere: the numbers compare models, not precisions (a 4-bit QLoRA base is dequantized)
             self.tuned, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+            if subject.start_adapter is not None:  # the base is the base + the adapter the run continued
+                self.tuned.load_adapter(str(subject.start_adapter), adapter_name=START)
         else:
             self.tuned = _load(subject.folder)
         self.tuned.to(device()).eval()
@@ -137,13 +203,31 @@ class Models:
                 yield model
             finally:
                 del model
+        elif self.subject.is_adapter and self.subject.start_adapter is not None:
+            self.tuned.set_adapter(START, inference_mode=True)
+            try:
+                yield self.tuned
+            finally:
+                self.tuned.set_adapter("default", inference_mode=True)
         elif self.subject.is_adapter:
             with self.tuned.disable_adapter():
                 yield self.tuned
         else:
             if self._base is None:
-                self._base = _load(self.subject.base_source).to(device()).eval()
+                self._base = self._load_start().to(device()).eval()
             yield self._base
+
+    def _load_start(self):
+        """A full fine-tune's starting model: the model folder, or the adapter it started from merged into its base
+        (as finetune/model/__init__.py's continue_adapter built it)."""
+        from finetune.model.trained import Trained, load_adapter_model
+
+        start = self.subject.start_adapter
+        if start is None:
+            return _load(self.subject.base_source)
+        trained = Trained(start, True, self.subject.base_source, None)
+        model, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+        return model.merge_and_unload()
 
 
 def _load(source, **kwargs):

@@ -200,7 +200,8 @@ def continue_adapter(model, folder, recipe):
 
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload()
+        # peft froze the base's weights when it put the adapter on: after merging, every weight trains again
+        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
     model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "

@@ -22,11 +22,16 @@ def served_format(folder: str | Path) -> tuple[str, str]:
         run = json.loads((folder / "run.json").read_text())
     except (OSError, ValueError):
         return "chat", f"no run.json in {folder} says what the run trained on: the tokenizer's chat template"
-    if run.get("method", "sft") != "sft":
-        return "chat", f"a {run['method']} run: its pairs' prompts, through the chat template"
     formats = set((run.get("data") or {}).get("formats") or ())
-    if not formats:
+    if run.get("method", "sft") == "sft" and not formats:
         return "chat", "run.json does not record the record shapes (an older run): the tokenizer's chat template"
+    return format_for(run.get("method", "sft"), formats)
+
+
+def format_for(method: str, formats: set[str]) -> tuple[str, str]:
+    """(format, why) for a run of `method` on records of `formats` (the record shapes it trained on)."""
+    if method != "sft":
+        return "chat", f"a {method} run: its pairs' prompts, through the chat template"
     if "chat" in formats:
         mixed = " (and instruction records, whose alpaca prompt --raw can take)" if "instruction" in formats else ""
         return "chat", f"the run trained on chat records{mixed}: the chat template"

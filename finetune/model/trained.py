@@ -22,14 +22,17 @@ class Trained:
     is_adapter: bool
     base_source: str | None  # for an adapter: the base model folder or hub id
     recipe: object | None = None
+    checkpoint_of: Path | None = None  # a checkpoint evaluated in place of a run that did not finish: its output_dir
+    checkpoint_step: int | None = None
 
 
 def is_recipe_path(target: str) -> bool:
     return Path(target).suffix in (".yml", ".yaml") and Path(target).is_file()
 
 
-def locate(target: str, overrides: list[str] = ()) -> Trained:
-    """A recipe (its output_dir), an adapter folder or a model folder -> what is there. ModelError if nothing."""
+def locate(target: str, overrides: list[str] = (), newest_checkpoint: bool = False) -> Trained:
+    """A recipe (its output_dir), an adapter folder or a model folder -> what is there. ModelError if nothing.
+    `newest_checkpoint`: a recipe whose run did not finish (no final model) gives its newest complete checkpoint."""
     recipe = None
     if is_recipe_path(target):
         from finetune.recipe import load_recipe
@@ -42,11 +45,37 @@ def locate(target: str, overrides: list[str] = ()) -> Trained:
         return Trained(folder, True, base_model_of(folder, recipe), recipe)
     if (folder / "config.json").is_file():
         return Trained(folder, False, None, recipe)
+    newest = newest_checkpoint_of(folder)
+    if newest is not None and newest_checkpoint and recipe is not None:
+        step, checkpoint = newest
+        found = locate(str(checkpoint))
+        return Trained(checkpoint, found.is_adapter, base_model_of(checkpoint, recipe) if found.is_adapter else None,
+                       recipe, checkpoint_of=folder, checkpoint_step=step)
+    if newest is not None:
+        raise ModelError(unfinished_message(folder, newest))
     raise ModelError(
         f"no trained adapter or model in {where}: looked for {folder / 'adapter_config.json'} (a LoRA/QLoRA "
-        f"adapter) and {folder / 'config.json'} (a full model). Train first (`finetune train RECIPE`), or pass "
-        "the folder the run wrote."
+        f"adapter) and {folder / 'config.json'} (a full model), and no checkpoint. Train first (`finetune train "
+        "RECIPE`), or pass the folder the run wrote."
     )
+
+
+def newest_checkpoint_of(output_dir: Path) -> tuple[int, Path] | None:
+    """(step, folder) of the newest complete checkpoint or export a run left in `output_dir`, or None."""
+    from finetune.run_folder import Layout, complete_checkpoints
+
+    found = complete_checkpoints(Layout(Path(output_dir)))
+    return max(found, key=lambda pair: pair[0]) if found else None
+
+
+def unfinished_message(output_dir: Path, newest: tuple[int, Path]) -> str:
+    """What to do with a run that did not finish: no final model, no run.json, but checkpoints."""
+    step, checkpoint = newest
+    return (f"the run in `{output_dir}` did not finish: it wrote no final model and no run.json (which would say "
+            f"which recipe trained it), only checkpoints, the newest {checkpoint} (step {step}). Evaluate that "
+            "checkpoint through the recipe that trained it: `finetune eval RECIPE.yml` (a recipe whose run did not "
+            "finish evaluates its newest checkpoint), or finish the run first: `finetune train RECIPE.yml` resumes "
+            "from it")
 
 
 def base_model_of(adapter_dir: Path, recipe=None) -> str:

@@ -121,6 +121,12 @@ def eval_problems(recipe) -> list[str]:
     if (spec.tasks or spec.tasks_dir) and lm_eval_missing():
         problems.append(f"`eval.tasks` asks for lm-eval benchmarks, but lm-evaluation-harness is not installed: "
                         f"{LM_EVAL_INSTALL}; or remove `eval.tasks` / `eval.tasks_dir`")
+    elif spec.tasks or spec.tasks_dir:  # the names the evaluation will look up, found now, not after training
+        from finetune.lm_eval_tasks import task_problem
+
+        problem = task_problem(spec.tasks, spec.tasks_dir)
+        if problem:
+            problems.append(f"`eval.tasks`: {problem}")
     return problems
 
 

@@ -19,8 +19,8 @@ A preference run (it logs reward metrics) is not underfit because its loss barel
 clearly above chance or its margin grew (a preference loss can move little while the ranking is learned), and
 has two more verdicts, checked with the rules above
 (finetune/train/preference/curves.py has their thresholds):
-    nothing learned          accuracy ended at chance (or at a tie) and the loss stayed at its start (DPO: log 2),
-                             checked before diverged / overfit / underfit
+    nothing learned          accuracy ended at chance (or at a tie), or did not rise, and the loss stayed at its
+                             start (DPO: log 2), checked before diverged / overfit / underfit
     likelihood displacement  the chosen log-prob fell while the reward margin grew, checked after diverged and
                              overfit; its plot adds accuracy, margin and log-prob panels beside the loss
 
@@ -83,8 +83,7 @@ def _train_shape(train: list[tuple[int, float]], epochs: float | None = None) ->
     if len(train) < MIN_POINTS:
         return "unknown", (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
                            "(train more steps; each optimizer step's loss counts)")
-    k = max(3, len(train) // 5)  # a fifth of the steps at each end: per-step losses are noisy
-    first, last = _mean([loss for _, loss in train[:k]]), _mean([loss for _, loss in train[-k:]])
+    first, last, _ = loss_levels(train)
     change = (last - first) / first if first > 0 else 0.0
     moved = f"{first:.3f} -> {last:.3f}, {100 * abs(change):.0f}% {'higher' if change > 0 else 'lower'}"
     if change > FLAT_DROP:
@@ -108,6 +107,13 @@ def _train_shape(train: list[tuple[int, float]], epochs: float | None = None) ->
                                 "train longer (num_epochs, or a higher max_steps)")
         return None, f"training loss fell and flattened after {seen} ({moved})"
     return None, f"training loss fell and flattened ({moved})"
+
+
+def loss_levels(train: list[tuple[int, float]]) -> tuple[float, float, int]:
+    """(first, last, k): the means of the first and last k training losses, a fifth of the steps at each end and
+    at least 3 (per-step losses are noisy). Every verdict, and the run's closing line, reads these."""
+    k = max(3, len(train) // 5)
+    return _mean([loss for _, loss in train[:k]]), _mean([loss for _, loss in train[-k:]]), k
 
 
 def _checkpoint_near(output_dir: Path, step: int) -> str | None:
@@ -134,6 +140,9 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> d
     if not train:
         result["reason"] = "no training loss was logged (set logging_steps lower than the step count)"
         return result
+    if len(train) >= MIN_POINTS:  # the levels the verdicts read (and the run's closing line prints)
+        first, last, k = loss_levels(train)
+        result["train_loss_levels"] = {"first": round(first, 6), "last": round(last, 6), "steps_each_end": k}
     epochs = [float(e["epoch"]) for e in log_history if isinstance(e.get("epoch"), (int, float))]
     verdict, why = _train_shape(train, max(epochs) if epochs else None)
     preference = is_preference(log_history)

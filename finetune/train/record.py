@@ -114,7 +114,21 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
                  f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
     else:
         log.info(throughput_line(summary["throughput"]))
-    log.info(f"done: {summary['steps']} steps, train loss {summary['first_train_loss']} -> "
-             f"{summary['final_train_loss']}, eval loss {run['eval_before']} -> {run['eval_after']}; "
-             f"saved to {output_dir}")
+    log.info(f"done: {summary['steps']} steps, {_train_loss_line(summary)}, eval loss "
+             f"{_number(run['eval_before'])} -> {_number(run['eval_after'])}; saved to {output_dir}")
     return summary
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _train_loss_line(summary: dict) -> str:
+    """The training loss's first and last levels as the learning-curve verdict read them (means of the first and
+    last steps: curves.loss_levels), so the closing line and the verdict give one set of numbers; the first and
+    last logged losses when the curve was too short to judge."""
+    levels = (summary.get("curves") or {}).get("train_loss_levels")
+    if levels:
+        k = levels["steps_each_end"]
+        return f"train loss {levels['first']:.4f} -> {levels['last']:.4f} (means of the first and last {k} steps)"
+    return f"train loss {_number(summary['first_train_loss'])} -> {_number(summary['final_train_loss'])}"

@@ -320,9 +320,12 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     )
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
-        eval_before = trainer.evaluate()["eval_loss"] if settings.has_eval else None
-        if eval_before is not None:
-            log.info(f"eval loss before training: {eval_before:.4f}")
+        before = trainer.evaluate() if settings.has_eval else {}
+        eval_before = before.get("eval_loss")
+        if eval_before is not None:  # a preference run's reference pass, when it ran here, is timed apart
+            passed = before.get("reference_pass_s")
+            ref = f"; before it, the reference pass {passed:.1f} s" if passed is not None else ""
+            log.info(f"eval loss before training: {eval_before:.4f} ({before.get('eval_runtime', 0):.1f} s{ref})")
         with interrupt.catching_sigint(), clear_write_errors(layout, "a checkpoint"):
             result = trainer.train(resume_from_checkpoint=resume_from)
         if interrupt.fired:

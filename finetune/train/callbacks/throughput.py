@@ -110,6 +110,14 @@ class ThroughputCallback(TrainerCallback):
         self.counts, self._steps = _Counts(), 0
         self._since, self._steady_since, self._steady_counts = time.perf_counter(), None, None
 
+    def exclude(self, seconds: float) -> None:
+        """Work inside the training loop that is not training (a preference run's reference pass in its first
+        step): the clocks start that much later, so the rates count the training steps only."""
+        if self._since is not None:
+            self._since += seconds
+        if self._steady_since is not None:
+            self._steady_since += seconds
+
     def on_step_end(self, args, state, control, **kwargs):
         self._steps += 1
         if self._steps == self.warmup_steps:

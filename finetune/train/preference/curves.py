@@ -1,10 +1,12 @@
 """The verdicts and panels only a preference run has (finetune/train/preference.py logs the metrics).
 
-    nothing learned           preference accuracy ended at chance (0.5 +- CHANCE_BAND) or at a tie (<= TIE_ACCURACY:
-                              accuracy counts chosen > rejected, so rewards that are still exactly equal score 0),
-                              and the loss stayed where it started: at log 2 = 0.693 (+- LOG2_BAND), DPO's loss
-                              while the policy equals the reference, or within LOSS_STILL of its first level
-                              (methods that start elsewhere)
+    nothing learned           preference accuracy ended at chance (0.5 +- CHANCE_BAND) or at a tie
+                              (<= TIE_ACCURACY: accuracy counts chosen > rejected, so rewards that are still
+                              exactly equal score 0), or it did not rise (ended below its start + ACCURACY_RISE:
+                              flat or falling, wherever it sits: a first level above chance is the noise of
+                              dropout or of a small split, not learning), and the loss stayed where it started:
+                              at log 2 = 0.693 (+- LOG2_BAND), DPO's loss while the policy equals the reference,
+                              or within LOSS_STILL of its first level (methods that start elsewhere)
     likelihood displacement   the chosen answers' log-prob fell (by more than LOGP_FALL of its start and at least
                               LOGP_FALL_NATS), and their reward with it (the log-prob varies with which answers a
                               step holds; the reward compares each answer with its own start), while the reward
@@ -21,6 +23,7 @@ import math
 
 LOG2 = math.log(2)  # DPO's loss while the policy equals the reference: -log sigmoid(0)
 CHANCE_BAND = 0.10  # accuracy within this of 0.5 is chance
+ACCURACY_RISE = 0.10  # accuracy that ended less than this above its first level did not rise
 TIE_ACCURACY = 0.05  # accuracy at or below this: the rewards still tie (policy == reference)
 LOG2_BAND = 0.03  # a loss within this of log 2 has not left its start (a mean margin of ~0.06)
 LOSS_STILL = 0.10  # ... nor has one that moved less than this fraction (curves.FLAT_DROP's 10%)
@@ -90,8 +93,8 @@ def nothing_learned(log_history: list[dict], train_losses: list[tuple[int, float
     accuracy, key = _series(log_history, "rewards/accuracies")
     if len(accuracy) < MIN_METRIC_POINTS or len(train_losses) < MIN_METRIC_POINTS:
         return None
-    _, acc = _ends(accuracy)
-    first, last = _ends(train_losses)
+    acc0, acc = _ends(accuracy)
+    first, last = _ends(train_losses)  # = curves.loss_levels for >= 6 points: the loss verdict's own numbers
     at_log2 = abs(last - LOG2) <= LOG2_BAND
     still = first > 0 and abs(last - first) < LOSS_STILL * first
     if not (at_log2 or still):
@@ -104,10 +107,17 @@ def nothing_learned(log_history: list[dict], train_losses: list[tuple[int, float
                 "tie, so the policy has not moved from the reference at all (accuracy counts only chosen > rejected). "
                 f"The updates are too small to change the log-probs: {raise_lr} or train longer, and check that "
                 "the weights train (adapter, frozen layers)")
+    loss = f"the loss {first:.3f} -> {last:.3f} ({where})"
     if abs(acc - 0.5) <= CHANCE_BAND:
-        return (f"{key} ended at {acc:.2f} (chance is 0.5) and the loss at {last:.3f} ({where}): the policy still "
-                f"ranks chosen and rejected answers as the reference does. {raise_lr[0].upper()}{raise_lr[1:]} or "
-                "train longer, or check the pairs: do chosen and rejected differ, and is chosen the better one?")
+        return (f"{key} ended at {acc:.2f} (chance is 0.5) and {loss}: the policy still ranks chosen and rejected "
+                f"answers as the reference does. {raise_lr[0].upper()}{raise_lr[1:]} or train longer, or check the "
+                "pairs: do chosen and rejected differ, and is chosen the better one?")
+    if acc < acc0 + ACCURACY_RISE:
+        trend = "fell" if acc < acc0 - 0.02 else "stayed flat"
+        return (f"{key} {acc0:.2f} -> {acc:.2f} ({trend}) and {loss}: the policy did not learn to rank the chosen "
+                f"answers higher; where the accuracy started is the reference's noise, not learning. "
+                f"{raise_lr[0].upper()}{raise_lr[1:]} or train longer, or check the pairs: do chosen and rejected "
+                "differ, and is chosen the better one?")
     return None
 
 

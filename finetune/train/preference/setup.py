@@ -92,11 +92,49 @@ def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict
     from finetune.train.preference.objective import Objective
 
     table, path = reference
+    note = dropout_note(built.model, recipe)
+    if note:
+        log.info(note)
     budget = recipe.micro_batch_size * row_capacity(recipe, prepared.store)  # a training micro batch's tokens
     return {"objective": Objective(recipe), "store": prepared.store, "full_logits": built.full_logits,
             "head": base_causal_lm(built.model).get_output_embeddings(), "reference": table,
             "reference_path": path, "reference_batch_tokens": budget,
             "reference_collator": built.collator}
+
+
+def dropout_note(model, recipe) -> str | None:
+    """Why step 1's loss is not the policy = reference value (DPO: log 2), when dropout is why: the policy trains
+    with dropout, the reference pass scored the same model without it (eval mode; reference.py), so their
+    log-probs differ before any update. A fresh LoRA's own dropout does not count: its B is zero at the start.
+    We keep the recipe's dropout (TRL's DPOTrainer switches every dropout off by default, `disable_dropout`):
+    it is the user's regularisation, and the eval (no dropout) still starts exactly at the reference."""
+    import torch
+
+    from finetune.model.loader import adapter_folder
+    from finetune.recipe.methods import uses_reference
+
+    if not uses_reference(recipe):
+        return None
+    continued = adapter_folder(recipe.base_model) is not None
+    where = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            if ".lora_dropout." in f"{name}." or name.endswith("lora_dropout"):
+                if continued:
+                    where.setdefault(f"the continued adapter's lora_dropout {module.p:g}", None)
+            else:
+                where.setdefault(f"dropout modules with p={module.p:g}", None)
+    config = getattr(model, "config", None)
+    for key, value in (config.to_dict() if config is not None else {}).items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float) and value > 0:
+            where.setdefault(f"the model config's {key} {value:g}", None)
+    if not where:
+        return None
+    start = "log 2 = 0.693" if recipe.method == "dpo" else "its value while the policy equals the reference"
+    return (f"step 1's training loss is not exactly {start}: the policy trains with dropout ({', '.join(where)}), "
+            "while the reference log-probs were scored without it (eval mode), so the two differ by dropout noise "
+            "before any update; the training rewards and accuracy carry that noise from step 1. The eval before "
+            "training has no dropout and starts exactly there. Expected, not a bug (docs/preference.md)")
 
 
 def preference_record(recipe, trainer) -> dict:

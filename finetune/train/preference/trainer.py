@@ -15,7 +15,14 @@ processes) gives every pair the same weight, packed or not, one process or sever
 gradients over processes, so each process's loss is multiplied by their number (the sum is then exact).
 
 The reference table (finetune/train/preference/reference.py) is computed at the first loss, through the model as the
-Trainer holds it, unless the run found it cached.
+Trainer holds it, unless the run found it cached. Its time is the reference pass's, not the eval's or the training's:
+taken off the `eval_runtime` / `train_runtime` it fell in (and their per-second rates), logged as
+`reference_pass_s`, and off the throughput callback's clock.
+
+The eval before training needs no forward pass: until the first training step the policy IS the reference (the
+same model, in eval mode, as the reference pass scored it), so its log-probs are the table's rows and the eval
+costs what reading them costs (DPO's loss exactly log 2, every reward 0), not a pass over the eval split on top
+of the reference pass (issue 33, item 3: DPO's eval before training took 293.8 s against 57.7 s after).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 from transformers import Trainer
 
 from finetune.log import get_logger
+from finetune.train.callbacks.throughput import ThroughputCallback
 from finetune.train.micro_batches import take
 
 log = get_logger(__name__)
@@ -40,6 +48,8 @@ class PreferenceTrainer(Trainer):
         self.reference, self.reference_path = reference, reference_path
         self.reference_batch_tokens = reference_batch_tokens
         self.reference_seconds = None  # how long the reference pass took (None: read from the cache / not needed)
+        self._reference_unlogged = 0.0  # reference-pass seconds inside a runtime not yet logged
+        self.policy_is_reference = True  # until the first training step: the model scores as the reference did
         self.loss_is_scaled_for_ga = True  # compute_loss normalizes over the whole step itself
         self._sums = {"train": {}, "eval": {}}
 
@@ -57,16 +67,23 @@ class PreferenceTrainer(Trainer):
             self.full_logits = bool(self.full_logits(self.model))
         if self.objective.needs_reference and self.reference is None:
             self.reference = self._reference_table(model)
+        if model.training:
+            self.policy_is_reference = False
         from finetune.model.sequence_logps import response_logps
 
         ref = kl = None
         if self.objective.needs_reference:
             ref = self.reference.to(inputs["input_ids"].device)[inputs["pair_ids"]]
+        known = ref is not None and self.policy_is_reference and not model.training  # the eval before training
         if self.objective.needs_kl:  # KTO's reference point: the mismatched sequences, scored without gradient
-            with torch.no_grad():
-                policy_kl = response_logps(model, self.head, inputs["kl"], self.full_logits)
+            if known:
+                policy_kl = ref[:, 1].clone()
+            else:
+                with torch.no_grad():
+                    policy_kl = response_logps(model, self.head, inputs["kl"], self.full_logits)
             kl = self.objective.kl_estimate(policy_kl, ref[:, 1], self._mean_over_processes)
-        logps = response_logps(model, self.head, inputs, self.full_logits)
+        logps = _as_policy(ref, inputs, self.objective) if known else response_logps(model, self.head, inputs,
+                                                                                     self.full_logits)
         terms = self.objective.terms(logps, ref, inputs, kl)
         if num_items_in_batch is None:  # evaluation, or a caller without the step's counts: this batch alone
             counts, scale = torch.tensor(self.objective.counts(inputs), dtype=torch.float64), 1
@@ -94,11 +111,30 @@ class PreferenceTrainer(Trainer):
         table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_tokens,
                               self._prepare_inputs, self.full_logits, self.accelerator.process_index,
                               self.accelerator.num_processes)
-        self.reference_seconds = time.time() - started
         if self.reference_path is not None and self.is_world_process_zero():
             save_table(self.reference_path, table)
+        self.reference_seconds = time.time() - started
+        self._reference_unlogged += self.reference_seconds
+        if model.training:  # inside the first training step: not training time for the throughput either
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, ThroughputCallback):
+                    callback.exclude(self.reference_seconds)
         log.info(f"reference log-probs: {self.reference_seconds:.1f} s, stored in {self.reference_path}")
         return table
+
+    def _without_reference_pass(self, logs: dict) -> None:
+        """The runtime (and its rates) that the reference pass fell inside, without it; the pass beside it."""
+        for prefix in ("eval_", "train_"):
+            runtime = logs.get(f"{prefix}runtime")
+            if runtime is None or not self._reference_unlogged:
+                continue
+            own = max(runtime - self._reference_unlogged, 1e-6)
+            for rate in ("samples_per_second", "steps_per_second"):
+                if f"{prefix}{rate}" in logs:
+                    logs[f"{prefix}{rate}"] = round(logs[f"{prefix}{rate}"] * runtime / own, 3)
+            logs[f"{prefix}runtime"] = round(own, 4)
+            logs["reference_pass_s"] = round(self._reference_unlogged, 4)
+            self._reference_unlogged = 0.0
 
     # --- metrics ---------------------------------------------------------------------------------------------
     def _record(self, metrics: dict, mode: str) -> None:
@@ -109,6 +145,7 @@ class PreferenceTrainer(Trainer):
             sums[name] = (total + values.sum(), count + values.numel())  # a device tensor: no sync per step
 
     def log(self, logs: dict, start_time=None) -> None:
+        self._without_reference_pass(logs)
         mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
         sums = self._sums[mode]
         if sums:
@@ -125,6 +162,17 @@ class PreferenceTrainer(Trainer):
                 logs[f"{prefix}{name}"] = round(value, 6)
             sums.clear()
         super().log(logs, start_time)
+
+
+def _as_policy(ref, inputs, objective):
+    """The per-sequence log-probs response_logps would give while the policy is the reference: the table's rows
+    (a pair's chosen and rejected responses at their places among the batch's sequences; KTO: each example's)."""
+    if objective.needs_kl:
+        return ref[:, 0].clone()
+    logps = ref.new_zeros(len(inputs["sequence_lengths"]))
+    logps[inputs["chosen_index"]] = ref[:, 0]
+    logps[inputs["rejected_index"]] = ref[:, 1]
+    return logps
 
 
 def _step_counts(objective, batches) -> list[float]:
