@@ -24,8 +24,8 @@ from safetensors.torch import load_file
 from conftest import make_records, write_jsonl
 from finetune.recipe import load_recipe
 from finetune.train.launch import free_port
+from test_distributed import assert_same_losses, losses  # the DDP test's loss comparison, the same bar
 
-TOLERANCE = 1e-5  # relative, on each logged loss
 WEIGHTS_ATOL = 1e-5
 DRIVER = Path(__file__).with_name("multiproc_driver.py")
 pytestmark = [pytest.mark.gpu, pytest.mark.multiproc,
@@ -54,18 +54,6 @@ def workdir(tmp_path_factory, tiny_model_dir) -> Path:
     }
     (root / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     return root
-
-
-def losses(run) -> list[tuple[int, float]]:
-    if "log_history" in run:
-        return [(e["step"], e["loss"]) for e in run["log_history"] if "loss" in e]
-    return [tuple(item) for item in run["losses"]]
-
-
-def assert_same_losses(got, expected) -> None:
-    assert [s for s, _ in got] == [s for s, _ in expected]
-    for (step, a), (_, b) in zip(got, expected):
-        assert a == pytest.approx(b, rel=TOLERANCE), f"step {step}: {a} vs single-process {b}"
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 from finetune.errors import FinetuneError
 from finetune.run_folder import LOCK_FILE, is_finetune_run
+from finetune.train.output_lock import holder_alive
 
 FINISHED, CRASHED, TRAINING = "finished", "crashed", "training"
 SKIP_DIRS = {"checkpoints", "exports", "eval", "node_modules", "__pycache__"}  # inside a run, or never runs
@@ -44,22 +44,6 @@ def find_runs(folders: list[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-def _holder_alive(holder: dict) -> bool:
-    """Whether the lock's holder may still run: on this host, ask the kernel; on another, assume it does."""
-    if holder.get("host") != socket.gethostname():
-        return bool(holder.get("host"))
-    pid = holder.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def status(folder: Path, has_run_json: bool) -> tuple[str, str]:
     """(status, why) of a run folder."""
     lock = folder / LOCK_FILE
@@ -68,7 +52,7 @@ def status(folder: Path, has_run_json: bool) -> tuple[str, str]:
             holder = json.loads(lock.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             holder = {}
-        if isinstance(holder, dict) and _holder_alive(holder):
+        if isinstance(holder, dict) and holder_alive(holder):
             return TRAINING, f"training now: process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
     if has_run_json:
         return FINISHED, "finished: run.json written"

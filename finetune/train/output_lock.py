@@ -63,12 +63,13 @@ def describe(holder: dict) -> str:
     return f"process {holder.get('pid', '?')} on host {holder.get('host', '?')}, started {when}{command}"
 
 
-def _alive(holder: dict) -> bool:
-    """Whether the holder's process may still run: on this host, ask the kernel; on another, assume it does."""
+def holder_alive(holder: dict) -> bool:
+    """Whether the lock's holder may still run: on this host, ask the kernel; on another, assume it does (a lock
+    that names no host or no valid pid holds nothing). Also read by `finetune runs` (a run still training)."""
     if holder.get("host") != socket.gethostname():
-        return True
+        return bool(holder.get("host"))
     pid = holder.get("pid")
-    if not isinstance(pid, int):
+    if not isinstance(pid, int) or pid <= 0:
         return False
     try:
         os.kill(pid, 0)
@@ -104,7 +105,7 @@ def acquire(output_dir: Path) -> tuple[int, bool]:
             if exc.errno not in NO_FLOCK:
                 os.close(fd)
                 raise
-            if previous and previous.get("pid") != os.getpid() and _alive(previous):
+            if previous and previous.get("pid") != os.getpid() and holder_alive(previous):
                 os.close(fd)
                 raise _busy(path, previous, f" (This filesystem has no file locks; if that run is gone, delete "
                                             f"`{path}`.)") from None
