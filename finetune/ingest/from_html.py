@@ -3,7 +3,6 @@ picked by CSS selectors (`map: {instruction: ".question h1", output: ".answer .b
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -15,7 +14,7 @@ from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_ma
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
-from finetune.ingest.site_template import sample_indices, site_template, strip_template
+from finetune.ingest.site_template import sample_indices, site_template, strip_template, template_for
 from finetune.ingest.textio import open_binary
 
 # A page whose main content is at least this share link text (in characters) is an index, a sitemap or a
@@ -165,7 +164,7 @@ WINDOW_PER_WORKER = 2  # tasks in flight per worker (8 pages): bounds memory wha
 
 def _read_all(args: tuple) -> list:
     path, opts, prepare, templates = args
-    items = read_html(path, opts, templates.get(os.path.dirname(path), frozenset()))
+    items = read_html(path, opts, template_for(templates, path))
     return [prepare(item, opts) for item in items] if prepare else list(items)
 
 
@@ -183,7 +182,8 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
                     prepare: Callable | None = None) -> Iterator[tuple[str, list]]:
     """(path, items) for each page, in order; pages are parsed in `workers` processes when it pays.
 
-    A sample of each folder's pages is read first to learn its template (site_template.py); those pages
+    A sample of the site's and of each folder's pages is read first to learn the templates (site_template.py);
+    those pages
     are not read twice. `prepare(item, opts)`, a module-level function, runs on each item inside the
     worker (the pipeline's stateless cleaning), so that the parent process is left with little more than
     writing. Pages travel in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a
@@ -210,7 +210,7 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
             results = _in_pool(pool, rest, opts, prepare, templates, workers * WINDOW_PER_WORKER)
         for i, path in enumerate(paths):
             if i in learned:
-                template = templates.get(os.path.dirname(path), frozenset())
+                template = template_for(templates, path)
                 items = learned.pop(i)
                 items = page_items(path, items, opts, template) if isinstance(items, Page) else items
                 yield path, [prepare(item, opts) for item in items] if prepare and pool else list(items)

@@ -36,7 +36,12 @@ _CHROME_WORDS = re.compile(
     # DocBook's Prev | Up | Home | Next tables, publican's list of the same
     r"navheader|navfooter|docnav|"
     # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
-    r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
+    r"headerlink|hash-link|anchorjs-link|editsection|"
+    # a language switcher ("Available Languages: en | fr"), Apache's quick-view box (the page's table of
+    # contents and see-also links beside the text)
+    r"toplang|bottomlang|lang-?switcher|language-?switcher|quickview)(?:$|[\s_-])"
+    # a page's own table of contents, named exactly so (Sphinx's heading links are `toc-backref`)
+    r"|(?:^|\s)toc(?:$|\s)", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
@@ -92,7 +97,8 @@ def _xpath(expr: str):
 
 
 def _chrome_by_attrs(el, page_level: bool) -> str:
-    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), or ""."""
+    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), "page"
+    (`id="header"` outside an article), or ""."""
     attrs = el.attrib
     if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
         return "explicit"
@@ -100,13 +106,13 @@ def _chrome_by_attrs(el, page_level: bool) -> str:
     if _CHROME_WORDS.search(cls):
         return "class"
     if page_level and (_PAGE_CHROME_WORDS.match(ident) or any(map(_PAGE_CHROME_WORDS.match, cls.split()))):
-        return "explicit"
+        return "page"
     return "id" if _CHROME_WORDS.search(ident) else ""
 
 
 # An element that opens with one of these is a titled box or section: DocBook `titlepage` / `title`,
 # docutils `sidebar-title` (Sphinx's `.. sidebar::`), or a heading.
-_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title)(?:$|\s)")
+_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title|admonition-title|topic-title)(?:$|\s)")
 _SIDEBAR_CLASS = re.compile(r"(?:^|\s)sidebar(?:$|\s)")
 _FOOTNOTE_CLASS = re.compile(r"(?:^|\s)footnote(?:-list)?(?:$|\s)")
 # A chrome-named element is a link list (navigation) when at least this share of its text is link text.
@@ -151,33 +157,76 @@ def _content_sidebar(el) -> bool:
     return bool(_FOOTNOTE_CLASS.search(cls)) or bool(_SIDEBAR_CLASS.search(cls)) and _is_prose_section(el)
 
 
+# Elements a chrome word in their own class or id never removes: generators derive ids from the text
+# (`<h3 id="_related_reading">`, `<dt id="...ModelAdmin.save_related">`) and name table parts by their role
+# (`<tr class="header">`, Sphinx's `<th class="head">`, Apache's `<table class="related">`). Chrome holding
+# them goes as a whole; a whole table named `id="top"` outside any article is gtk-doc's navigation bar.
+_KEPT_WHATEVER_THEIR_NAME = frozenset({*HEADINGS, "dt", "table", "tr", "td", "th", "thead", "tbody", "tfoot", "caption",
+                                       "pre", "code"})
+
+
 def _chrome_in(main, page_level: bool) -> list:
     """The elements of `main` to remove. Tags and roles are chrome whatever they hold; a chrome *word* in a
-    class or id is a guess, so it never removes an element that holds most of the page's text (a wrapper
-    `<div class="page has-sidebar">`), nor a titled section of prose whose id merely holds the word
-    (`<div class="sect1" id="PLPYTHON-SHARING">`)."""
+    class or id is a guess, so it never removes a heading, a signature, a table row or cell (above), an
+    element that holds most of the page's text (a wrapper `<div class="page has-sidebar">`, a single-page
+    manual inside `<div id="top">`), nor a titled box or section of prose (`<div class="sect1"
+    id="PLPYTHON-SHARING">`, a note `<div class="admonition-geos-related-errors">`, an asciidoc manpage's
+    `<div id="header">` holding its title and NAME line)."""
     doomed = []
+    main_chars = None
     for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())):
         if el.tag == "aside" and _content_sidebar(el):
             el.tag = "div"  # kept, and rendered as the block it is (the renderer skips <aside>)
+        elif el.tag in PAGE_CHROME_TAGS:
+            main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
+            if not _holds_most_text(el, main_chars):
+                doomed.append(el)
         elif el is not main:
             doomed.append(el)
-    main_chars = None
     for el in _xpath(_ATTR_XPATH)(main):
         why = _chrome_by_attrs(el, page_level)
         if not why:
             continue
-        if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
+        if el.tag in _KEPT_WHATEVER_THEIR_NAME and why != "explicit" and not (why == "page" and el.tag == "table"):
+            continue
+        if why == "page" and _is_document_head(el):
+            continue
+        if why in ("id", "page") and _is_prose_section(el) or why == "class" and (
+                _content_sidebar(el) or _named_after_its_title(el) and _is_prose_section(el)):
             continue
         if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
             continue
         if why != "explicit":
             main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
-            chars, link_chars = _text_and_link_chars(el)
-            if chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars:
+            if _holds_most_text(el, main_chars):
                 continue
         doomed.append(el)
     return doomed
+
+
+def _named_after_its_title(el) -> bool:
+    """Whether the chrome word in `el`'s class is in the title it opens with: a generator named the box
+    after its title (Sphinx's `<div class="admonition-geos-related-errors admonition">` titled "GEOS-related
+    errors"), where a theme's `<div class="comments-area">` titled "2 thoughts on ..." is named for its role."""
+    title = _opening_title(el)
+    word = _CHROME_WORDS.search(el.get("class") or "")
+    return title is not None and word is not None and bool(word.group(1)) and (
+        word.group(1).lower() in title.text_content().lower())
+
+
+def _is_document_head(el) -> bool:
+    """asciidoc's `<div id="header">`: the page's title, then a section heading ("NAME") with its text
+    (git-show - Show various types of objects). A site's masthead has one heading, if any."""
+    headings = [h for h in el.iter(*HEADINGS)]
+    if len(headings) < 2:
+        return False
+    chars, link_chars = _text_and_link_chars(el)
+    return chars > sum(_text_and_link_chars(h)[0] for h in headings) and link_chars < _LINK_LIST_SHARE * chars
+
+
+def _holds_most_text(el, main_chars: int) -> bool:
+    chars, link_chars = _text_and_link_chars(el)
+    return chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars
 
 
 class Pruned(NamedTuple):
@@ -236,7 +285,10 @@ _XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 def _slim(main) -> None:
     """Drop what rendering ignores once chrome is gone: attributes, and indentation around blocks."""
     for el in _xpath("descendant-or-self::*[@*]")(main):
+        start = el.get("start") if el.tag == "ol" else None
         el.attrib.clear()
+        if start:
+            el.set("start", start)  # an ordered list's first number
     for text in _xpath(_BLANK_TEXT_XPATH)(main):
         owner = text.getparent()
         if owner is None or owner.tag not in _BREAK_TAGS:
@@ -277,10 +329,13 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
         elif name == "li":
             inner: list[str] = []
             _walk_tree(child, inner, page_level)
-            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
+            out.append(_BR + _item_mark(node, child) + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
-            cells = [_tree_cell_text(c, page_level) for c in child if c.tag in ("td", "th")]
-            out.append(_BR + " | ".join(cells) + _BR)
+            cells = [c for c in child if c.tag in ("td", "th")]
+            if any(map(_xpath(_LAYOUT_CELL), cells)):
+                _layout_row(cells, out, page_level)
+            else:
+                out.append(_BR + " | ".join(_tree_cell_text(c, page_level) for c in cells) + _BR)
         elif name == "code":
             out.append(f"`{child.text_content()}`")
         elif name in BLOCK_TAGS:
@@ -291,6 +346,35 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
             _walk_tree(child, out, page_level)
         if child.tail:
             out.append(child.tail)
+
+
+def _item_mark(parent, item) -> str:
+    """"- " in a list, "3. " for the third item of an <ol> (its `start` counted: `prune_to_main` keeps it)."""
+    if parent.tag != "ol":
+        return "- "
+    start = parent.get("start")
+    number = int(start) if start and start.lstrip("-").isdigit() else 1
+    for sibling in item.itersiblings(preceding=True):
+        number += sibling.tag == "li"
+    return f"{number}. "
+
+
+# A table cell holding a heading or a code block is layout, not data: gtk-doc's name + purpose row
+# (`<td><h2>Strings</h2><p>Strings — text buffers...</p></td><td></td>`), its program listings (a cell of
+# line numbers beside a cell holding the <pre>).
+_LAYOUT_CELL = "boolean(.//h1|.//h2|.//h3|.//h4|.//h5|.//h6|.//pre)"
+_LINE_NUMBERS = re.compile(r"\s*\d+(?:\s+\d+)+\s*")
+
+
+def _layout_row(cells: list, out: list, page_level: bool) -> None:
+    """Each cell as a block of its own; empty cells and a cell of line numbers (beside code) left out."""
+    for cell in cells:
+        text = cell.text_content()
+        if not text.strip() or _LINE_NUMBERS.fullmatch(text):
+            continue
+        out.append(_PARA)
+        _walk_tree(cell, out, page_level)
+        out.append(_PARA)
 
 
 def render_fragment(html: str) -> str:

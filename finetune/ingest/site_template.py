@@ -2,11 +2,17 @@
 chrome rule can name (SQLite's "Small. Fast. Reliable. Choose any three." tagline, its "This page last
 modified on 2022-10-26 20:02:18 UTC" footer).
 
-Learned per folder, from a sample of its pages (a site's sections often differ: SQLite's release notes
-have a footer of their own, its C reference another): a line (digits ignored, so dates and version numbers match)
-that opens or closes at least half of them is the template. Only a page's leading and trailing runs of
-template lines are removed, never a line in the middle of its text; a page that is nothing but template
-is left empty (the reader rejects it as `no_main_text`).
+Learned for the whole site (all the pages of one ingest) and per folder, each from a sample of its pages
+(a site's sections often differ: SQLite's release notes have a footer of their own, its C reference
+another; a folder of a few pages, Apache's `ssl/`, has too few to learn from and gets the site's): a line
+(digits ignored, so dates and version numbers match) that opens or closes at least half of them is the
+template; a page's template is its site's and its folder's. A line that extends a template line after a
+separator is template too: Apache's breadcrumb "Apache > HTTP Server > Documentation > Version 2.4 >
+Modules" in `mod/` extends the site's. Headings are never template ("## Synopsis" opens most reference
+pages), except a level-1 heading that opens most pages of the site before the page's own level-1 heading:
+Sphinx's site name ("# Django 3.2.25 documentation"). Only a page's leading and trailing runs of template
+lines are removed, never a line in the middle of its text; a page that is nothing but template is left
+empty (the reader rejects it as `no_main_text`).
 """
 
 from __future__ import annotations
@@ -26,22 +32,34 @@ EDGE_LINES = 3  # the lines at each end of a page that may be template
 _DIGITS = re.compile(r"\d+")
 _FENCE_MARK = "```"
 _NOT_TEMPLATE = (_FENCE_MARK, "#")  # a code fence; a heading ("## Synopsis" opens most reference pages)
+SITE = ""  # the key of the site-wide sample and template (a folder's key is its path, never empty)
+_EXTENSION = re.compile(r"\s*[>»/|:›·-]\s*\S")  # what follows a template line in a line that extends it
+MAX_EXTENSION_CHARS = 60
 
 
 def sample_indices(paths: list[str]) -> dict[str, list[int]]:
-    """Folder -> the indices of its pages to learn from: all of a small folder, else TEMPLATE_SAMPLE
-    spread evenly; no folder with fewer than TEMPLATE_MIN_PAGES pages."""
+    """Folder (and SITE) -> the indices of its pages to learn from: all of a small folder, else
+    TEMPLATE_SAMPLE spread evenly; no folder with fewer than TEMPLATE_MIN_PAGES pages. The site's sample
+    is TEMPLATE_SAMPLE spread over all the pages, when the pages are in more than one folder."""
     folders: dict[str, list[int]] = {}
     for i, path in enumerate(paths):
-        folders.setdefault(os.path.dirname(path), []).append(i)
+        folders.setdefault(os.path.dirname(path) or ".", []).append(i)
     out, sampled = {}, 0
-    for folder, indices in folders.items():
+    groups = list(folders.items())
+    if len(folders) > 1:
+        groups.insert(0, (SITE, list(range(len(paths)))))
+    for folder, indices in groups:
         if len(indices) < TEMPLATE_MIN_PAGES or sampled + TEMPLATE_SAMPLE > MAX_SAMPLED_PAGES:
             continue
         step = max(1.0, (len(indices) - 1) / (TEMPLATE_SAMPLE - 1))
         out[folder] = sorted({indices[round(k * step)] for k in range(min(len(indices), TEMPLATE_SAMPLE))})
         sampled += len(out[folder])
     return out
+
+
+def template_for(templates: dict, path: str) -> frozenset:
+    """The template of the page at `path`: its site's and its folder's."""
+    return templates.get(SITE, frozenset()) | templates.get(os.path.dirname(path) or ".", frozenset())
 
 
 def _key(line: str) -> str:
@@ -52,7 +70,15 @@ def _edge_keys(body: str) -> set[str]:
     lines = [_key(line) for line in body.split("\n") if line.strip()]
     edges = lines[:EDGE_LINES] + lines[-EDGE_LINES:]
     # A line of one or two words ("Note", "Footnotes", "Author:") is a label of the text, not a template
-    return {line for line in edges if not line.startswith(_NOT_TEMPLATE) and line.count(" ") >= MIN_WORDS - 1}
+    keys = {line for line in edges if not line.startswith(_NOT_TEMPLATE) and line.count(" ") >= MIN_WORDS - 1}
+    if lines and _is_site_heading(lines[0], body):
+        keys.add(lines[0])
+    return keys
+
+
+def _is_site_heading(first_line: str, body: str) -> bool:
+    """A level-1 heading opening the page, with the page's own level-1 heading after it."""
+    return first_line.startswith("# ") and "\n# " in body
 
 
 def site_template(bodies: list[str]) -> frozenset:
@@ -76,6 +102,8 @@ def strip_template(body: str, template: frozenset) -> str:
         return body
     lines = body.split("\n")
     start, end = 0, len(lines)
+    if lines[0].startswith("# ") and _key(lines[0]) in template and _is_site_heading(lines[0], body):
+        start = 1
     while start < end and _removable(lines[start], template):
         start += 1
     while end > start and _removable(lines[end - 1], template):
@@ -86,4 +114,11 @@ def strip_template(body: str, template: frozenset) -> str:
 
 
 def _removable(line: str, template: frozenset) -> bool:
-    return not line.strip() or (not line.startswith(_NOT_TEMPLATE) and _key(line) in template)
+    if not line.strip():
+        return True
+    if line.startswith(_NOT_TEMPLATE):
+        return False
+    key = _key(line)
+    return key in template or any(
+        key.startswith(t) and len(key) - len(t) <= MAX_EXTENSION_CHARS and _EXTENSION.match(key, len(t))
+        for t in template if not t.startswith("#"))
