@@ -21,6 +21,14 @@ from finetune.ingest.textio import open_binary
 # table of contents: it teaches link titles, not prose. Content pages with many inline links stay under 0.2
 # (the regression corpus: 0.04 to 0.18 with their navigation still in; its index page: 0.88).
 LOW_TEXT_LINK_SHARE = 0.8
+# A page at least half link text with little prose besides is a chapter's table of contents (Django's
+# `ref/models/index.html`: a sentence and the list of the chapter's pages); measured on the Django, Apache,
+# GLib and git manuals, content pages stay far above this much prose.
+TOC_LINK_SHARE = 0.5
+TOC_MAX_PROSE_CHARS = 300
+# A stub that sends the reader elsewhere: `<meta http-equiv="refresh">`, or a few words saying the page moved
+_MOVED = re.compile(r"\b(?:has|have|had|was|been) (?:been )?moved\b|\bredirect(?:ed|ing)? to\b", re.IGNORECASE)
+STUB_MAX_WORDS = 40
 MAX_HTML_BYTES = 64 << 20  # a single page larger than this is not a page; it is rejected, not parsed
 _HEADING_LINE = re.compile(r"^(#{1,6}) ", re.MULTILINE)
 _MAIN_TEXT = re.compile(r"^(?!#{1,6} )\S", re.MULTILINE)  # a line of text that is not a heading
@@ -37,6 +45,7 @@ class Page(NamedTuple):
     chars: int  # characters of the main content (0 when it holds no link)
     link_chars: int  # of which link text
     had_text: bool  # the main content held text before chrome was removed
+    redirect: str = ""  # where a redirect stub sends the reader
 
 
 def read_html(path: str, opts: IngestOptions, template: frozenset = frozenset()
@@ -66,12 +75,18 @@ def read_page(path: str, opts: IngestOptions) -> Page | list:
         return list(_mapped(parse(text), where, opts))
     page = prune_to_main(text)
     body = render_tree(page.main, page.page_level) if page.main is not None else ""
-    return Page(page.title, body, page.chars, page.link_chars, page.had_text)
+    redirect = page.refresh
+    if not redirect and len(body.split()) <= STUB_MAX_WORDS and _MOVED.search(body):
+        redirect = "elsewhere"
+    return Page(page.title, body, page.chars, page.link_chars, page.had_text, redirect)
 
 
 def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset = frozenset()
                ) -> Iterator[tuple[str, dict] | Reject]:
     body = strip_template(page.body, template)
+    if page.redirect:
+        yield Reject(where, "redirect_stub", f"it sends the reader on to {page.redirect!r}: a stub, not content")
+        return
     if not _MAIN_TEXT.search(body):
         if page.had_text:
             yield Reject(where, "no_main_text", "nothing but headings, navigation or the site's template is "
@@ -82,6 +97,11 @@ def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset 
     if page.link_chars and page.link_chars >= LOW_TEXT_LINK_SHARE * page.chars:
         yield Reject(where, "low_text", f"{page.link_chars} of its {page.chars} characters are link text: an "
                                         "index or navigation page, not content")
+        return
+    prose = page.chars - page.link_chars
+    if page.link_chars and page.link_chars >= TOC_LINK_SHARE * page.chars and prose < TOC_MAX_PROSE_CHARS:
+        yield Reject(where, "toc_page", f"{page.link_chars} of its {page.chars} characters are link text and "
+                                        f"{prose} are not: a chapter's table of contents, not content")
         return
     if opts.html_mode == "sections":
         yield from _sections(page.title, body, where, opts.html_split_level)

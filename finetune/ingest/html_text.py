@@ -236,6 +236,7 @@ class Pruned(NamedTuple):
     chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
     link_chars: int = 0  # of which inside links: an index page is almost all links
     had_text: bool = False  # the main content held text before chrome was removed
+    refresh: str = ""  # the target of `<meta http-equiv="refresh" content="0; URL=...">`: a redirect stub
 
 
 def prune_to_main(text: str) -> Pruned:
@@ -251,6 +252,10 @@ def prune_to_main(text: str) -> Pruned:
         return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
+    refresh = ""
+    for meta in doc.iterfind(".//meta[@http-equiv]"):
+        if meta.get("http-equiv", "").lower() == "refresh" and "url=" in meta.get("content", "").lower():
+            refresh = meta.get("content").split("=", 1)[1].strip(" '\"") or "elsewhere"
     title_el = doc.find(".//title")
     title = _WS.sub(" ", title_el.text_content()).strip() if title_el is not None else ""
     main = next(iter(_xpath(_MAIN_XPATH)(doc)), None)
@@ -272,7 +277,7 @@ def prune_to_main(text: str) -> Pruned:
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
     _slim(main)
-    return Pruned(title, main, page_level, chars, link_chars, had_text)
+    return Pruned(title, main, page_level, chars, link_chars, had_text, refresh)
 
 
 # Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges

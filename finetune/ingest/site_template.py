@@ -71,9 +71,19 @@ def _edge_keys(body: str) -> set[str]:
     edges = lines[:EDGE_LINES] + lines[-EDGE_LINES:]
     # A line of one or two words ("Note", "Footnotes", "Author:") is a label of the text, not a template
     keys = {line for line in edges if not line.startswith(_NOT_TEMPLATE) and line.count(" ") >= MIN_WORDS - 1}
+    # A breadcrumb counts for each of its trails: "A > B > C > Modules" for "A > B > C" too, which every
+    # folder's breadcrumb starts with
+    keys.update(trail for line in list(keys) for trail in _trails(line) if trail.count(" ") >= MIN_WORDS - 1)
     if lines and _is_site_heading(lines[0], body):
         keys.add(lines[0])
     return keys
+
+
+_SPACED_SEPARATOR = re.compile(r" (?:>|»|›|\||/) ")
+
+
+def _trails(line: str) -> list[str]:
+    return [line[:m.start()] for m in _SPACED_SEPARATOR.finditer(line)]
 
 
 def _is_site_heading(first_line: str, body: str) -> bool:
