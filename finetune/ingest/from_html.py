@@ -14,7 +14,7 @@ from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_ma
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
-from finetune.ingest.site_template import sample_indices, site_template, strip_template, template_for
+from finetune.ingest.site_template import page_title, sample_indices, site_template, strip_template, template_for
 from finetune.ingest.textio import open_binary
 
 # A page whose main content is at least this share link text (in characters) is an index, a sitemap or a
@@ -103,10 +103,11 @@ def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset 
         yield Reject(where, "toc_page", f"{page.link_chars} of its {page.chars} characters are link text and "
                                         f"{prose} are not: a chapter's table of contents, not content")
         return
+    title = page_title(page.title, template)
     if opts.html_mode == "sections":
-        yield from _sections(page.title, body, where, opts.html_split_level)
+        yield from _sections(title, body, where, opts.html_split_level)
         return
-    yield where, {"text": _with_title(page.title, body)}
+    yield where, {"text": _with_title(title, body)}
 
 
 def _with_title(title: str, body: str) -> str:
@@ -222,7 +223,8 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
                      for k in range(0, len(sampled), PAGES_PER_TASK)]
             pages = [page for batch in pool.map(_read_pages, tasks) for page in batch]
         learned = dict(zip(sampled, pages))
-        templates = {folder: site_template([learned[i].body for i in indices if isinstance(learned[i], Page)])
+        templates = {folder: site_template([learned[i].body for i in indices if isinstance(learned[i], Page)],
+                                           [learned[i].title for i in indices if isinstance(learned[i], Page)])
                      for folder, indices in samples.items()}
         if pool is None:
             results = ((path, _read_all((path, opts, None, templates))) for path in rest)

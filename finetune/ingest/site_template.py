@@ -91,8 +91,14 @@ def _is_site_heading(first_line: str, body: str) -> bool:
     return first_line.startswith("# ") and "\n# " in body
 
 
-def site_template(bodies: list[str]) -> frozenset:
-    """The lines that open or close at least TEMPLATE_SHARE of `bodies` (none under TEMPLATE_MIN_PAGES)."""
+_TITLE_SEPARATOR = re.compile(r"\s+[-—–|·:»]\s+")
+_TITLE_KEY = "\x00title "  # a template key holding the site's name as its page titles end with it
+
+
+def site_template(bodies: list[str], titles: list[str] = ()) -> frozenset:
+    """The lines that open or close at least TEMPLATE_SHARE of `bodies` (none under TEMPLATE_MIN_PAGES), and
+    the last segment of the `titles` when at least TEMPLATE_SHARE of them end with it (the site's name:
+    "mod_alias - Apache HTTP Server Version 2.4"), which `page_title` removes."""
     if len(bodies) < TEMPLATE_MIN_PAGES:
         return frozenset()
     counts: Counter = Counter()
@@ -100,10 +106,28 @@ def site_template(bodies: list[str]) -> frozenset:
         counts.update(_edge_keys(body))
     need = TEMPLATE_SHARE * len(bodies)
     template = frozenset(line for line, n in counts.items() if n >= need)
+    ends = Counter(_title_end(title) for title in titles)
+    ends.pop("", None)
+    if ends and ends.most_common(1)[0][1] >= TEMPLATE_SHARE * len(titles):
+        template |= {_TITLE_KEY + ends.most_common(1)[0][0]}
     # Pages that are copies of one page with a word changed share nearly all their lines: that is not a
     # template around the text but the text itself (dedup's business). A template is a small part of a page.
     removed = sorted(1 - len(strip_template(body, template)) / max(len(body), 1) for body in bodies)
     return template if removed[len(removed) // 2] <= MAX_TEMPLATE_SHARE_OF_PAGE else frozenset()
+
+
+def _title_end(title: str) -> str:
+    parts = _TITLE_SEPARATOR.split(title.strip())
+    return _key(parts[-1]) if len(parts) > 1 else ""
+
+
+def page_title(title: str, template: frozenset) -> str:
+    """`title` without the site's name at its end ("mod_alias - Apache HTTP Server Version 2.4": mod_alias)."""
+    end = _title_end(title)
+    if end and _TITLE_KEY + end in template:
+        cut = list(_TITLE_SEPARATOR.finditer(title.strip()))[-1]
+        return title.strip()[:cut.start()]
+    return title
 
 
 def strip_template(body: str, template: frozenset) -> str:
@@ -131,4 +155,4 @@ def _removable(line: str, template: frozenset) -> bool:
     key = _key(line)
     return key in template or any(
         key.startswith(t) and len(key) - len(t) <= MAX_EXTENSION_CHARS and _EXTENSION.match(key, len(t))
-        for t in template if not t.startswith("#"))
+        for t in template if not t.startswith(("#", _TITLE_KEY)))
