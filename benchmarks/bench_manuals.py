@@ -12,8 +12,9 @@ Sites (Debian bookworm; issue 33 fixed against the first four, the others are th
 For each folder (one site):
   recall   against resiliparse's main-content text of the same pages (an independent extractor, which keeps
            some chrome: language bars, breadcrumbs): passages, its lines of at least 8 words (prose, not a
-           menu), found whole (same words in order) in the page's records; and words (counted with their
-           multiplicity), which counts the chrome we drop and gtk-doc's listing line numbers as lost.
+           menu) on at most a fifth of the site's pages (more: the site's furniture), found whole (same words
+           in order) in the page's records; and words (counted with their multiplicity), which counts the
+           chrome we drop and gtk-doc's listing line numbers as lost.
            Pages we reject are counted (*_all_pages) and left out (*_kept_pages).
   chrome   records holding the site's chrome (its phrases below), against the naive text of the same pages
   speed    the whole `finetune ingest` stage (one process, and N workers) against the fastest naive
@@ -41,6 +42,7 @@ from pathlib import Path
 
 _WORD = re.compile(r"\w+")
 PASSAGE_WORDS = 8
+REPEATED_SHARE = 0.2
 # generator -> phrases (str or regex) whose presence in a record is the site's chrome
 CHROME = {
     "asciidoc": ("Last updated ",),
@@ -92,17 +94,19 @@ def has_chrome(text: str, gen: str) -> bool:
     return any(p.search(text) if isinstance(p, re.Pattern) else p in text for p in CHROME[gen])
 
 
+def _passages(text: str) -> list[str]:
+    lines = (" ".join(_WORD.findall(line)) for line in text.split("\n"))
+    return [line for line in lines if line.count(" ") >= PASSAGE_WORDS - 1]
+
+
 def quality(paths: list[str], gen: str, refs: dict) -> dict:
     from finetune.ingest.from_html import read_html_files
     from finetune.ingest.options import IngestOptions
     from finetune.ingest.report import Reject
 
-    ref_all = found_all = ref_kept = found_kept = 0
-    pas_all = pas_found_all = pas_kept = pas_found_kept = 0
-    lost: list = []
     rejects: Counter = Counter()
     records = chrome = naive_chrome = 0
-    worst: list = []
+    pages = []  # (name, the records' words joined, the reference's passages, the reference's words)
     for path, items in read_html_files(paths, IngestOptions(workers=1), 1):
         texts = [item[1]["text"] for item in items if not isinstance(item, Reject)]
         rejects.update(item.reason for item in items if isinstance(item, Reject))
@@ -110,31 +114,38 @@ def quality(paths: list[str], gen: str, refs: dict) -> dict:
         chrome += any(has_chrome(t, gen) for t in texts)
         naive_chrome += has_chrome(_naive(read(path)), gen)
         ref = refs.get(os.path.realpath(path))
-        if ref is None:
-            continue
-        joined = " " + " ".join(_WORD.findall("\n".join(texts))) + " "
-        passages = [" ".join(_WORD.findall(line)) for line in ref.split("\n")]
-        passages = [p for p in passages if p.count(" ") >= PASSAGE_WORDS - 1]
-        hit = sum(f" {p} " in joined for p in passages)
-        pas_all, pas_found_all = pas_all + len(passages), pas_found_all + hit
-        if texts:
-            pas_kept, pas_found_kept = pas_kept + len(passages), pas_found_kept + hit
-        lost.extend((Path(path).name, p[:100]) for p in passages if f" {p} " not in joined and texts)
-        ref_words = Counter(_WORD.findall(ref))
-        found = sum((ref_words & Counter(_WORD.findall("\n".join(texts)))).values())
-        total = sum(ref_words.values())
-        ref_all, found_all = ref_all + total, found_all + found
-        if texts:
-            ref_kept, found_kept = ref_kept + total, found_kept + found
-            if total >= 50:
-                worst.append((round(found / total, 3), Path(path).name))
+        if ref is not None:
+            words = _WORD.findall("\n".join(texts))
+            pages.append((Path(path).name, " " + " ".join(words) + " " if texts else "", _passages(ref),
+                          Counter(_WORD.findall(ref)), Counter(words)))
     res = {"records": records, "rejects": dict(rejects), "records_with_chrome": chrome,
            "naive_pages_with_chrome": naive_chrome}
-    if ref_all:
-        res.update({"passages_kept_pages": f"{pas_found_kept}/{pas_kept}", "passages_all_pages": f"{pas_found_all}/{pas_all}",
-                    "passages_lost_sample": lost[:: max(1, len(lost) // 4)][:4],
-                    "word_recall_kept_pages": round(found_kept / max(ref_kept, 1), 4),
-                    "word_recall_all_pages": round(found_all / ref_all, 4), "worst_pages": sorted(worst)[:3]})
+    if not pages:
+        return res
+    # A passage on more than REPEATED_SHARE of the site's pages is its furniture (a breadcrumb, a language
+    # bar, a footer the reference kept), not content: left out of the count
+    seen = Counter(p for _, _, passages, _, _ in pages for p in set(passages))
+    furniture = {p for p, n in seen.items() if n > max(2, REPEATED_SHARE * len(pages))}
+    n_all = n_kept = hit_all = 0
+    ref_all = found_all = ref_kept = found_kept = 0
+    lost, worst = [], []
+    for name, joined, passages, ref_words, words in pages:
+        passages = [p for p in passages if p not in furniture]
+        hit = sum(f" {p} " in joined for p in passages)
+        n_all, hit_all = n_all + len(passages), hit_all + hit
+        found, total = sum((ref_words & words).values()), sum(ref_words.values())
+        ref_all, found_all = ref_all + total, found_all + found
+        if joined:
+            n_kept += len(passages)
+            ref_kept, found_kept = ref_kept + total, found_kept + found
+            lost.extend((name, p[:100]) for p in passages if f" {p} " not in joined)
+            if total >= 50:
+                worst.append((round(found / total, 3), name))
+    res.update({"passages_kept_pages": f"{hit_all}/{n_kept}", "passages_all_pages": f"{hit_all}/{n_all}",
+                "passages_left_out_as_furniture": len(furniture),
+                "passages_lost_sample": lost[:: max(1, len(lost) // 4)][:4],
+                "word_recall_kept_pages": round(found_kept / max(ref_kept, 1), 4),
+                "word_recall_all_pages": round(found_all / ref_all, 4), "worst_pages": sorted(worst)[:3]})
     return res
 
 

@@ -84,16 +84,84 @@ _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
 _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
 _ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
-_ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
 
-def _xpath(expr: str):
-    if expr not in _XPATHS:
+def _xpath(expr: str, smart_strings: bool = False):
+    """The compiled XPath; its strings are plain `str` unless `smart_strings` (text nodes that know their
+    element: a Python object more each)."""
+    key = (expr, smart_strings)
+    if key not in _XPATHS:
         from lxml import etree
 
-        _XPATHS[expr] = etree.XPath(expr)
-    return _XPATHS[expr]
+        _XPATHS[key] = etree.XPath(expr, smart_strings=smart_strings)
+    return _XPATHS[key]
+
+
+def _text(el) -> str:
+    """`el`'s text, its descendants' included (lxml.html's `text_content()`, for plain lxml elements)."""
+    return _xpath("string()")(el)
+
+
+def _drop(el) -> None:
+    """Remove `el` and what it holds, keeping its tail text (lxml.html's `drop_tree()`)."""
+    parent = el.getparent()
+    if parent is None:
+        return
+    if el.tail:
+        previous = el.getprevious()
+        if previous is not None:
+            previous.tail = (previous.tail or "") + el.tail
+        else:
+            parent.text = (parent.text or "") + el.tail
+    parent.remove(el)
+
+
+_PARSER: list = []  # one lxml HTML parser per process, with lxml's own element classes (no Python lookup)
+
+
+def _html_parser():
+    if not _PARSER:
+        from lxml import etree
+
+        _PARSER.append(etree.HTMLParser())
+    return _PARSER[0]
+
+
+_EXPLICIT_XPATH = "descendant::*[@role or @hidden or @aria-hidden]"
+_CLASS_VALUES = "descendant::*/@class"
+_ID_VALUES = "descendant::*/@id"
+_BY_CLASS = "descendant::*[@class=$v]"
+_BY_ID = "descendant::*[@id=$v]"
+_WORD_CACHE: dict = {}  # class or id value -> (holds a chrome word, is a page-level chrome word)
+
+
+def _chrome_words(value: str) -> tuple[bool, bool]:
+    hit = _WORD_CACHE.get(value)
+    if hit is None:
+        if len(_WORD_CACHE) > 100_000:
+            _WORD_CACHE.clear()
+        hit = _WORD_CACHE[value] = (bool(_CHROME_WORDS.search(value)),
+                                    any(map(_PAGE_CHROME_WORDS.match, value.split())))
+    return hit
+
+
+def _named_like_chrome(main, page_level: bool) -> list:
+    """The elements under `main` whose role or hidden attribute, class or id may say chrome, in C: the
+    distinct class and id values are tested (once per process each), then only the elements holding a
+    matching one are fetched. (Fetching every element with a class cost a Python object per syntax-
+    highlighted token of a code block: a third of a Sphinx page's time.)"""
+    found = list(_xpath(_EXPLICIT_XPATH)(main))
+    seen = {id(el) for el in found}
+    for values, select in ((_CLASS_VALUES, _BY_CLASS), (_ID_VALUES, _BY_ID)):
+        for value in set(_xpath(values)(main)):
+            word, page_word = _chrome_words(value)
+            if word or page_level and page_word:
+                for el in _xpath(select)(main, v=value):
+                    if id(el) not in seen:
+                        seen.add(id(el))
+                        found.append(el)
+    return found
 
 
 def _chrome_by_attrs(el, page_level: bool) -> str:
@@ -183,7 +251,7 @@ def _chrome_in(main, page_level: bool) -> list:
                 doomed.append(el)
         elif el is not main:
             doomed.append(el)
-    for el in _xpath(_ATTR_XPATH)(main):
+    for el in _named_like_chrome(main, page_level):
         why = _chrome_by_attrs(el, page_level)
         if not why:
             continue
@@ -211,7 +279,7 @@ def _named_after_its_title(el) -> bool:
     title = _opening_title(el)
     word = _CHROME_WORDS.search(el.get("class") or "")
     return title is not None and word is not None and bool(word.group(1)) and (
-        word.group(1).lower() in title.text_content().lower())
+        word.group(1).lower() in _text(title).lower())
 
 
 def _is_document_head(el) -> bool:
@@ -243,12 +311,13 @@ def prune_to_main(text: str) -> Pruned:
     """The title and main-content element with chrome removed, using lxml alone (one parse: the page is
     rendered from this tree by `render_tree`; beautifulsoup4, which creates a Python object per node,
     only parses pages for `--map` selectors)."""
-    import lxml.html
     from lxml import etree
 
     try:
-        doc = lxml.html.document_fromstring(_XML_DECL_TEXT.sub("", text, count=1))
-    except (etree.ParserError, ValueError):
+        doc = etree.fromstring(_XML_DECL_TEXT.sub("", text, count=1), _html_parser())
+    except (etree.ParserError, etree.XMLSyntaxError, ValueError):
+        return Pruned("", None, True)
+    if doc is None:  # nothing but whitespace, or a comment
         return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
@@ -257,7 +326,7 @@ def prune_to_main(text: str) -> Pruned:
         if meta.get("http-equiv", "").lower() == "refresh" and "url=" in meta.get("content", "").lower():
             refresh = meta.get("content").split("=", 1)[1].strip(" '\"") or "elsewhere"
     title_el = doc.find(".//title")
-    title = _WS.sub(" ", title_el.text_content()).strip() if title_el is not None else ""
+    title = _WS.sub(" ", _text(title_el)).strip() if title_el is not None else ""
     main = next(iter(_xpath(_MAIN_XPATH)(doc)), None)
     if main is None:
         articles = doc.findall(".//article")
@@ -268,7 +337,7 @@ def prune_to_main(text: str) -> Pruned:
     had_text = bool(_xpath(_ANY_TEXT_XPATH)(main))
     for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
-            el.drop_tree()  # keeps the element's tail text
+            _drop(el)  # keeps the element's tail text
     # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
     # the whole text only when there are links at all.
     text_length = _xpath("string-length(normalize-space())")
@@ -288,13 +357,8 @@ _XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 
 
 def _slim(main) -> None:
-    """Drop what rendering ignores once chrome is gone: attributes, and indentation around blocks."""
-    for el in _xpath("descendant-or-self::*[@*]")(main):
-        start = el.get("start") if el.tag == "ol" else None
-        el.attrib.clear()
-        if start:
-            el.set("start", start)  # an ordered list's first number
-    for text in _xpath(_BLANK_TEXT_XPATH)(main):
+    """Drop what rendering ignores once chrome is gone: the indentation around blocks."""
+    for text in _xpath(_BLANK_TEXT_XPATH, smart_strings=True)(main):
         owner = text.getparent()
         if owner is None or owner.tag not in _BREAK_TAGS:
             continue
@@ -324,11 +388,11 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
         if not isinstance(name, str) or name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
             pass  # a comment or processing instruction (prune_to_main removed them), or chrome
         elif name in HEADINGS:
-            text = _WS.sub(" ", child.text_content()).strip().rstrip(_PERMALINK_MARKS).rstrip()
+            text = _WS.sub(" ", _text(child)).strip().rstrip(_PERMALINK_MARKS).rstrip()
             if text:
                 out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
         elif name == "pre":
-            out.append(f"{_PARA}```\n{child.text_content().strip(chr(10))}\n```{_PARA}")
+            out.append(f"{_PARA}```\n{_text(child).strip(chr(10))}\n```{_PARA}")
         elif name == "br":
             out.append(_BR)
         elif name == "li":
@@ -342,7 +406,7 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
             else:
                 out.append(_BR + " | ".join(_tree_cell_text(c, page_level) for c in cells) + _BR)
         elif name == "code":
-            out.append(f"`{child.text_content()}`")
+            out.append(f"`{_text(child)}`")
         elif name in BLOCK_TAGS:
             out.append(_PARA)
             _walk_tree(child, out, page_level and name not in ("article", "main"))
@@ -374,7 +438,7 @@ _LINE_NUMBERS = re.compile(r"\s*\d+(?:\s+\d+)+\s*")
 def _layout_row(cells: list, out: list, page_level: bool) -> None:
     """Each cell as a block of its own; empty cells and a cell of line numbers (beside code) left out."""
     for cell in cells:
-        text = cell.text_content()
+        text = _text(cell)
         if not text.strip() or _LINE_NUMBERS.fullmatch(text):
             continue
         out.append(_PARA)
@@ -394,7 +458,7 @@ def render_fragment(html: str) -> str:
         return ""
     for el in _chrome_in(root, False):
         if el.getparent() is not None:
-            el.drop_tree()
+            _drop(el)
     etree.strip_tags(root, *INLINE_TAGS)
     return render_tree(root, False)
 
