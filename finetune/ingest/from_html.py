@@ -210,7 +210,7 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
     writing. Pages travel in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a
     pickle round per page."""
     samples = {} if opts.mapping else sample_indices(paths)
-    sampled = [i for indices in samples.values() for i in indices]
+    sampled = list(dict.fromkeys(i for indices in samples.values() for i in indices))  # the site's and a folder's
     in_sample = set(sampled)
     rest = [path for i, path in enumerate(paths) if i not in in_sample]
     parallel = workers > 1 and len(paths) >= PARALLEL_MIN_FILES

@@ -67,8 +67,10 @@ def _key(line: str) -> str:
 
 
 def _edge_keys(body: str) -> set[str]:
-    lines = [_key(line) for line in body.split("\n") if line.strip()]
-    edges = lines[:EDGE_LINES] + lines[-EDGE_LINES:]
+    lines = [line for line in body.split("\n") if line.strip()]
+    if len(lines) > 2 * EDGE_LINES:
+        lines = lines[:EDGE_LINES] + lines[-EDGE_LINES:]
+    edges = lines = [_key(line) for line in lines]  # only the edges are keyed: _key is a regex pass
     # A line of one or two words ("Note", "Footnotes", "Author:") is a label of the text, not a template
     keys = {line for line in edges if not line.startswith(_NOT_TEMPLATE) and line.count(" ") >= MIN_WORDS - 1}
     # A breadcrumb counts for each of its trails: "A > B > C > Modules" for "A > B > C" too, which every
