@@ -45,11 +45,13 @@ _CHROME_WORDS = re.compile(
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
+_INLINE_BUT_LINKS = tuple(tag for tag in INLINE_TAGS if tag != "a")
 BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption", "dl",
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 # A permalink sign left at the end of a heading when its anchor carries no class we recognise
+_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 _PERMALINK_MARKS = "¶§\u200b\U0001f517"  # pilcrow, section sign, zero-width space, link emoji (not "#": C#)
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
@@ -83,7 +85,6 @@ def parse(text: str, prestrip: bool = True):
 _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
 _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
-_ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
 
@@ -335,6 +336,11 @@ def prune_to_main(text: str) -> Pruned:
         return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
+    # A code block's highlighting (a <span> per token: most of the elements of a Sphinx or gtk-doc page) is
+    # no structure and no chrome: unwrapped in C first, so that every later pass visits a fraction of the
+    # nodes. Links stay (they count as link text).
+    for pre in doc.iter("pre"):
+        etree.strip_tags(pre, *_INLINE_BUT_LINKS)
     refresh = ""
     for meta in doc.iterfind(".//meta[@http-equiv]"):
         if meta.get("http-equiv", "").lower() == "refresh" and "url=" in meta.get("content", "").lower():
@@ -348,7 +354,7 @@ def prune_to_main(text: str) -> Pruned:
     if main is None:
         return Pruned(title, None, True)
     page_level = main.tag == "body"
-    had_text = bool(_xpath(_ANY_TEXT_XPATH)(main))
+    had_text = any(text.strip(_XML_SPACE) for text in main.itertext())  # stops at the first text
     for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
             _drop(el)  # keeps the element's tail text
@@ -359,31 +365,7 @@ def prune_to_main(text: str) -> Pruned:
     chars = int(text_length(main)) if link_chars else 0
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
-    _slim(main)
     return Pruned(title, main, page_level, chars, link_chars, had_text, refresh)
-
-
-# Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
-# (indentation between blocks) never reaches the output, so the walk need not visit it either.
-_BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
-_BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
-_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
-
-
-def _slim(main) -> None:
-    """Drop what rendering ignores once chrome is gone: the indentation around blocks."""
-    for text in _xpath(_BLANK_TEXT_XPATH, smart_strings=True)(main):
-        owner = text.getparent()
-        if owner is None or owner.tag not in _BREAK_TAGS:
-            continue
-        # strip_tags leaves the unwrapped tags' text as separate, adjacent libxml2 text nodes: the XPath
-        # sees " " in `<p><b>A</b> tail</p>` as a node of its own, but `.text` is all of them joined.
-        # Clear only when the whole joined text is blank, else "A tail" went with the blank node.
-        if text.is_tail:
-            if not (owner.tail or "").strip(_XML_SPACE):
-                owner.tail = None
-        elif not (owner.text or "").strip(_XML_SPACE):
-            owner.text = None
 
 
 def render_tree(root, page_level: bool) -> str:
