@@ -397,7 +397,7 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
             out.append(_BR + _item_mark(node, child) + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
             cells = [c for c in child if c.tag in ("td", "th")]
-            if any(map(_xpath(_LAYOUT_CELL), cells)):
+            if any(len(cell) and _xpath(_LAYOUT_CELL)(cell) for cell in cells):  # text-only cells: no XPath
                 _layout_row(cells, out, page_level)
             else:
                 out.append(_BR + " | ".join(_tree_cell_text(c, page_level) for c in cells) + _BR)
