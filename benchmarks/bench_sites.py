@@ -3,7 +3,9 @@
 For each folder of pages (a real site, e.g. one unpacked from a Debian documentation package):
 
   speed   the whole `finetune ingest` stage in one process and with N worker processes, against the
-          naive `BeautifulSoup(html, "html.parser").get_text()` of every page, in the same run
+          fastest naive extraction, `BeautifulSoup(html, "lxml").get_text()` of every page, in the same run
+          (until issue 33 the baseline was html.parser, about twice as slow: ratios measured before then
+          are against that slower baseline)
   recall  word recall of each page's main content (words counted with their multiplicity) against a
           reference extraction that knows the generator: Sphinx `div[role=main]`; DocBook's <body>
           without navheader / navfooter; publican's <body> without docnav, banner and title bar;

@@ -216,8 +216,14 @@ def test_a_chapter_toc_and_a_redirect_stub_are_counted_rejects(tmp_path):
         "refresh.html": "<html><head><meta http-equiv='refresh' content='0; URL=en/index.html'></head><body>"
                         "<table><tr><td><a href='da/'>da/</a></td></tr></table></body></html>",
         "content.html": f"<html><body><h1>Content</h1><p>{PROSE}</p></body></html>",
+        # gtk-doc's part page: an intro and the part's table of contents (chrome: class "toc")
+        "part.html": "<html><body><div class='part'><div class='titlepage'><h1 class='title'>Part V. Migrating</h1>"
+                     "</div><div class='partintro'><p>This part describes what to change in older programs.</p>"
+                     f"<div class='toc'><dl class='toc'>{links.replace('li>', 'dt>')}</dl></div></div></div>"
+                     "</body></html>",
     }
     _site(tmp_path / "site", pages)
     records, rejects = _run(tmp_path / "site", tmp_path / "out.jsonl")
     assert len(records) == 1 and PROSE in records[0]
-    assert rejects == {"toc.html": "toc_page", "moved.html": "redirect_stub", "refresh.html": "redirect_stub"}
+    assert rejects == {"toc.html": "toc_page", "moved.html": "redirect_stub", "refresh.html": "redirect_stub",
+                       "part.html": "toc_page"}

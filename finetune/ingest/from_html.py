@@ -46,6 +46,7 @@ class Page(NamedTuple):
     link_chars: int  # of which link text
     had_text: bool  # the main content held text before chrome was removed
     redirect: str = ""  # where a redirect stub sends the reader
+    toc_chars: int = 0  # characters of its own table of contents, removed as chrome
 
 
 def read_html(path: str, opts: IngestOptions, template: frozenset = frozenset()
@@ -78,7 +79,7 @@ def read_page(path: str, opts: IngestOptions) -> Page | list:
     redirect = page.refresh
     if not redirect and len(body.split()) <= STUB_MAX_WORDS and _MOVED.search(body):
         redirect = "elsewhere"
-    return Page(page.title, body, page.chars, page.link_chars, page.had_text, redirect)
+    return Page(page.title, body, page.chars, page.link_chars, page.had_text, redirect, page.toc_chars)
 
 
 def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset = frozenset()
@@ -99,9 +100,12 @@ def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset 
                                         "index or navigation page, not content")
         return
     prose = page.chars - page.link_chars
-    if page.link_chars and page.link_chars >= TOC_LINK_SHARE * page.chars and prose < TOC_MAX_PROSE_CHARS:
-        yield Reject(where, "toc_page", f"{page.link_chars} of its {page.chars} characters are link text and "
-                                        f"{prose} are not: a chapter's table of contents, not content")
+    # A DocBook / gtk-doc part or chapter page: its table of contents (removed as chrome) and an intro
+    short = len(body) < TOC_MAX_PROSE_CHARS + 100  # the body holds headings too
+    if page.toc_chars and short and page.toc_chars >= len(body) or (
+            page.link_chars and page.link_chars >= TOC_LINK_SHARE * page.chars and prose < TOC_MAX_PROSE_CHARS):
+        yield Reject(where, "toc_page", f"{max(page.link_chars, page.toc_chars)} characters of links or table "
+                                        f"of contents and {len(body)} of text: a chapter's table of contents")
         return
     title = page_title(page.title, template)
     if opts.html_mode == "sections":

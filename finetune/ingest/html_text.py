@@ -42,6 +42,7 @@ _CHROME_WORDS = re.compile(
     r"toplang|bottomlang|lang-?switcher|language-?switcher|quickview)(?:$|[\s_-])"
     # a page's own table of contents, named exactly so (Sphinx's heading links are `toc-backref`)
     r"|(?:^|\s)toc(?:$|\s)", re.IGNORECASE)
+_TOC_NAME = re.compile(r"(?:^|\s)toc(?:$|\s)", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
@@ -320,6 +321,7 @@ class Pruned(NamedTuple):
     link_chars: int = 0  # of which inside links: an index page is almost all links
     had_text: bool = False  # the main content held text before chrome was removed
     refresh: str = ""  # the target of `<meta http-equiv="refresh" content="0; URL=...">`: a redirect stub
+    toc_chars: int = 0  # characters of the page's own table of contents (`class="toc"`), removed as chrome
 
 
 def prune_to_main(text: str) -> Pruned:
@@ -355,8 +357,11 @@ def prune_to_main(text: str) -> Pruned:
         return Pruned(title, None, True)
     page_level = main.tag == "body"
     had_text = any(text.strip(_XML_SPACE) for text in main.itertext())  # stops at the first text
+    toc_chars = 0
     for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
+            if _TOC_NAME.search(el.get("class") or "") or _TOC_NAME.search(el.get("id") or ""):
+                toc_chars += int(_xpath("string-length(normalize-space())")(el))
             _drop(el)  # keeps the element's tail text
     # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
     # the whole text only when there are links at all.
@@ -365,7 +370,7 @@ def prune_to_main(text: str) -> Pruned:
     chars = int(text_length(main)) if link_chars else 0
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
-    return Pruned(title, main, page_level, chars, link_chars, had_text, refresh)
+    return Pruned(title, main, page_level, chars, link_chars, had_text, refresh, toc_chars)
 
 
 def render_tree(root, page_level: bool) -> str:
