@@ -65,7 +65,7 @@ APACHE_PAGE = f"""<html><head><title>mod_frob - Apache HTTP Server Version 2.4</
 <div class="toplang"><p><span>Available Languages: </span><a href="../en/">&nbsp;en&nbsp;</a> |
 <a href="../fr/">&nbsp;fr&nbsp;</a> | <a href="../ja/">&nbsp;ja&nbsp;</a></p></div>
 <p>{PROSE}</p></div>
-<div id="quickview"><h3>Topics</h3><ul id="topics"><li><a href="#order">Order of Processing</a></li></ul>
+<div id="quickview"><h3>Directives</h3><p>This module provides no directives.</p>
 <h3 class="directives">Directives</h3><ul id="toc"><li><a href="#frob">FrobEngine</a></li></ul>
 <h3>Bugfix checklist</h3><ul class="seealso"><li><a href="https://x/">httpd changelog</a></li></ul></div>
 <div class="section"><h2 id="related">Related Modules and Directives</h2>
@@ -84,7 +84,7 @@ def test_apache_page_keeps_header_rows_and_related_headings_without_language_bar
     text = extract(APACHE_PAGE)
     assert "Name | Description\nfrob | turns the engine on" in text  # <tr class="header">
     assert "## Related Modules and Directives" in text and "Related Modules | Related Directives" in text
-    for chrome in ("Available Languages", "Bugfix checklist", "httpd changelog", "Topics"):
+    for chrome in ("Available Languages", "Bugfix checklist", "httpd changelog", "provides no directives"):
         assert chrome not in text, chrome
 
 

@@ -275,7 +275,7 @@ def _chrome_in(main, page_level: bool) -> list:
             continue
         if why == "page" and _is_document_head(el):
             continue
-        if why in ("id", "page") and _is_prose_section(el) or why == "class" and (
+        if why in ("id", "page") and _is_prose_section(el) and not _named_for_its_role(el) or why == "class" and (
                 _content_sidebar(el) or _named_after_its_title(el) and _is_prose_section(el)):
             continue
         if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
@@ -296,6 +296,18 @@ def _named_after_its_title(el) -> bool:
     word = _CHROME_WORDS.search(el.get("class") or "")
     return title is not None and word is not None and bool(word.group(1)) and (
         word.group(1).lower() in _text(title).lower())
+
+
+def _named_for_its_role(el) -> bool:
+    """An id that is the chrome word alone, not in the element's title: Apache's `<div id="quickview">`
+    titled "Directives" (a generated id holds more: `PLPYTHON-SHARING`; Sphinx's section `id="comments"`
+    is titled "Comments")."""
+    ident = (el.get("id") or "").lower()
+    word = _CHROME_WORDS.search(ident)
+    if word is None or word.group(1) != ident:
+        return False
+    title = _opening_title(el)
+    return title is None or ident not in _text(title).lower()
 
 
 def _is_document_head(el) -> bool:
