@@ -98,7 +98,6 @@ def _xpath(expr: str, smart_strings: bool = False):
 
         if len(_XPATHS) > 4096:  # the chrome selections vary with the pages' ids: bound the cache
             _XPATHS.clear()
-
         _XPATHS[key] = etree.XPath(expr, smart_strings=smart_strings)
     return _XPATHS[key]
 
@@ -245,8 +244,8 @@ def _content_sidebar(el) -> bool:
 # (`<h3 id="_related_reading">`, `<dt id="...ModelAdmin.save_related">`) and name table parts by their role
 # (`<tr class="header">`, Sphinx's `<th class="head">`, Apache's `<table class="related">`). Chrome holding
 # them goes as a whole; a whole table named `id="top"` outside any article is gtk-doc's navigation bar.
-_KEPT_WHATEVER_THEIR_NAME = frozenset({*HEADINGS, "dt", "table", "tr", "td", "th", "thead", "tbody", "tfoot", "caption",
-                                       "pre", "code"})
+_KEPT_WHATEVER_THEIR_NAME = frozenset({*HEADINGS, "dt", "table", "tr", "td", "th", "thead", "tbody", "tfoot",
+                                       "caption", "pre", "code"})
 
 
 def _chrome_in(main, page_level: bool) -> list:
@@ -271,7 +270,8 @@ def _chrome_in(main, page_level: bool) -> list:
         why = _chrome_by_attrs(el, page_level)
         if not why:
             continue
-        if el.tag in _KEPT_WHATEVER_THEIR_NAME and why != "explicit" and not (why == "page" and el.tag == "table"):
+        if el.tag in _KEPT_WHATEVER_THEIR_NAME and why != "explicit" and not (
+                why == "page" and el.tag == "table"):
             continue
         if why == "page" and _is_document_head(el):
             continue
