@@ -96,8 +96,6 @@ def _xpath(expr: str, smart_strings: bool = False):
     if key not in _XPATHS:
         from lxml import etree
 
-        if len(_XPATHS) > 4096:  # the chrome selections vary with the pages' ids: bound the cache
-            _XPATHS.clear()
         _XPATHS[key] = etree.XPath(expr, smart_strings=smart_strings)
     return _XPATHS[key]
 
@@ -150,33 +148,23 @@ def _chrome_words(value: str) -> tuple[bool, bool]:
 def _named_like_chrome(main, page_level: bool) -> list:
     """The elements under `main` whose role or hidden attribute, class or id may say chrome, in C: the
     distinct class and id values are tested (once per process each), then the elements holding a matching
-    one are fetched by one XPath, compiled once per set of values (a site's pages share theirs). (Visiting
-    every element with a class cost a Python object per syntax-highlighted token of a code block: a third
-    of a Sphinx page's time.)"""
-    classes = tuple(sorted(v for v in set(_xpath(_CLASS_VALUES)(main)) if _may_be_chrome(v, page_level)))
-    ids = tuple(sorted(v for v in set(_xpath(_ID_VALUES)(main)) if _may_be_chrome(v, page_level)))
-    return _xpath(_select_named(classes, ids))(main)
+    one are fetched by one XPath that looks each element's value up in the matching ones (a false match,
+    possible when a value holds "|", is sorted out by `_chrome_by_attrs`). (Visiting every element with a
+    class cost a Python object per syntax-highlighted token of a code block: a third of a Sphinx page's
+    time.)"""
+    classes = [v for v in set(_xpath(_CLASS_VALUES)(main)) if _may_be_chrome(v, page_level)]
+    ids = [v for v in set(_xpath(_ID_VALUES)(main)) if _may_be_chrome(v, page_level)]
+    return _xpath(_SELECT_NAMED)(main, classes="|" + "|".join(classes) + "|", ids="|" + "|".join(ids) + "|")
+
+
+_SELECT_NAMED = ("descendant::*[@role or @hidden or @aria-hidden"
+                 " or @class and contains($classes, concat('|', @class, '|'))"
+                 " or @id and contains($ids, concat('|', @id, '|'))]")
 
 
 def _may_be_chrome(value: str, page_level: bool) -> bool:
     word, page_word = _chrome_words(value)
     return word or page_level and page_word
-
-
-def _select_named(classes: tuple, ids: tuple) -> str:
-    """An XPath selecting the elements with a role or hidden attribute or one of these classes or ids."""
-    tests = ["@role", "@hidden", "@aria-hidden"]
-    tests += [f"@class={_literal(v)}" for v in classes] + [f"@id={_literal(v)}" for v in ids]
-    return f"descendant::*[{' or '.join(tests)}]"
-
-
-def _literal(value: str) -> str:
-    """`value` as an XPath string literal (XPath 1.0 has no escapes: concat() joins the quote kinds)."""
-    if "'" not in value:
-        return f"'{value}'"
-    if '"' not in value:
-        return f'"{value}"'
-    return "concat(" + ", \"'\", ".join(f"'{part}'" for part in value.split("'")) + ")"
 
 
 def _chrome_by_attrs(el, page_level: bool) -> str:
