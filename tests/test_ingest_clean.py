@@ -291,7 +291,7 @@ def test_recipe_builds_a_dataset_from_html_csv_and_sql(tmp_path, make_recipe, ti
     assert prepared.stats["records"] == 12
     # what ingestion dropped is said, by reason, with the rejects file: not only the records left
     err = capsys.readouterr().err
-    html_line = f"ingest {tmp_path / 'html'}: 6 records in, 3 kept, 3 dropped (1 binary_file, 1 no_main_text, 1 slop)"
+    html_line = f"ingest {tmp_path / 'html'}: 6 records in, 3 kept, 3 dropped (1 binary_file, 1 redirect_stub, 1 slop)"
     assert f"{html_line}; rejects: " in err
     rejects = err.split(html_line)[1].split("rejects: ")[1].split("\n")[0]
     assert len(Path(rejects).read_text().splitlines()) == 3

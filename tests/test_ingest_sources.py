@@ -60,8 +60,8 @@ def test_html_declared_latin1_is_decoded_as_windows_1252_without_chrome(tmp_path
 def test_html_folder_accounts_for_bad_pages(tmp_path):
     records, rejects, report = run(tmp_path, [ASSETS / "html"])
     assert report["records_in"] == 6 and report["records_out"] == 3
-    # no_body.html holds a redirect link in a <nav>: text, but no main text
-    assert report["dropped"] == {"binary_file": 1, "no_main_text": 1, "slop": 1}
+    # no_body.html is a redirect (meta refresh, a link in a <nav>): a stub, counted as one (issue 33)
+    assert report["dropped"] == {"binary_file": 1, "redirect_stub": 1, "slop": 1}
     assert {Path(r["where"]).name for r in rejects} == {"binary.html", "no_body.html", "slop_post.html"}
     assert report["slop_phrases"] == {"as an ai language model": 1, "i do not have personal opinions": 1}
 

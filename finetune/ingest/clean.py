@@ -181,15 +181,19 @@ class Cleaner:
             found = [p for text in _supervised(record, shape) for p in self.slop.find(text)]
             return record, (("slop", f'contains "{found[0]}"') if found else None), found, 0
         stripped: list[str] = []
+        changed: list[str] = []  # the texts strip() rewrote: one without a phrase comes back as it was
 
         def strip(text: str) -> str:
             new, hits = self.slop.strip(text)
             stripped.extend(hits)
+            if new is not text:
+                changed.append(new)
             return new
 
         cleaned = _map_supervised(record, shape, strip)
         n_stripped = len(stripped)
-        leftover = [p for text in _supervised(cleaned, shape) for p in self.slop.find(text)]
+        # Only a rewritten text can hold a phrase still (searching the others again doubled the filter's time)
+        leftover = [p for text in changed for p in self.slop.find(text)]
         if leftover:  # a phrase spanning a sentence break: cannot strip it cleanly
             return cleaned, ("slop", f'"{leftover[0]}" spans sentences; cannot strip it cleanly'), \
                 stripped + leftover, n_stripped

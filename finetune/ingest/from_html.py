@@ -3,7 +3,6 @@ picked by CSS selectors (`map: {instruction: ".question h1", output: ".answer .b
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import threading
@@ -15,13 +14,21 @@ from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_ma
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
-from finetune.ingest.site_template import sample_indices, site_template, strip_template
+from finetune.ingest.site_template import page_title, sample_indices, site_template, strip_template, template_for
 from finetune.ingest.textio import open_binary
 
 # A page whose main content is at least this share link text (in characters) is an index, a sitemap or a
 # table of contents: it teaches link titles, not prose. Content pages with many inline links stay under 0.2
 # (the regression corpus: 0.04 to 0.18 with their navigation still in; its index page: 0.88).
 LOW_TEXT_LINK_SHARE = 0.8
+# A page at least half link text with little prose besides is a chapter's table of contents (Django's
+# `ref/models/index.html`: a sentence and the list of the chapter's pages); measured on the Django, Apache,
+# GLib and git manuals, content pages stay far above this much prose.
+TOC_LINK_SHARE = 0.5
+TOC_MAX_PROSE_CHARS = 300
+# A stub that sends the reader elsewhere: `<meta http-equiv="refresh">`, or a few words saying the page moved
+_MOVED = re.compile(r"\b(?:has|have|had|was|been) (?:been )?moved\b|\bredirect(?:ed|ing)? to\b", re.IGNORECASE)
+STUB_MAX_WORDS = 40
 MAX_HTML_BYTES = 64 << 20  # a single page larger than this is not a page; it is rejected, not parsed
 _HEADING_LINE = re.compile(r"^(#{1,6}) ", re.MULTILINE)
 _MAIN_TEXT = re.compile(r"^(?!#{1,6} )\S", re.MULTILINE)  # a line of text that is not a heading
@@ -38,6 +45,8 @@ class Page(NamedTuple):
     chars: int  # characters of the main content (0 when it holds no link)
     link_chars: int  # of which link text
     had_text: bool  # the main content held text before chrome was removed
+    redirect: str = ""  # where a redirect stub sends the reader
+    toc_chars: int = 0  # characters of its own table of contents, removed as chrome
 
 
 def read_html(path: str, opts: IngestOptions, template: frozenset = frozenset()
@@ -67,12 +76,18 @@ def read_page(path: str, opts: IngestOptions) -> Page | list:
         return list(_mapped(parse(text), where, opts))
     page = prune_to_main(text)
     body = render_tree(page.main, page.page_level) if page.main is not None else ""
-    return Page(page.title, body, page.chars, page.link_chars, page.had_text)
+    redirect = page.refresh
+    if not redirect and len(body.split()) <= STUB_MAX_WORDS and _MOVED.search(body):
+        redirect = "elsewhere"
+    return Page(page.title, body, page.chars, page.link_chars, page.had_text, redirect, page.toc_chars)
 
 
 def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset = frozenset()
                ) -> Iterator[tuple[str, dict] | Reject]:
     body = strip_template(page.body, template)
+    if page.redirect:
+        yield Reject(where, "redirect_stub", f"it sends the reader on to {page.redirect!r}: a stub, not content")
+        return
     if not _MAIN_TEXT.search(body):
         if page.had_text:
             yield Reject(where, "no_main_text", "nothing but headings, navigation or the site's template is "
@@ -84,10 +99,19 @@ def page_items(where: str, page: Page, opts: IngestOptions, template: frozenset 
         yield Reject(where, "low_text", f"{page.link_chars} of its {page.chars} characters are link text: an "
                                         "index or navigation page, not content")
         return
-    if opts.html_mode == "sections":
-        yield from _sections(page.title, body, where, opts.html_split_level)
+    prose = page.chars - page.link_chars
+    # A DocBook / gtk-doc part or chapter page: its table of contents (removed as chrome) and an intro
+    short = len(body) < TOC_MAX_PROSE_CHARS + 100  # the body holds headings too
+    if page.toc_chars and short and page.toc_chars >= len(body) or (
+            page.link_chars and page.link_chars >= TOC_LINK_SHARE * page.chars and prose < TOC_MAX_PROSE_CHARS):
+        yield Reject(where, "toc_page", f"{max(page.link_chars, page.toc_chars)} characters of links or table "
+                                        f"of contents and {len(body)} of text: a chapter's table of contents")
         return
-    yield where, {"text": _with_title(page.title, body)}
+    title = page_title(page.title, template)
+    if opts.html_mode == "sections":
+        yield from _sections(title, body, where, opts.html_split_level)
+        return
+    yield where, {"text": _with_title(title, body)}
 
 
 def _with_title(title: str, body: str) -> str:
@@ -165,7 +189,7 @@ WINDOW_PER_WORKER = 2  # tasks in flight per worker (8 pages): bounds memory wha
 
 def _read_all(args: tuple) -> list:
     path, opts, prepare, templates = args
-    items = read_html(path, opts, templates.get(os.path.dirname(path), frozenset()))
+    items = read_html(path, opts, template_for(templates, path))
     return [prepare(item, opts) for item in items] if prepare else list(items)
 
 
@@ -183,13 +207,14 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
                     prepare: Callable | None = None) -> Iterator[tuple[str, list]]:
     """(path, items) for each page, in order; pages are parsed in `workers` processes when it pays.
 
-    A sample of each folder's pages is read first to learn its template (site_template.py); those pages
+    A sample of the site's and of each folder's pages is read first to learn the templates (site_template.py);
+    those pages
     are not read twice. `prepare(item, opts)`, a module-level function, runs on each item inside the
     worker (the pipeline's stateless cleaning), so that the parent process is left with little more than
     writing. Pages travel in batches of PAGES_PER_TASK: one task per page cost the parent a wake-up and a
     pickle round per page."""
     samples = {} if opts.mapping else sample_indices(paths)
-    sampled = [i for indices in samples.values() for i in indices]
+    sampled = list(dict.fromkeys(i for indices in samples.values() for i in indices))  # the site's and a folder's
     in_sample = set(sampled)
     rest = [path for i, path in enumerate(paths) if i not in in_sample]
     parallel = workers > 1 and len(paths) >= PARALLEL_MIN_FILES
@@ -202,7 +227,8 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
                      for k in range(0, len(sampled), PAGES_PER_TASK)]
             pages = [page for batch in pool.map(_read_pages, tasks) for page in batch]
         learned = dict(zip(sampled, pages))
-        templates = {folder: site_template([learned[i].body for i in indices if isinstance(learned[i], Page)])
+        templates = {folder: site_template([learned[i].body for i in indices if isinstance(learned[i], Page)],
+                                           [learned[i].title for i in indices if isinstance(learned[i], Page)])
                      for folder, indices in samples.items()}
         if pool is None:
             results = ((path, _read_all((path, opts, None, templates))) for path in rest)
@@ -210,7 +236,7 @@ def read_html_files(paths: list[str], opts: IngestOptions, workers: int,
             results = _in_pool(pool, rest, opts, prepare, templates, workers * WINDOW_PER_WORKER)
         for i, path in enumerate(paths):
             if i in learned:
-                template = templates.get(os.path.dirname(path), frozenset())
+                template = template_for(templates, path)
                 items = learned.pop(i)
                 items = page_items(path, items, opts, template) if isinstance(items, Page) else items
                 yield path, [prepare(item, opts) for item in items] if prepare and pool else list(items)

@@ -36,15 +36,23 @@ _CHROME_WORDS = re.compile(
     # DocBook's Prev | Up | Home | Next tables, publican's list of the same
     r"navheader|navfooter|docnav|"
     # heading permalinks: Sphinx/MkDocs "¶" (headerlink), Docusaurus (hash-link), MediaWiki "[edit]"
-    r"headerlink|hash-link|anchorjs-link|editsection)(?:$|[\s_-])", re.IGNORECASE)
+    r"headerlink|hash-link|anchorjs-link|editsection|"
+    # a language switcher ("Available Languages: en | fr"), Apache's quick-view box (the page's table of
+    # contents and see-also links beside the text)
+    r"toplang|bottomlang|lang-?switcher|language-?switcher|quickview)(?:$|[\s_-])"
+    # a page's own table of contents, named exactly so (Sphinx's heading links are `toc-backref`)
+    r"|(?:^|\s)toc(?:$|\s)", re.IGNORECASE)
+_TOC_NAME = re.compile(r"(?:^|\s)toc(?:$|\s)", re.IGNORECASE)
 _PAGE_CHROME_WORDS = re.compile(r"^(header|top|topbar|head)$", re.IGNORECASE)  # id/class, outside articles
 INLINE_TAGS = ("a", "span", "em", "strong", "b", "i", "u", "small", "sup", "sub", "abbr", "time", "mark", "font",
                "cite", "q", "s", "del", "ins", "bdi", "bdo", "wbr", "data", "var", "kbd", "samp", "dfn", "big", "tt")
+_INLINE_BUT_LINKS = tuple(tag for tag in INLINE_TAGS if tag != "a")
 BLOCK_TAGS = frozenset({"p", "div", "section", "article", "main", "blockquote", "figure", "figcaption", "dl",
                         "dt", "dd", "ul", "ol", "address", "details", "summary", "hr", "header", "footer",
                         "center", "table", "caption", "body", "html"})
 HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 # A permalink sign left at the end of a heading when its anchor carries no class we recognise
+_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
 _PERMALINK_MARKS = "¶§\u200b\U0001f517"  # pilcrow, section sign, zero-width space, link emoji (not "#": C#)
 _WS = re.compile(r"[ \t\r\n\f\u00a0]+")
 _PARA = "\x00P"  # paragraph-break marker, resolved in _finish()
@@ -78,21 +86,90 @@ def parse(text: str, prestrip: bool = True):
 _XML_DECL_TEXT = re.compile(r"^\s*<\?xml[^>]*\?>", re.IGNORECASE)
 _NEVER_TEXT_TAGS = ("script", "style", "noscript", "template", "svg")
 _MAIN_XPATH = "//main|//*[@role='main']"
-_ANY_TEXT_XPATH = "boolean(.//text()[normalize-space()])"
-_ATTR_XPATH = ".//*[@class or @id or @role or @hidden or @aria-hidden]"  # one traversal, in C
 _XPATHS: dict = {}  # compiled once per process: compiling an XPath costs as much as evaluating it here
 
 
-def _xpath(expr: str):
-    if expr not in _XPATHS:
+def _xpath(expr: str, smart_strings: bool = False):
+    """The compiled XPath; its strings are plain `str` unless `smart_strings` (text nodes that know their
+    element: a Python object more each)."""
+    key = (expr, smart_strings)
+    if key not in _XPATHS:
         from lxml import etree
 
-        _XPATHS[expr] = etree.XPath(expr)
-    return _XPATHS[expr]
+        _XPATHS[key] = etree.XPath(expr, smart_strings=smart_strings)
+    return _XPATHS[key]
+
+
+def _text(el) -> str:
+    """`el`'s text, its descendants' included (lxml.html's `text_content()`, for plain lxml elements)."""
+    return _xpath("string()")(el)
+
+
+def _drop(el) -> None:
+    """Remove `el` and what it holds, keeping its tail text (lxml.html's `drop_tree()`)."""
+    parent = el.getparent()
+    if parent is None:
+        return
+    if el.tail:
+        previous = el.getprevious()
+        if previous is not None:
+            previous.tail = (previous.tail or "") + el.tail
+        else:
+            parent.text = (parent.text or "") + el.tail
+    parent.remove(el)
+
+
+_PARSER: list = []  # one lxml HTML parser per process, with lxml's own element classes (no Python lookup)
+
+
+def _html_parser():
+    if not _PARSER:
+        from lxml import etree
+
+        _PARSER.append(etree.HTMLParser())
+    return _PARSER[0]
+
+
+_CLASS_VALUES = "descendant::*/@class"
+_ID_VALUES = "descendant::*/@id"
+_WORD_CACHE: dict = {}  # class or id value -> (holds a chrome word, is a page-level chrome word)
+
+
+def _chrome_words(value: str) -> tuple[bool, bool]:
+    hit = _WORD_CACHE.get(value)
+    if hit is None:
+        if len(_WORD_CACHE) > 100_000:
+            _WORD_CACHE.clear()
+        hit = _WORD_CACHE[value] = (bool(_CHROME_WORDS.search(value)),
+                                    any(map(_PAGE_CHROME_WORDS.match, value.split())))
+    return hit
+
+
+def _named_like_chrome(main, page_level: bool) -> list:
+    """The elements under `main` whose role or hidden attribute, class or id may say chrome, in C: the
+    distinct class and id values are tested (once per process each), then the elements holding a matching
+    one are fetched by one XPath that looks each element's value up in the matching ones (a false match,
+    possible when a value holds "|", is sorted out by `_chrome_by_attrs`). (Visiting every element with a
+    class cost a Python object per syntax-highlighted token of a code block: a third of a Sphinx page's
+    time.)"""
+    classes = [v for v in set(_xpath(_CLASS_VALUES)(main)) if _may_be_chrome(v, page_level)]
+    ids = [v for v in set(_xpath(_ID_VALUES)(main)) if _may_be_chrome(v, page_level)]
+    return _xpath(_SELECT_NAMED)(main, classes="|" + "|".join(classes) + "|", ids="|" + "|".join(ids) + "|")
+
+
+_SELECT_NAMED = ("descendant::*[@role or @hidden or @aria-hidden"
+                 " or @class and contains($classes, concat('|', @class, '|'))"
+                 " or @id and contains($ids, concat('|', @id, '|'))]")
+
+
+def _may_be_chrome(value: str, page_level: bool) -> bool:
+    word, page_word = _chrome_words(value)
+    return word or page_level and page_word
 
 
 def _chrome_by_attrs(el, page_level: bool) -> str:
-    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), or ""."""
+    """Why `el`'s attributes say chrome: "explicit" (role, hidden), "class" or "id" (a chrome word), "page"
+    (`id="header"` outside an article), or ""."""
     attrs = el.attrib
     if attrs.get("role") in CHROME_ROLES or attrs.get("aria-hidden") == "true" or "hidden" in attrs:
         return "explicit"
@@ -100,13 +177,13 @@ def _chrome_by_attrs(el, page_level: bool) -> str:
     if _CHROME_WORDS.search(cls):
         return "class"
     if page_level and (_PAGE_CHROME_WORDS.match(ident) or any(map(_PAGE_CHROME_WORDS.match, cls.split()))):
-        return "explicit"
+        return "page"
     return "id" if _CHROME_WORDS.search(ident) else ""
 
 
 # An element that opens with one of these is a titled box or section: DocBook `titlepage` / `title`,
 # docutils `sidebar-title` (Sphinx's `.. sidebar::`), or a heading.
-_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title)(?:$|\s)")
+_TITLE_CLASS = re.compile(r"(?:^|\s)(?:title|titlepage|sidebar-title|admonition-title|topic-title)(?:$|\s)")
 _SIDEBAR_CLASS = re.compile(r"(?:^|\s)sidebar(?:$|\s)")
 _FOOTNOTE_CLASS = re.compile(r"(?:^|\s)footnote(?:-list)?(?:$|\s)")
 # A chrome-named element is a link list (navigation) when at least this share of its text is link text.
@@ -151,33 +228,89 @@ def _content_sidebar(el) -> bool:
     return bool(_FOOTNOTE_CLASS.search(cls)) or bool(_SIDEBAR_CLASS.search(cls)) and _is_prose_section(el)
 
 
+# Elements a chrome word in their own class or id never removes: generators derive ids from the text
+# (`<h3 id="_related_reading">`, `<dt id="...ModelAdmin.save_related">`) and name table parts by their role
+# (`<tr class="header">`, Sphinx's `<th class="head">`, Apache's `<table class="related">`). Chrome holding
+# them goes as a whole; a whole table named `id="top"` outside any article is gtk-doc's navigation bar.
+_KEPT_WHATEVER_THEIR_NAME = frozenset({*HEADINGS, "dt", "table", "tr", "td", "th", "thead", "tbody", "tfoot",
+                                       "caption", "pre", "code"})
+
+
 def _chrome_in(main, page_level: bool) -> list:
     """The elements of `main` to remove. Tags and roles are chrome whatever they hold; a chrome *word* in a
-    class or id is a guess, so it never removes an element that holds most of the page's text (a wrapper
-    `<div class="page has-sidebar">`), nor a titled section of prose whose id merely holds the word
-    (`<div class="sect1" id="PLPYTHON-SHARING">`)."""
+    class or id is a guess, so it never removes a heading, a signature, a table row or cell (above), an
+    element that holds most of the page's text (a wrapper `<div class="page has-sidebar">`, a single-page
+    manual inside `<div id="top">`), nor a titled box or section of prose (`<div class="sect1"
+    id="PLPYTHON-SHARING">`, a note `<div class="admonition-geos-related-errors">`, an asciidoc manpage's
+    `<div id="header">` holding its title and NAME line)."""
     doomed = []
+    main_chars = None
     for el in main.iter(*SKIP_TAGS, *(PAGE_CHROME_TAGS if page_level else ())):
         if el.tag == "aside" and _content_sidebar(el):
             el.tag = "div"  # kept, and rendered as the block it is (the renderer skips <aside>)
+        elif el.tag in PAGE_CHROME_TAGS:
+            main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
+            if not _holds_most_text(el, main_chars):
+                doomed.append(el)
         elif el is not main:
             doomed.append(el)
-    main_chars = None
-    for el in _xpath(_ATTR_XPATH)(main):
+    for el in _named_like_chrome(main, page_level):
         why = _chrome_by_attrs(el, page_level)
         if not why:
             continue
-        if why == "id" and _is_prose_section(el) or why == "class" and _content_sidebar(el):
+        if el.tag in _KEPT_WHATEVER_THEIR_NAME and why != "explicit" and not (
+                why == "page" and el.tag == "table"):
+            continue
+        if why == "page" and _is_document_head(el):
+            continue
+        if why in ("id", "page") and _is_prose_section(el) and not _named_for_its_role(el) or why == "class" and (
+                _content_sidebar(el) or _named_after_its_title(el) and _is_prose_section(el)):
             continue
         if why == "class" and _TITLE_CLASS.search(el.get("class")):  # `sidebar-title`: its box decides
             continue
         if why != "explicit":
             main_chars = _text_and_link_chars(main)[0] if main_chars is None else main_chars
-            chars, link_chars = _text_and_link_chars(el)
-            if chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars:
+            if _holds_most_text(el, main_chars):
                 continue
         doomed.append(el)
     return doomed
+
+
+def _named_after_its_title(el) -> bool:
+    """Whether the chrome word in `el`'s class is in the title it opens with: a generator named the box
+    after its title (Sphinx's `<div class="admonition-geos-related-errors admonition">` titled "GEOS-related
+    errors"), where a theme's `<div class="comments-area">` titled "2 thoughts on ..." is named for its role."""
+    title = _opening_title(el)
+    word = _CHROME_WORDS.search(el.get("class") or "")
+    return title is not None and word is not None and bool(word.group(1)) and (
+        word.group(1).lower() in _text(title).lower())
+
+
+def _named_for_its_role(el) -> bool:
+    """An id that is the chrome word alone, not in the element's title: Apache's `<div id="quickview">`
+    titled "Directives" (a generated id holds more: `PLPYTHON-SHARING`; Sphinx's section `id="comments"`
+    is titled "Comments")."""
+    ident = (el.get("id") or "").lower()
+    word = _CHROME_WORDS.search(ident)
+    if word is None or word.group(1) != ident:
+        return False
+    title = _opening_title(el)
+    return title is None or ident not in _text(title).lower()
+
+
+def _is_document_head(el) -> bool:
+    """asciidoc's `<div id="header">`: the page's title, then a section heading ("NAME") with its text
+    (git-show - Show various types of objects). A site's masthead has one heading, if any."""
+    headings = [h for h in el.iter(*HEADINGS)]
+    if len(headings) < 2:
+        return False
+    chars, link_chars = _text_and_link_chars(el)
+    return chars > sum(_text_and_link_chars(h)[0] for h in headings) and link_chars < _LINK_LIST_SHARE * chars
+
+
+def _holds_most_text(el, main_chars: int) -> bool:
+    chars, link_chars = _text_and_link_chars(el)
+    return chars >= _MOST_OF_THE_TEXT * main_chars and link_chars < _LINK_LIST_SHARE * chars
 
 
 class Pruned(NamedTuple):
@@ -187,23 +320,35 @@ class Pruned(NamedTuple):
     chars: int = 0  # characters of the main content's text, whitespace runs counted once (0: no links)
     link_chars: int = 0  # of which inside links: an index page is almost all links
     had_text: bool = False  # the main content held text before chrome was removed
+    refresh: str = ""  # the target of `<meta http-equiv="refresh" content="0; URL=...">`: a redirect stub
+    toc_chars: int = 0  # characters of the page's own table of contents (`class="toc"`), removed as chrome
 
 
 def prune_to_main(text: str) -> Pruned:
     """The title and main-content element with chrome removed, using lxml alone (one parse: the page is
     rendered from this tree by `render_tree`; beautifulsoup4, which creates a Python object per node,
     only parses pages for `--map` selectors)."""
-    import lxml.html
     from lxml import etree
 
     try:
-        doc = lxml.html.document_fromstring(_XML_DECL_TEXT.sub("", text, count=1))
-    except (etree.ParserError, ValueError):
+        doc = etree.fromstring(_XML_DECL_TEXT.sub("", text, count=1), _html_parser())
+    except (etree.ParserError, etree.XMLSyntaxError, ValueError):
+        return Pruned("", None, True)
+    if doc is None:  # nothing but whitespace, or a comment
         return Pruned("", None, True)
     # Scripts, styles and comments go first, in C (their tails are text and stay); cheaper than a regex pass.
     etree.strip_elements(doc, *_NEVER_TEXT_TAGS, etree.Comment, etree.ProcessingInstruction, with_tail=False)
+    # A code block's highlighting (a <span> per token: most of the elements of a Sphinx or gtk-doc page) is
+    # no structure and no chrome: unwrapped in C first, so that every later pass visits a fraction of the
+    # nodes. Links stay (they count as link text).
+    for pre in doc.iter("pre"):
+        etree.strip_tags(pre, *_INLINE_BUT_LINKS)
+    refresh = ""
+    for meta in doc.iterfind(".//meta[@http-equiv]"):
+        if meta.get("http-equiv", "").lower() == "refresh" and "url=" in meta.get("content", "").lower():
+            refresh = meta.get("content").split("=", 1)[1].strip(" '\"") or "elsewhere"
     title_el = doc.find(".//title")
-    title = _WS.sub(" ", title_el.text_content()).strip() if title_el is not None else ""
+    title = _WS.sub(" ", _text(title_el)).strip() if title_el is not None else ""
     main = next(iter(_xpath(_MAIN_XPATH)(doc)), None)
     if main is None:
         articles = doc.findall(".//article")
@@ -211,10 +356,13 @@ def prune_to_main(text: str) -> Pruned:
     if main is None:
         return Pruned(title, None, True)
     page_level = main.tag == "body"
-    had_text = bool(_xpath(_ANY_TEXT_XPATH)(main))
+    had_text = any(text.strip(_XML_SPACE) for text in main.itertext())  # stops at the first text
+    toc_chars = 0
     for el in _chrome_in(main, page_level):
         if el.getparent() is not None:
-            el.drop_tree()  # keeps the element's tail text
+            if _TOC_NAME.search(el.get("class") or "") or _TOC_NAME.search(el.get("id") or ""):
+                toc_chars += int(_xpath("string-length(normalize-space())")(el))
+            _drop(el)  # keeps the element's tail text
     # Measured before the links are unwrapped below, in C (a Python word count cost 15% of the page time);
     # the whole text only when there are links at all.
     text_length = _xpath("string-length(normalize-space())")
@@ -222,33 +370,7 @@ def prune_to_main(text: str) -> Pruned:
     chars = int(text_length(main)) if link_chars else 0
     # Inline formatting carries no structure we keep: unwrap it in C (text stays) so the walk visits fewer nodes.
     etree.strip_tags(main, *INLINE_TAGS)
-    _slim(main)
-    return Pruned(title, main, page_level, chars, link_chars, had_text)
-
-
-# Elements the renderer surrounds with line or paragraph breaks: whitespace-only text at their edges
-# (indentation between blocks) never reaches the output, so the walk need not visit it either.
-_BREAK_TAGS = BLOCK_TAGS | HEADINGS.keys() | {"li", "br", "pre", "tr", "td", "th", "thead", "tbody", "tfoot"}
-_BLANK_TEXT_XPATH = ".//text()[normalize-space()=''][not(ancestor::pre)]"
-_XML_SPACE = " \t\r\n"  # what XPath normalize-space() counts as blank
-
-
-def _slim(main) -> None:
-    """Drop what rendering ignores once chrome is gone: attributes, and indentation around blocks."""
-    for el in _xpath("descendant-or-self::*[@*]")(main):
-        el.attrib.clear()
-    for text in _xpath(_BLANK_TEXT_XPATH)(main):
-        owner = text.getparent()
-        if owner is None or owner.tag not in _BREAK_TAGS:
-            continue
-        # strip_tags leaves the unwrapped tags' text as separate, adjacent libxml2 text nodes: the XPath
-        # sees " " in `<p><b>A</b> tail</p>` as a node of its own, but `.text` is all of them joined.
-        # Clear only when the whole joined text is blank, else "A tail" went with the blank node.
-        if text.is_tail:
-            if not (owner.tail or "").strip(_XML_SPACE):
-                owner.tail = None
-        elif not (owner.text or "").strip(_XML_SPACE):
-            owner.text = None
+    return Pruned(title, main, page_level, chars, link_chars, had_text, refresh, toc_chars)
 
 
 def render_tree(root, page_level: bool) -> str:
@@ -267,22 +389,25 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
         if not isinstance(name, str) or name in SKIP_TAGS or (page_level and name in PAGE_CHROME_TAGS):
             pass  # a comment or processing instruction (prune_to_main removed them), or chrome
         elif name in HEADINGS:
-            text = _WS.sub(" ", child.text_content()).strip().rstrip(_PERMALINK_MARKS).rstrip()
+            text = _WS.sub(" ", _text(child)).strip().rstrip(_PERMALINK_MARKS).rstrip()
             if text:
                 out.append(f"{_PARA}{'#' * HEADINGS[name]} {text}{_PARA}")
         elif name == "pre":
-            out.append(f"{_PARA}```\n{child.text_content().strip(chr(10))}\n```{_PARA}")
+            out.append(f"{_PARA}```\n{_text(child).strip(chr(10))}\n```{_PARA}")
         elif name == "br":
             out.append(_BR)
         elif name == "li":
             inner: list[str] = []
             _walk_tree(child, inner, page_level)
-            out.append(_BR + "- " + "".join(inner).replace(_PARA, " ").strip() + _BR)
+            out.append(_BR + _item_mark(node, child) + "".join(inner).replace(_PARA, " ").strip() + _BR)
         elif name == "tr":
-            cells = [_tree_cell_text(c, page_level) for c in child if c.tag in ("td", "th")]
-            out.append(_BR + " | ".join(cells) + _BR)
+            cells = [c for c in child if c.tag in ("td", "th")]
+            if any(len(cell) and _xpath(_LAYOUT_CELL)(cell) for cell in cells):  # text-only cells: no XPath
+                _layout_row(cells, out, page_level)
+            else:
+                out.append(_BR + " | ".join(_tree_cell_text(c, page_level) for c in cells) + _BR)
         elif name == "code":
-            out.append(f"`{child.text_content()}`")
+            out.append(f"`{_text(child)}`")
         elif name in BLOCK_TAGS:
             out.append(_PARA)
             _walk_tree(child, out, page_level and name not in ("article", "main"))
@@ -291,6 +416,35 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
             _walk_tree(child, out, page_level)
         if child.tail:
             out.append(child.tail)
+
+
+def _item_mark(parent, item) -> str:
+    """"- " in a list, "3. " for the third item of an <ol> (its `start` counted: `prune_to_main` keeps it)."""
+    if parent.tag != "ol":
+        return "- "
+    start = parent.get("start")
+    number = int(start) if start and start.lstrip("-").isdigit() else 1
+    for sibling in item.itersiblings(preceding=True):
+        number += sibling.tag == "li"
+    return f"{number}. "
+
+
+# A table cell holding a heading or a code block is layout, not data: gtk-doc's name + purpose row
+# (`<td><h2>Strings</h2><p>Strings — text buffers...</p></td><td></td>`), its program listings (a cell of
+# line numbers beside a cell holding the <pre>).
+_LAYOUT_CELL = "boolean(.//h1|.//h2|.//h3|.//h4|.//h5|.//h6|.//pre)"
+_LINE_NUMBERS = re.compile(r"\s*\d+(?:\s+\d+)+\s*")
+
+
+def _layout_row(cells: list, out: list, page_level: bool) -> None:
+    """Each cell as a block of its own; empty cells and a cell of line numbers (beside code) left out."""
+    for cell in cells:
+        text = _text(cell)
+        if not text.strip() or _LINE_NUMBERS.fullmatch(text):
+            continue
+        out.append(_PARA)
+        _walk_tree(cell, out, page_level)
+        out.append(_PARA)
 
 
 def render_fragment(html: str) -> str:
@@ -305,7 +459,7 @@ def render_fragment(html: str) -> str:
         return ""
     for el in _chrome_in(root, False):
         if el.getparent() is not None:
-            el.drop_tree()
+            _drop(el)
     etree.strip_tags(root, *INLINE_TAGS)
     return render_tree(root, False)
 

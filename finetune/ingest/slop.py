@@ -93,13 +93,13 @@ DEFAULT_PATTERNS = (
      ("my training", "my knowledge")),
 )
 
-_APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "\u02bc": "'"})
-
-
 def canonical(phrase: str) -> str:
     """The form phrases are counted under: lower case, straight apostrophes, single spaces."""
-    if "\u2019" in phrase or "\u2018" in phrase or "\u02bc" in phrase:
-        phrase = phrase.translate(_APOSTROPHES)
+    # str.replace runs in C; str.translate with a mapping table calls back into Python for every character
+    # (13% of the HTML ingest time on git's manual)
+    for quote in ("\u2019", "\u2018", "\u02bc"):
+        if quote in phrase:
+            phrase = phrase.replace(quote, "'")
     return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
 
 
