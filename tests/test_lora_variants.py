@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from finetune.cli import main as cli_main
-from finetune.errors import RecipeError
+from finetune.errors import ModelError, RecipeError
 from finetune.recipe import load_recipe
 from finetune.train import run_training
 
@@ -442,3 +442,29 @@ def test_changing_a_variant_refuses_to_resume_the_run(make_recipe):
             continue
         with pytest.raises(CheckpointError, match=change.replace("(", r"\(")):
             run_training(load_recipe(recipe, [override, "max_steps=3"]))
+
+
+@pytest.mark.parametrize("init", ["pissa", "pissa_niter_4", "olora"])
+def test_an_unconverted_pissa_or_olora_adapter_is_refused_where_it_would_give_wrong_numbers(tmp_path, init, capsys):
+    """A checkpoint keeps the adapter as it trained (only the final save is converted for the original base):
+    `finetune eval` / merge on it would re-decompose the original base, so "base" and "tuned" were both wrong."""
+    from finetune.model.trained import locate
+
+    folder = tmp_path / "checkpoint"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"init_lora_weights": init, "peft_type": "LORA",
+                                                                "base_model_name_or_path": str(tmp_path)}))
+    with pytest.raises(ModelError, match="Only the run's final adapter is converted"):
+        locate(str(folder))
+    assert cli_main(["eval", str(folder)]) == 2
+    assert "finish the run" in capsys.readouterr().err
+    (folder / "adapter_config.json").write_text(json.dumps({"init_lora_weights": True, "peft_type": "LORA",
+                                                                "base_model_name_or_path": str(tmp_path)}))
+    assert locate(str(folder)).is_adapter  # a converted (final) adapter is found as before
+
+
+def test_the_final_pissa_adapter_is_not_refused(runs):
+    from finetune.model.trained import locate
+
+    recipe, _ = runs["pissa"]
+    assert locate(str(recipe.parent / "out")).is_adapter

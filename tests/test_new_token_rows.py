@@ -91,3 +91,37 @@ def test_merge_and_gguf_export_carry_the_rows(run, capsys):
     gguf = Path(capsys.readouterr().out.strip())
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     torch.testing.assert_close(_logits(loaded, ids), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_continued_adapter_with_tokens_new_to_it_is_refused_in_one_message(run, capsys):
+    """Continuing an adapter keeps its settings, so tokens new to it would not train (and the adapter would save
+    both whole resized matrices): one message, exit 2, naming the way out."""
+    recipe = yaml.safe_load((run / "recipe.yml").read_text())
+    recipe.update(base_model=str(run / "out"), tokens=["<|another|>"], output_dir="out2", max_steps=1)
+    (run / "continue.yml").write_text(yaml.safe_dump(recipe))
+    assert cli_main(["train", str(run / "continue.yml")]) == 2
+    err = capsys.readouterr().err
+    assert "<|another|>" in err and "finetune merge" in err and "Traceback" not in err
+    assert not (run / "out2" / "adapter_model.safetensors").exists()
+
+
+def test_new_rows_under_zero3_on_a_cpu_are_refused_before_peft_fails(tmp_path, tiny_model_dir, monkeypatch):
+    """peft gathers trainable token rows from a ZeRO-3-sharded embedding on CUDA only (its
+    `torch.cuda.current_device()`): on a CPU that was a raw AssertionError; now one ModelError naming the fix."""
+    import transformers.integrations
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from finetune.errors import ModelError
+    from finetune.model.tokens import fit_embeddings
+    from finetune.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict({"base_model": str(tiny_model_dir), "adapter": "lora", "tokens": [TOOL],
+                               "datasets": [{"path": "d.jsonl", "type": "instruction"}]}, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.add_tokens([TOOL])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert fit_embeddings(model, tokenizer, recipe)  # without ZeRO-3: the rows to train
+    monkeypatch.setattr(transformers.integrations, "is_deepspeed_zero3_enabled", lambda: True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ModelError, match="ZeRO-3 on a CPU"):
+            fit_embeddings(model, tokenizer, recipe)

@@ -215,3 +215,19 @@ def test_keys_with_no_finetune_equivalent_exit_1_with_their_own_reason(tmp_path,
     # validate on the axolotl recipe itself names the same reason
     assert main(["validate", str(src)]) == 2
     assert "`use_onebitllms`" in (err := capsys.readouterr().err) and "BitNet 1.58-bit" in err
+
+
+def test_lora_layer_and_rank_patterns_are_kept_for_a_decision(tmp_path, tiny_model_dir, capsys):
+    """peft_layers_to_transform / rank and alpha patterns / trainable token indices change what trains: exit 1,
+    each with its reason (they were dropped with exit 0 or "not in the axolotl table")."""
+    src = tmp_path / "a.yml"
+    keys = {"peft_layers_to_transform": [0, 1], "lora_rank_pattern": {"q_proj": 16},
+            "lora_alpha_pattern": {"q_proj": 32}, "peft_trainable_token_indices": [5, 6]}
+    src.write_text(yaml.safe_dump({"base_model": str(tiny_model_dir), "adapter": "lora", "datasets": [
+        {"path": "d.jsonl", "type": "alpaca"}], **keys}, sort_keys=False))
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "not in the axolotl table" not in err + out.read_text()
+    assert _flat(out.read_text()).count("NEEDS YOUR DECISION") == 4
+    assert "adapts only the listed layers" in err and "their own LoRA rank" in err and "listed token ids" in err

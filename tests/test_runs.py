@@ -394,3 +394,9 @@ def test_the_served_page_shows_a_run_that_appears_without_a_reload(driver, runs,
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_port_out_of_range_is_one_message(tmp_path, capsys):
+    assert main(["runs", str(tmp_path), "--serve", "--port", "70000"]) == 2
+    err = capsys.readouterr().err
+    assert "--port 70000" in err and "Traceback" not in err

@@ -30,6 +30,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve:
         from finetune.runs.server import make_server
 
+        if not 0 <= args.port <= 65535:
+            raise FinetuneError(f"--port {args.port}: a port is 0-65535 (0: any free port)")
+
         try:
             server = make_server(args.folders, port=args.port)
         except OSError as err:

@@ -44,6 +44,7 @@ def fit_embeddings(model, tokenizer, recipe) -> dict[str, list[int]] | None:
     new = tokens_new_to_base(recipe)
     if not new or recipe.adapter == "none":
         return None
+    _check_rows_trainable(recipe, new)
     ids = sorted(set(tokenizer.convert_tokens_to_ids(new)))
     # a tied lm_head follows the embedding's rows (peft ties the two); an untied one gets its own rows
     modules = embedding_module_names(model)[:1 if ties_embeddings(model) else None]
@@ -53,3 +54,25 @@ def fit_embeddings(model, tokenizer, recipe) -> dict[str, list[int]] | None:
         notice(f"new tokens {new}: training their rows of {' and '.join(modules)} alongside the adapter (peft's "
                f"trainable tokens: {len(ids)} row(s) each, saved with the adapter)")
     return {name: ids for name in modules} or None
+
+
+def _check_rows_trainable(recipe, new: list[str]) -> None:
+    """Where peft's trainable token rows cannot go, one message instead of a peft error at its first forward."""
+    from finetune.errors import ModelError
+    from finetune.model.loader import adapter_folder
+
+    folder = adapter_folder(recipe.base_model)
+    if folder is not None:
+        raise ModelError(
+            f"tokens {new} are new to the adapter in {folder}, which this run continues: a continued adapter keeps "
+            "its own settings, so their embedding and lm_head rows would not train (and the adapter would save "
+            "both whole resized matrices). Add the tokens in the run that trained that adapter, or merge it "
+            f"(`finetune merge {folder}`) and set base_model to the merged folder to start a fresh adapter")
+    import torch
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled() and not torch.cuda.is_available():
+        raise ModelError(
+            f"tokens {new} with an adapter under ZeRO-3 on a CPU: peft gathers the new rows from the sharded "
+            "embedding on a CUDA device only. Use `deepspeed: zero2` here (ZeRO-3 with new tokens runs on GPUs), "
+            "or train without the new tokens")

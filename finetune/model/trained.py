@@ -42,13 +42,14 @@ def locate(target: str, overrides: list[str] = (), newest_checkpoint: bool = Fal
     else:
         folder, where = Path(target), f"`{target}`"
     if (folder / "adapter_config.json").is_file():
+        refuse_unconverted(folder)
         return Trained(folder, True, base_model_of(folder, recipe), recipe)
     if (folder / "config.json").is_file():
         return Trained(folder, False, None, recipe)
     newest = newest_checkpoint_of(folder)
     if newest is not None and newest_checkpoint and recipe is not None:
         step, checkpoint = newest
-        found = locate(str(checkpoint))
+        found = locate(str(checkpoint))  # refuses a PiSSA / OLoRA checkpoint (refuse_unconverted)
         return Trained(checkpoint, found.is_adapter, base_model_of(checkpoint, recipe) if found.is_adapter else None,
                        recipe, checkpoint_of=folder, checkpoint_step=step)
     if newest is not None:
@@ -58,6 +59,23 @@ def locate(target: str, overrides: list[str] = (), newest_checkpoint: bool = Fal
         f"adapter) and {folder / 'config.json'} (a full model), and no checkpoint. Train first (`finetune train "
         "RECIPE`), or pass the folder the run wrote."
     )
+
+
+def refuse_unconverted(folder: Path) -> None:
+    """A PiSSA / OLoRA adapter as it trained (a checkpoint: only the final save is converted to plain LoRA for the
+    original base, finetune/model/lora_variants.py) needs its residual base: loading it on the original base makes
+    peft decompose that base again, so the adapter switched off is not the model training started from and the
+    adapter on it is not what trained. One message instead of quietly wrong numbers."""
+    try:
+        init = json.loads((folder / "adapter_config.json").read_text()).get("init_lora_weights")
+    except (OSError, ValueError):
+        return  # unreadable: peft reports it when loading
+    if isinstance(init, str) and (init.startswith("pissa") or init == "olora"):
+        raise ModelError(
+            f"{folder} is a `peft_init_lora_weights: {init}` adapter as it trained (a checkpoint): it applies to the "
+            "base with its starting decomposition taken out, not to the original base, so loading, evaluating or "
+            "merging it here would give wrong numbers. Only the run's final adapter is converted for the original "
+            "base: finish the run (`finetune train RECIPE` resumes from its checkpoint), then use its output_dir")
 
 
 def newest_checkpoint_of(output_dir: Path) -> tuple[int, Path] | None:
@@ -123,6 +141,8 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
     except (OSError, ValueError) as exc:
         raise _not_found(trained.base_source, exc) from None
     if len(tokenizer) > base.get_input_embeddings().num_embeddings:
-        # the run added tokens: the adapter carries the trained embedding / lm_head rows for them
-        base.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+        # the run added tokens: the adapter carries the trained embedding / lm_head rows for them; the base's new
+        # rows start as training started them (transformers' mean_resizing: the old rows' mean, with 1e-5 of their
+        # covariance), so "base" with the adapter switched off is the model the run started from
+        base.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer

@@ -98,7 +98,6 @@ KEYS: dict[str, AxolotlKey] = {
     # peft_use_dora, peft_use_rslora, peft_init_lora_weights, loraplus_lr_ratio, loraplus_lr_embedding: same name,
     # same meaning (recipe/adapter.py; docs/lora.md)
     "lora_on_cpu": AxolotlKey("not in finetune"),
-    "peft_layers_to_transform": AxolotlKey("not in finetune: LoRA adapts the matching modules of every layer"),
     # --- model and tokenizer loading ---
     "model_type": AxolotlKey(_NO_TYPES),
     "tokenizer_type": AxolotlKey(_NO_TYPES),
@@ -219,6 +218,14 @@ for _key, _entry in {
     "lora_target_parameters": _unhonoured("adapts parameters (MoE experts) that are not Linear modules"),
     "peft_layer_replication": _unhonoured("replicates decoder layers before the adapter is added"),
     "loftq_config": _unhonoured("initialises LoRA with LoftQ (and quantizes the base itself)"),
+    "peft_layers_to_transform": _unhonoured("adapts only the listed layers; finetune's LoRA adapts the matching "
+                                            "modules of every layer"),
+    "peft_layers_pattern": _unhonoured("names the layer list `peft_layers_to_transform` indexes"),
+    "lora_rank_pattern": _unhonoured("gives some modules their own LoRA rank"),
+    "lora_alpha_pattern": _unhonoured("gives some modules their own LoRA alpha"),
+    "peft_trainable_token_indices": _unhonoured("trains the embedding rows of the listed token ids; finetune trains "
+                                                "the rows of the tokens the recipe adds (`tokens`, "
+                                                "`special_tokens`) only"),
     "mean_resizing_embeddings": AxolotlKey("not needed: finetune always starts new token rows at the mean of the "
                                            "others"),
 }.items():

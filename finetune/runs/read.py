@@ -24,7 +24,7 @@ MAX_SAMPLES = 200  # completions.jsonl lines kept per run (the newest): the page
 MAX_TEXT = 4000  # characters of one prompt or answer shown
 # log-history keys that are not curves: bookkeeping, speeds (the throughput line says those), end-of-run totals
 NOT_CURVES = ("epoch", "step", "step_losses", "total_flos")
-NOT_CURVE_PARTS = ("per_second", "tflops", "runtime", "peak_rss", "model_preparation_time")
+NOT_CURVE_PARTS = ("per_second", "tflops", "runtime", "peak_rss", "model_preparation_time", "reference_pass_s")
 RESOLVED = ("precision", "learning_rate", "attn_implementation", "compile", "device", "optimizer")
 
 
