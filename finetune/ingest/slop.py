@@ -103,6 +103,21 @@ def canonical(phrase: str) -> str:
     return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
 
 
+def _canonical_words(text: str) -> list[str]:
+    """canonical(text).split(" ") (what canonical() joins), without the join."""
+    for quote in ("\u2019", "\u2018", "\u02bc"):
+        if quote in text:
+            text = text.replace(quote, "'")
+    return text.lower().split()
+
+
+def _anchor(phrase: str) -> str | None:
+    """A word that is a whole word of any canonical text holding `phrase`: an inner word (spaces on both
+    sides), the longest (the rarest, as a rule). None for a phrase of one or two words."""
+    inner = phrase.split(" ")[1:-1]
+    return max(inner, key=len) if inner else None
+
+
 def read_phrase_file(path: str) -> list[str]:
     """One phrase a line; blank lines and lines starting with # are skipped."""
     try:
@@ -132,6 +147,9 @@ class SlopMatcher:
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
     patterns: tuple = ()  # (label, compiled regex over the canonical text, gates)
+    anchors: tuple = ()  # per phrase of `ordered`, its _anchor() (None: always searched)
+    anchor_set: frozenset = frozenset()  # the anchors
+    unanchored: tuple = ()  # the phrases of `ordered` without an anchor, in order
 
     @classmethod
     def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
@@ -144,17 +162,28 @@ class SlopMatcher:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
         patterns = tuple((label, re.compile(rx), gates) for label, rx, gates in DEFAULT_PATTERNS) if builtin else ()
-        return cls(regex, frozenset(canon), tuple(canon), patterns)
+        anchors = tuple(_anchor(p) for p in canon)
+        return cls(regex, frozenset(canon), tuple(canon), patterns, anchors,
+                   frozenset(a for a in anchors if a is not None),
+                   tuple(p for p, a in zip(canon, anchors) if a is None))
 
     def find(self, text: str) -> list[str]:
         """Canonical phrases found in `text`, one entry per occurrence (the longest phrase wins an overlap).
 
-        Plain substring search on the canonical text: ~25x faster than the big alternation regex."""
+        Plain substring search on the canonical text: ~25x faster than the big alternation regex. Only the
+        phrases whose anchor (an inner word) is one of the text's words are searched: one set test over the
+        words instead of a str.find per phrase (most texts hold no anchor at all)."""
         if self.regex is None:
             return []
-        canon = canonical(text)
+        words = _canonical_words(text)
+        canon = " ".join(words)
+        if self.anchor_set.isdisjoint(words):
+            searched = self.unanchored
+        else:
+            present = self.anchor_set.intersection(words)
+            searched = [p for p, a in zip(self.ordered, self.anchors) if a is None or a in present]
         found, taken = [], []
-        for phrase in self.ordered:
+        for phrase in searched:
             start = canon.find(phrase)
             while start >= 0:
                 end = start + len(phrase)
