@@ -112,6 +112,7 @@ class Prepared:
     verdict: tuple[str, str] | None  # (reason, detail)
     phrases: list[str] = field(default_factory=list)  # slop phrases found (dropped or stripped)
     stripped: int = 0  # sentences removed by slop: strip
+    digest: bytes | None = None  # exact dedup's key (stateless, so made here: in the worker, for HTML)
 
 
 class Cleaner:
@@ -149,7 +150,10 @@ class Cleaner:
         cleaned, verdict, phrases, stripped = self._slop(cleaned, shape)
         if verdict is None:
             verdict = self._length(cleaned, shape)
-        return Prepared(where, record, None if verdict else cleaned, shape, verdict, phrases, stripped)
+        if verdict:
+            return Prepared(where, record, None, shape, verdict, phrases, stripped)
+        digest = _digest(self._dedup_text(cleaned, shape)) if self.opts.dedup else None
+        return Prepared(where, record, cleaned, shape, None, phrases, stripped, digest)
 
     def check_kind(self, prep: Prepared) -> None:
         """One output holds one kind of record (supervised, preference or unpaired), as a record file must:
@@ -206,19 +210,26 @@ class Cleaner:
         """Dedup against the records kept so far (and remember this one): None, or why it is dropped."""
         if not (self.opts.dedup or self.near):
             return None
-        fields = sides_key(prep.record, prep.shape) if prep.shape in PREFERENCE_SHAPES else \
-            text_fields(prep.record, prep.shape)
-        joined = "\x1f".join(" ".join(t.split()).lower() for t in fields)  # str.split(): what \s matches, in C
         if self.opts.dedup:
-            digest = hashlib.blake2b(joined.encode(), digest_size=16).digest()
+            digest = prep.digest or _digest(self._dedup_text(prep.record, prep.shape))
             if digest in self.seen:
                 return "duplicate", "same normalized text as an earlier record"
             self.seen.add(digest)
         if self.near is not None:
-            similar = self.near.check_and_add(joined)
+            similar = self.near.check_and_add(self._dedup_text(prep.record, prep.shape))
             if similar is not None:
                 return "near_duplicate", f"about {similar:.0%} similar to an earlier record"
         return None
+
+
+    def _dedup_text(self, record: dict, shape: str) -> str:
+        """The text dedup compares: each field's words, single-spaced and lower case."""
+        fields = sides_key(record, shape) if shape in PREFERENCE_SHAPES else text_fields(record, shape)
+        return "\x1f".join(self.slop.spaced_lower(t) for t in fields)  # str.split(): what \s matches, in C
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _validated(record: object, shape: str | None) -> dict:

@@ -8,7 +8,7 @@ Matching ignores case, runs of whitespace and curly vs straight apostrophes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from finetune.errors import DataError
 
@@ -103,12 +103,14 @@ def canonical(phrase: str) -> str:
     return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
 
 
-def _canonical_words(text: str) -> list[str]:
-    """canonical(text).split(" ") (what canonical() joins), without the join."""
+def _canonical_words(text: str) -> tuple[list[str], bool]:
+    """canonical(text).split(" ") (what canonical() joins), without the join; and whether a curly
+    apostrophe was straightened."""
+    straightened = False
     for quote in ("\u2019", "\u2018", "\u02bc"):
         if quote in text:
-            text = text.replace(quote, "'")
-    return text.lower().split()
+            text, straightened = text.replace(quote, "'"), True
+    return text.lower().split(), straightened
 
 
 def _anchor(phrase: str) -> str | None:
@@ -150,6 +152,9 @@ class SlopMatcher:
     anchors: tuple = ()  # per phrase of `ordered`, its _anchor() (None: always searched)
     anchor_set: frozenset = frozenset()  # the anchors
     unanchored: tuple = ()  # the phrases of `ordered` without an anchor, in order
+    # (text, " ".join(text.split()).lower()) of the last find() with no apostrophe to straighten: dedup's
+    # key of the same text (Cleaner.prepare) is then the canonical text already made
+    last_spaced: tuple = field(default=(None, None), repr=False, compare=False)
 
     @classmethod
     def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
@@ -175,8 +180,11 @@ class SlopMatcher:
         words instead of a str.find per phrase (most texts hold no anchor at all)."""
         if self.regex is None:
             return []
-        words = _canonical_words(text)
+        words, straightened = _canonical_words(text)
         canon = " ".join(words)
+        # " ".join(text.split()).lower() is the same string (checked over every Unicode character: lower()
+        # turns no character into whitespace or back, and Greek final sigma reads no context across spaces)
+        self.last_spaced = (None, None) if straightened else (text, canon)
         if self.anchor_set.isdisjoint(words):
             searched = self.unanchored
         else:
@@ -199,6 +207,11 @@ class SlopMatcher:
                     found.append(label)
                     taken.append(m.span())
         return found
+
+    def spaced_lower(self, text: str) -> str:
+        """" ".join(text.split()).lower(), from the last find() when that was of this very text."""
+        last, spaced = self.last_spaced
+        return spaced if text is last else " ".join(text.split()).lower()
 
     def strip(self, text: str) -> tuple[str, list[str]]:
         """`text` without the sentences that hold a phrase, and the phrases removed."""
