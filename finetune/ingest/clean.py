@@ -35,18 +35,22 @@ _BLANK_LINES = re.compile("\n\n\n+")
 def normalize_text(text: str) -> str:
     """NFC, \\r\\n -> \\n, no control or zero-width characters, single spaces, at most one blank line."""
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub("", text)
+    # One scan for both character classes: most texts hold neither a control character nor an odd space
+    odd = _CONTROL_OR_ODD.search(text) is not None
+    if odd:
+        text = _CONTROL.sub("", text)
     if "```" in text:  # keep code indentation: only tidy outside fenced blocks
         parts = text.split("```")
-        parts[0::2] = [_tidy(p, strip=False) for p in parts[0::2]]
+        parts[0::2] = [_tidy(p, strip=False, odd=odd) for p in parts[0::2]]
         return "```".join(parts).strip()
-    return _tidy(text, strip=True)
+    return _tidy(text, strip=True, odd=odd)
 
 
-def _tidy(text: str, strip: bool) -> str:
+def _tidy(text: str, strip: bool, odd: bool = True) -> str:
     # Each regex runs only when a C-level substring test says it has work: a pattern whose first
     # character is a space is tried at every space of the text, which made this the costliest step.
-    if _needs_inline_tidy(text):
+    # odd=False: the caller knows the text holds no tab or odd space.
+    if "  " in text or odd and _ODD_SPACES.search(text) is not None:
         text = _INLINE_SPACE.sub(" ", text)
     if " \n" in text or "\t\n" in text:
         text = _TRAILING.sub("\n", text)
@@ -56,10 +60,9 @@ def _tidy(text: str, strip: bool) -> str:
 
 
 _ODD_SPACES = re.compile("[\t\u00a0\u2000-\u200a\u202f\u205f\u3000]")
-
-
-def _needs_inline_tidy(text: str) -> bool:
-    return "  " in text or _ODD_SPACES.search(text) is not None
+# _CONTROL and _ODD_SPACES together
+_CONTROL_OR_ODD = re.compile("[\x00-\x09\x0b\x0c\x0e-\x1f\x7f-\x9f\u00a0\u2000-\u200d\u202f\u205f\u2060"
+                             "\u3000\ufeff]")
 
 
 def text_fields(record: dict, shape: str) -> list[str]:

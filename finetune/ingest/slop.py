@@ -93,30 +93,24 @@ DEFAULT_PATTERNS = (
      ("my training", "my knowledge")),
 )
 
+_CURLY = ("\u2019", "\u2018", "\u02bc")  # apostrophes read as '
+
+
 def canonical(phrase: str) -> str:
     """The form phrases are counted under: lower case, straight apostrophes, single spaces."""
     # str.replace runs in C; str.translate with a mapping table calls back into Python for every character
     # (13% of the HTML ingest time on git's manual)
-    for quote in ("\u2019", "\u2018", "\u02bc"):
+    for quote in _CURLY:
         if quote in phrase:
             phrase = phrase.replace(quote, "'")
     return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
 
 
-def _canonical_words(text: str) -> tuple[list[str], bool]:
-    """canonical(text).split(" ") (what canonical() joins), without the join; and whether a curly
-    apostrophe was straightened."""
-    straightened = False
-    for quote in ("\u2019", "\u2018", "\u02bc"):
-        if quote in text:
-            text, straightened = text.replace(quote, "'"), True
-    return text.lower().split(), straightened
-
-
 def _anchor(phrase: str) -> str | None:
     """A word that is a whole word of any canonical text holding `phrase`: an inner word (spaces on both
-    sides), the longest (the rarest, as a rule). None for a phrase of one or two words."""
-    inner = phrase.split(" ")[1:-1]
+    sides), the longest (the rarest, as a rule), without an apostrophe (so that it is a word of the text
+    before its apostrophes are straightened too). None for a phrase of one or two words."""
+    inner = [w for w in phrase.split(" ")[1:-1] if "'" not in w]
     return max(inner, key=len) if inner else None
 
 
@@ -152,8 +146,8 @@ class SlopMatcher:
     anchors: tuple = ()  # per phrase of `ordered`, its _anchor() (None: always searched)
     anchor_set: frozenset = frozenset()  # the anchors
     unanchored: tuple = ()  # the phrases of `ordered` without an anchor, in order
-    # (text, " ".join(text.split()).lower()) of the last find() with no apostrophe to straighten: dedup's
-    # key of the same text (Cleaner.prepare) is then the canonical text already made
+    # (text, " ".join(text.split()).lower()) of the last find(): dedup's key of the same text
+    # (Cleaner.prepare) is the canonical text before its apostrophes are straightened
     last_spaced: tuple = field(default=(None, None), repr=False, compare=False)
 
     @classmethod
@@ -180,11 +174,16 @@ class SlopMatcher:
         words instead of a str.find per phrase (most texts hold no anchor at all)."""
         if self.regex is None:
             return []
-        words, straightened = _canonical_words(text)
-        canon = " ".join(words)
-        # " ".join(text.split()).lower() is the same string (checked over every Unicode character: lower()
-        # turns no character into whitespace or back, and Greek final sigma reads no context across spaces)
-        self.last_spaced = (None, None) if straightened else (text, canon)
+        # canonical(text), in another order: lower() and the apostrophes commute (they have no case, and
+        # Greek final sigma reads them as it reads "'"), and so do lower() and the spaces (lower() turns no
+        # character into whitespace or back: checked over every code point; final sigma reads no context
+        # across a space). The text before straightening is " ".join(text.split()).lower(): dedup's key.
+        words = text.lower().split()
+        spaced = canon = " ".join(words)
+        for quote in _CURLY:
+            if quote in canon:
+                canon = canon.replace(quote, "'")
+        self.last_spaced = (text, spaced)
         if self.anchor_set.isdisjoint(words):
             searched = self.unanchored
         else:
