@@ -70,27 +70,33 @@ DEFAULT_PHRASES = (
 # researcher", "AI assistants are useful" and "as an assistant professor" do not match.
 _AN_AI = (r"(?:an? |just an? |only an? |merely an? )(?:ai|artificial intelligence)"
           r"(?: (?:language model|assistant|model|chatbot|system|program))?")
-# (label, regex, gates): the regex runs only on a text holding one of its gates. A regex that starts with
-# an alternation is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan.
+# (label, regex, gates, words): the regex runs only on a text holding one of its gates and (when `words`
+# is not empty) one of `words` as a whole word. A regex that starts with an alternation is tried at every
+# position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan; a word test is a hash lookup per word
+# of the text (one set test for all of them). `words` are words the regex holds between two literal spaces
+# (so a match has one of them as a whole word of the canonical text), without an apostrophe.
 DEFAULT_PATTERNS = (
     ("as / i am an ai [assistant|model], ...",
      rf"\b(?:as|i am|i'm) {_AN_AI}(?=[,;:.!]|$| so\b| i\b| i'm\b| without\b| developed\b| created\b| trained\b"
-     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel")),
+     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel"),
+     ()),
     ("i don't have personal preferences / feelings / ...",
      r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
-     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own ")),
+     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own "),
+     ("personal", "own")),
     ("i am unable to browse / access the internet",
      r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
-     r"the (?:internet|web)\b", ("the internet", "the web")),
+     r"the (?:internet|web)\b", ("the internet", "the web"), ("browse", "access", "search")),
     # the speaker's own maker, not a fact about a company's product ("Whisper, developed by OpenAI, ..."): "I am
     # ChatGPT, a large language model trained by OpenAI", "I was created by OpenAI"; the words between name the
     # speaker (no "that" / "was": "I was reading that GPT-2 was trained by OpenAI" is about GPT-2)
     ("i am / was ... trained / developed / created by openai",
      r"\bi(?: am|'m| was|'ve been| have been)(?: (?!that\b|was\b|is\b|were\b|are\b|which\b|who\b|about\b)"
-     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", ("by openai",)),
+     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", ("by openai",),
+     ("trained", "developed", "created", "built", "made")),
     ("my training data goes up to ...",
      r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
-     ("my training", "my knowledge")),
+     ("my training", "my knowledge"), ("goes", "extends", "runs")),
 )
 
 _CURLY = ("\u2019", "\u2018", "\u02bc")  # apostrophes read as '
@@ -142,7 +148,7 @@ class SlopMatcher:
     regex: re.Pattern | None
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
-    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates)
+    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates, frozenset of words)
     anchors: tuple = ()  # per phrase of `ordered`, its _anchor() (None: always searched)
     anchor_set: frozenset = frozenset()  # the anchors
     unanchored: tuple = ()  # the phrases of `ordered` without an anchor, in order
@@ -160,7 +166,8 @@ class SlopMatcher:
         if not canon:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
-        patterns = tuple((label, re.compile(rx), gates) for label, rx, gates in DEFAULT_PATTERNS) if builtin else ()
+        patterns = tuple((label, re.compile(rx), gates, frozenset(words))
+                         for label, rx, gates, words in DEFAULT_PATTERNS) if builtin else ()
         anchors = tuple(_anchor(p) for p in canon)
         return cls(regex, frozenset(canon), tuple(canon), patterns, anchors,
                    frozenset(a for a in anchors if a is not None),
@@ -198,8 +205,13 @@ class SlopMatcher:
                     found.append(phrase)
                     taken.append((start, end))
                 start = canon.find(phrase, start + 1)
-        for label, rx, gates in self.patterns:  # after the phrases: an overlap counts once, under the phrase
-            if not any(gate in canon for gate in gates):
+        for label, rx, gates, pattern_words in self.patterns:  # after the phrases: an overlap counts once
+            if pattern_words and pattern_words.isdisjoint(words):
+                continue
+            for gate in gates:
+                if gate in canon:
+                    break
+            else:
                 continue
             for m in rx.finditer(canon):
                 if not any(a < m.end() and m.start() < b for a, b in taken):
