@@ -70,33 +70,35 @@ DEFAULT_PHRASES = (
 # researcher", "AI assistants are useful" and "as an assistant professor" do not match.
 _AN_AI = (r"(?:an? |just an? |only an? |merely an? )(?:ai|artificial intelligence)"
           r"(?: (?:language model|assistant|model|chatbot|system|program))?")
-# (label, regex, gates, words): the regex runs only on a text holding one of its gates and (when `words`
-# is not empty) one of `words` as a whole word. A regex that starts with an alternation is tried at every
-# position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan; a word test is a hash lookup per word
-# of the text (one set test for all of them). `words` are words the regex holds between two literal spaces
-# (so a match has one of them as a whole word of the canonical text), without an apostrophe.
+# (label, regex, gates, words): the regex runs only on a text holding, for each group of `gates`, one of
+# its strings, and for each group of `words`, one of its words as a whole word. A regex that starts with an
+# alternation or \b is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C
+# scan; the word tests read one set intersection per text. `words` are words the regex holds between two
+# literal spaces (so a match has one of them as a whole word of the canonical text), without an apostrophe.
 DEFAULT_PATTERNS = (
     ("as / i am an ai [assistant|model], ...",
      rf"\b(?:as|i am|i'm) {_AN_AI}(?=[,;:.!]|$| so\b| i\b| i'm\b| without\b| developed\b| created\b| trained\b"
-     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel"),
-     ()),
+     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)",
+     (("a ai", "an ai", "artificial intel"),), ()),
     ("i don't have personal preferences / feelings / ...",
      r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
-     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own "),
-     ("personal", "own")),
+     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b",
+     (("personal ", "my own "), ("i do not ", "i don't ", "i cannot ", "i can't ")),
+     (("personal", "own"), ("have", "hold", "form", "experience"))),
     ("i am unable to browse / access the internet",
      r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
-     r"the (?:internet|web)\b", ("the internet", "the web"), ("browse", "access", "search")),
+     r"the (?:internet|web)\b", (("the internet", "the web"), ("browse the ", "access the ", "search the ")),
+     (("browse", "access", "search"),)),
     # the speaker's own maker, not a fact about a company's product ("Whisper, developed by OpenAI, ..."): "I am
     # ChatGPT, a large language model trained by OpenAI", "I was created by OpenAI"; the words between name the
     # speaker (no "that" / "was": "I was reading that GPT-2 was trained by OpenAI" is about GPT-2)
     ("i am / was ... trained / developed / created by openai",
      r"\bi(?: am|'m| was|'ve been| have been)(?: (?!that\b|was\b|is\b|were\b|are\b|which\b|who\b|about\b)"
-     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", ("by openai",),
-     ("trained", "developed", "created", "built", "made")),
+     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", (("by openai",),),
+     (("trained", "developed", "created", "built", "made"),)),
     ("my training data goes up to ...",
      r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
-     ("my training", "my knowledge"), ("goes", "extends", "runs")),
+     (("my training", "my knowledge"),), (("training", "knowledge"), ("goes", "extends", "runs"))),
 )
 
 _CURLY = ("\u2019", "\u2018", "\u02bc")  # apostrophes read as '
@@ -147,7 +149,7 @@ class SlopMatcher:
     regex: re.Pattern | None
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
-    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates, frozenset of words)
+    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates, frozensets of words)
     needs: tuple = ()  # per phrase of `ordered`, its _inner_words() (empty: always searched)
     gate_words: frozenset = frozenset()  # every word of `needs` and of the patterns' words
     # (text, " ".join(text.split()).lower()) of the last find(): dedup's key of the same text
@@ -164,10 +166,10 @@ class SlopMatcher:
         if not canon:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
-        patterns = tuple((label, re.compile(rx), gates, frozenset(words))
+        patterns = tuple((label, re.compile(rx), gates, tuple(map(frozenset, words)))
                          for label, rx, gates, words in DEFAULT_PATTERNS) if builtin else ()
         needs = tuple(_inner_words(p) for p in canon)
-        gate_words = frozenset().union(*needs, *(words for *_, words in patterns))
+        gate_words = frozenset().union(*needs, *(group for *_, words in patterns for group in words))
         return cls(regex, frozenset(canon), tuple(canon), patterns, needs, gate_words)
 
     def find(self, text: str) -> list[str]:
@@ -201,12 +203,8 @@ class SlopMatcher:
                     taken.append((start, end))
                 start = canon.find(phrase, start + 1)
         for label, rx, gates, pattern_words in self.patterns:  # after the phrases: an overlap counts once
-            if pattern_words and pattern_words.isdisjoint(present):
-                continue
-            for gate in gates:
-                if gate in canon:
-                    break
-            else:
+            if any(group.isdisjoint(present) for group in pattern_words) or not all(
+                    _any_in(group, canon) for group in gates):
                 continue
             for m in rx.finditer(canon):
                 if not any(a < m.end() and m.start() < b for a, b in taken):
@@ -239,6 +237,13 @@ class SlopMatcher:
             if kept:
                 kept_lines.append(" ".join(s.strip() for s in kept))
         return "\n".join(kept_lines).strip(), found
+
+
+def _any_in(strings: tuple, text: str) -> bool:
+    for string in strings:  # a loop, not any(generator): this runs for every record
+        if string in text:
+            return True
+    return False
 
 
 def _bounded(text: str, start: int, end: int, phrase: str) -> bool:
