@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
         print("\n".join(DEFAULT_PHRASES))
         print("# patterns (regular expressions over the lower-cased text), each counted under its label:")
-        print("\n".join(f"# {label}: {regex}" for label, regex, _ in DEFAULT_PATTERNS))
+        print("\n".join(f"# {label}: {regex}" for label, regex, *_ in DEFAULT_PATTERNS))
         return 0
     from finetune.ingest.pipeline import ingest, sidecar_paths
     from finetune.ingest.report import skipped_line, summary_table

@@ -35,18 +35,22 @@ _BLANK_LINES = re.compile("\n\n\n+")
 def normalize_text(text: str) -> str:
     """NFC, \\r\\n -> \\n, no control or zero-width characters, single spaces, at most one blank line."""
     text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
-    text = _CONTROL.sub("", text)
+    # One scan for both character classes: most texts hold neither a control character nor an odd space
+    odd = _CONTROL_OR_ODD.search(text) is not None
+    if odd:
+        text = _CONTROL.sub("", text)
     if "```" in text:  # keep code indentation: only tidy outside fenced blocks
         parts = text.split("```")
-        parts[0::2] = [_tidy(p, strip=False) for p in parts[0::2]]
+        parts[0::2] = [_tidy(p, strip=False, odd=odd) for p in parts[0::2]]
         return "```".join(parts).strip()
-    return _tidy(text, strip=True)
+    return _tidy(text, strip=True, odd=odd)
 
 
-def _tidy(text: str, strip: bool) -> str:
+def _tidy(text: str, strip: bool, odd: bool = True) -> str:
     # Each regex runs only when a C-level substring test says it has work: a pattern whose first
     # character is a space is tried at every space of the text, which made this the costliest step.
-    if _needs_inline_tidy(text):
+    # odd=False: the caller knows the text holds no tab or odd space.
+    if "  " in text or odd and _ODD_SPACES.search(text) is not None:
         text = _INLINE_SPACE.sub(" ", text)
     if " \n" in text or "\t\n" in text:
         text = _TRAILING.sub("\n", text)
@@ -56,10 +60,9 @@ def _tidy(text: str, strip: bool) -> str:
 
 
 _ODD_SPACES = re.compile("[\t\u00a0\u2000-\u200a\u202f\u205f\u3000]")
-
-
-def _needs_inline_tidy(text: str) -> bool:
-    return "  " in text or _ODD_SPACES.search(text) is not None
+# _CONTROL and _ODD_SPACES together
+_CONTROL_OR_ODD = re.compile("[\x00-\x09\x0b\x0c\x0e-\x1f\x7f-\x9f\u00a0\u2000-\u200d\u202f\u205f\u2060"
+                             "\u3000\ufeff]")
 
 
 def text_fields(record: dict, shape: str) -> list[str]:
@@ -112,6 +115,7 @@ class Prepared:
     verdict: tuple[str, str] | None  # (reason, detail)
     phrases: list[str] = field(default_factory=list)  # slop phrases found (dropped or stripped)
     stripped: int = 0  # sentences removed by slop: strip
+    digest: bytes | None = None  # exact dedup's key (stateless, so made here: in the worker, for HTML)
 
 
 class Cleaner:
@@ -149,7 +153,10 @@ class Cleaner:
         cleaned, verdict, phrases, stripped = self._slop(cleaned, shape)
         if verdict is None:
             verdict = self._length(cleaned, shape)
-        return Prepared(where, record, None if verdict else cleaned, shape, verdict, phrases, stripped)
+        if verdict:
+            return Prepared(where, record, None, shape, verdict, phrases, stripped)
+        digest = _digest(self._dedup_text(cleaned, shape)) if self.opts.dedup else None
+        return Prepared(where, record, cleaned, shape, None, phrases, stripped, digest)
 
     def check_kind(self, prep: Prepared) -> None:
         """One output holds one kind of record (supervised, preference or unpaired), as a record file must:
@@ -206,19 +213,26 @@ class Cleaner:
         """Dedup against the records kept so far (and remember this one): None, or why it is dropped."""
         if not (self.opts.dedup or self.near):
             return None
-        fields = sides_key(prep.record, prep.shape) if prep.shape in PREFERENCE_SHAPES else \
-            text_fields(prep.record, prep.shape)
-        joined = "\x1f".join(" ".join(t.split()).lower() for t in fields)  # str.split(): what \s matches, in C
         if self.opts.dedup:
-            digest = hashlib.blake2b(joined.encode(), digest_size=16).digest()
+            digest = prep.digest or _digest(self._dedup_text(prep.record, prep.shape))
             if digest in self.seen:
                 return "duplicate", "same normalized text as an earlier record"
             self.seen.add(digest)
         if self.near is not None:
-            similar = self.near.check_and_add(joined)
+            similar = self.near.check_and_add(self._dedup_text(prep.record, prep.shape))
             if similar is not None:
                 return "near_duplicate", f"about {similar:.0%} similar to an earlier record"
         return None
+
+
+    def _dedup_text(self, record: dict, shape: str) -> str:
+        """The text dedup compares: each field's words, single-spaced and lower case."""
+        fields = sides_key(record, shape) if shape in PREFERENCE_SHAPES else text_fields(record, shape)
+        return "\x1f".join(self.slop.spaced_lower(t) for t in fields)  # str.split(): what \s matches, in C
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _validated(record: object, shape: str | None) -> dict:

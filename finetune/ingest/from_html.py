@@ -77,7 +77,8 @@ def read_page(path: str, opts: IngestOptions) -> Page | list:
     page = prune_to_main(text)
     body = render_tree(page.main, page.page_level) if page.main is not None else ""
     redirect = page.refresh
-    if not redirect and len(body.split()) <= STUB_MAX_WORDS and _MOVED.search(body):
+    # maxsplit: counting a page's words up to one past the limit, not all of them (3% of the CLI time)
+    if not redirect and len(body.split(maxsplit=STUB_MAX_WORDS)) <= STUB_MAX_WORDS and _MOVED.search(body):
         redirect = "elsewhere"
     return Page(page.title, body, page.chars, page.link_chars, page.had_text, redirect, page.toc_chars)
 

@@ -8,7 +8,7 @@ Matching ignores case, runs of whitespace and curly vs straight apostrophes.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from finetune.errors import DataError
 
@@ -70,37 +70,55 @@ DEFAULT_PHRASES = (
 # researcher", "AI assistants are useful" and "as an assistant professor" do not match.
 _AN_AI = (r"(?:an? |just an? |only an? |merely an? )(?:ai|artificial intelligence)"
           r"(?: (?:language model|assistant|model|chatbot|system|program))?")
-# (label, regex, gates): the regex runs only on a text holding one of its gates. A regex that starts with
-# an alternation is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C scan.
+# (label, regex, gates, words): the regex runs only on a text holding, for each group of `gates`, one of
+# its strings, and for each group of `words`, one of its words as a whole word. A regex that starts with an
+# alternation or \b is tried at every position of the text (~0.8 ms on a 7 KB page, each); `in` is a C
+# scan; the word tests read one set intersection per text. `words` are words the regex holds between two
+# literal spaces (so a match has one of them as a whole word of the canonical text), without an apostrophe.
 DEFAULT_PATTERNS = (
     ("as / i am an ai [assistant|model], ...",
      rf"\b(?:as|i am|i'm) {_AN_AI}(?=[,;:.!]|$| so\b| i\b| i'm\b| without\b| developed\b| created\b| trained\b"
-     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)", ("a ai", "an ai", "artificial intel")),
+     r"| built\b| and (?:i|do|don't|cannot|can't|have|lack|am|therefore)\b)",
+     (("a ai", "an ai", "artificial intel"),), ()),
     ("i don't have personal preferences / feelings / ...",
      r"\bi (?:do not|don't|cannot|can't) (?:have|hold|form|experience) (?:any )?(?:personal|my own) "
-     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b", ("personal ", "my own ")),
+     r"(?:preferences|feelings|emotions|opinions|beliefs|experiences|tastes|views)\b",
+     (("personal ", "my own "), ("i do not ", "i don't ", "i cannot ", "i can't ")),
+     (("personal", "own"), ("have", "hold", "form", "experience"))),
     ("i am unable to browse / access the internet",
      r"\bi(?: am|'m)? (?:not able to|unable to|cannot|can't|do not|don't) (?:browse|access|search) "
-     r"the (?:internet|web)\b", ("the internet", "the web")),
+     r"the (?:internet|web)\b", (("the internet", "the web"), ("browse the ", "access the ", "search the ")),
+     (("browse", "access", "search"),)),
     # the speaker's own maker, not a fact about a company's product ("Whisper, developed by OpenAI, ..."): "I am
     # ChatGPT, a large language model trained by OpenAI", "I was created by OpenAI"; the words between name the
     # speaker (no "that" / "was": "I was reading that GPT-2 was trained by OpenAI" is about GPT-2)
     ("i am / was ... trained / developed / created by openai",
      r"\bi(?: am|'m| was|'ve been| have been)(?: (?!that\b|was\b|is\b|were\b|are\b|which\b|who\b|about\b)"
-     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", ("by openai",)),
+     r"[\w-]+,?){0,6}? (?:trained|developed|created|built|made) by openai\b", (("by openai",),),
+     (("trained", "developed", "created", "built", "made"),)),
     ("my training data goes up to ...",
      r"\bmy (?:training data|training|knowledge) (?:only )?(?:goes|extends|runs) (?:up )?(?:to|until|through)\b",
-     ("my training", "my knowledge")),
+     (("my training", "my knowledge"),), (("training", "knowledge"), ("goes", "extends", "runs"))),
 )
+
+_CURLY = ("\u2019", "\u2018", "\u02bc")  # apostrophes read as '
+
 
 def canonical(phrase: str) -> str:
     """The form phrases are counted under: lower case, straight apostrophes, single spaces."""
     # str.replace runs in C; str.translate with a mapping table calls back into Python for every character
     # (13% of the HTML ingest time on git's manual)
-    for quote in ("\u2019", "\u2018", "\u02bc"):
+    for quote in _CURLY:
         if quote in phrase:
             phrase = phrase.replace(quote, "'")
     return " ".join(phrase.lower().split())  # str.split() splits on exactly what \s matches, in C
+
+
+def _inner_words(phrase: str) -> frozenset:
+    """Words that are whole words of any canonical text holding `phrase`: its inner words (spaces on both
+    sides) without an apostrophe (so that they are words of the text before its apostrophes are straightened
+    too). Empty for a phrase of one or two words."""
+    return frozenset(w for w in phrase.split(" ")[1:-1] if "'" not in w)
 
 
 def read_phrase_file(path: str) -> list[str]:
@@ -131,7 +149,12 @@ class SlopMatcher:
     regex: re.Pattern | None
     phrases: frozenset
     ordered: tuple = ()  # canonical phrases, longest first
-    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates)
+    patterns: tuple = ()  # (label, compiled regex over the canonical text, gates, frozensets of words)
+    needs: tuple = ()  # per phrase of `ordered`, its _inner_words() (empty: always searched)
+    gate_words: frozenset = frozenset()  # every word of `needs` and of the patterns' words
+    # (text, " ".join(text.split()).lower()) of the last find(): dedup's key of the same text
+    # (Cleaner.prepare) is the canonical text before its apostrophes are straightened
+    last_spaced: tuple = field(default=(None, None), repr=False, compare=False)
 
     @classmethod
     def build(cls, builtin: bool = True, extra: tuple = (), files: tuple = ()) -> "SlopMatcher":
@@ -143,18 +166,35 @@ class SlopMatcher:
         if not canon:
             return cls(None, frozenset())
         regex = re.compile("|".join(_phrase_pattern(p) for p in canon), re.IGNORECASE)
-        patterns = tuple((label, re.compile(rx), gates) for label, rx, gates in DEFAULT_PATTERNS) if builtin else ()
-        return cls(regex, frozenset(canon), tuple(canon), patterns)
+        patterns = tuple((label, re.compile(rx), gates, tuple(map(frozenset, words)))
+                         for label, rx, gates, words in DEFAULT_PATTERNS) if builtin else ()
+        needs = tuple(_inner_words(p) for p in canon)
+        gate_words = frozenset().union(*needs, *(group for *_, words in patterns for group in words))
+        return cls(regex, frozenset(canon), tuple(canon), patterns, needs, gate_words)
 
     def find(self, text: str) -> list[str]:
         """Canonical phrases found in `text`, one entry per occurrence (the longest phrase wins an overlap).
 
-        Plain substring search on the canonical text: ~25x faster than the big alternation regex."""
+        Plain substring search on the canonical text: ~25x faster than the big alternation regex. Only the
+        phrases whose inner words are all words of the text are searched, and only the patterns one of whose
+        words is: one set intersection over the text's words instead of a str.find per phrase."""
         if self.regex is None:
             return []
-        canon = canonical(text)
+        # canonical(text), in another order: lower() and the apostrophes commute (they have no case, and
+        # Greek final sigma reads them as it reads "'"), and so do lower() and the spaces (lower() turns no
+        # character into whitespace or back: checked over every code point; final sigma reads no context
+        # across a space). The text before straightening is " ".join(text.split()).lower(): dedup's key.
+        words = text.lower().split()
+        spaced = canon = " ".join(words)
+        for quote in _CURLY:
+            if quote in canon:
+                canon = canon.replace(quote, "'")
+        self.last_spaced = (text, spaced)
+        present = self.gate_words.intersection(words)
         found, taken = [], []
-        for phrase in self.ordered:
+        for phrase, need in zip(self.ordered, self.needs):
+            if not need <= present:
+                continue
             start = canon.find(phrase)
             while start >= 0:
                 end = start + len(phrase)
@@ -162,14 +202,20 @@ class SlopMatcher:
                     found.append(phrase)
                     taken.append((start, end))
                 start = canon.find(phrase, start + 1)
-        for label, rx, gates in self.patterns:  # after the phrases: an overlap counts once, under the phrase
-            if not any(gate in canon for gate in gates):
+        for label, rx, gates, pattern_words in self.patterns:  # after the phrases: an overlap counts once
+            if any(group.isdisjoint(present) for group in pattern_words) or not all(
+                    _any_in(group, canon) for group in gates):
                 continue
             for m in rx.finditer(canon):
                 if not any(a < m.end() and m.start() < b for a, b in taken):
                     found.append(label)
                     taken.append(m.span())
         return found
+
+    def spaced_lower(self, text: str) -> str:
+        """" ".join(text.split()).lower(), from the last find() when that was of this very text."""
+        last, spaced = self.last_spaced
+        return spaced if text is last else " ".join(text.split()).lower()
 
     def strip(self, text: str) -> tuple[str, list[str]]:
         """`text` without the sentences that hold a phrase, and the phrases removed."""
@@ -191,6 +237,13 @@ class SlopMatcher:
             if kept:
                 kept_lines.append(" ".join(s.strip() for s in kept))
         return "\n".join(kept_lines).strip(), found
+
+
+def _any_in(strings: tuple, text: str) -> bool:
+    for string in strings:  # a loop, not any(generator): this runs for every record
+        if string in text:
+            return True
+    return False
 
 
 def _bounded(text: str, start: int, end: int, phrase: str) -> bool:
