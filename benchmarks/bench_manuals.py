@@ -155,15 +155,7 @@ def _naive(html: str) -> str:
     return BeautifulSoup(html, "lxml").get_text()
 
 
-def timed(*fns, repeat: int) -> list[float]:
-    """Best wall time of each function, the functions run in alternation `repeat` times."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for i, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+from bench_sites import timed  # noqa: E402  (best of each, run in alternation: the same bar as bench_sites)
 
 
 def speed(folder: str, paths: list[str], workers: int, repeat: int) -> dict:
