@@ -33,21 +33,6 @@ def _default_log_level():
     yield
 
 
-_ABSENT_AT_START = {name for name in ("bitsandbytes", "deepspeed") if name in sys.modules and sys.modules[name] is None}
-
-
-@pytest.fixture(autouse=True)
-def _optional_libraries_restored():
-    """`finetune train` in-process marks the libraries its recipe does not use absent (sys.modules[name] = None,
-    finetune/train/imports.py): meant for one process, one recipe. A later test in the same process (a pytest-xdist
-    worker) that trains QLoRA would then read "bitsandbytes is not installed"; undo those marks after each test
-    (also the ones a module-scoped fixture's training left)."""
-    yield
-    for name in ("bitsandbytes", "deepspeed"):
-        if name in sys.modules and sys.modules[name] is None and name not in _ABSENT_AT_START:
-            del sys.modules[name]
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")

@@ -61,3 +61,24 @@ def test_train_command_trains_without_importing_unused_libraries(make_recipe, tm
     else:
         assert imported.strip() == "[]", imported
         assert "start-up: not importing bitsandbytes, deepspeed" in proc.stderr
+
+
+def test_the_absent_marks_last_only_as_long_as_the_train_command(make_recipe, monkeypatch):
+    """A notebook that trains a LoRA recipe and then a QLoRA one through the CLI in one Python: the first command's
+    "bitsandbytes is not installed" mark must not outlive it (it did: the second run was refused)."""
+    import importlib.util
+
+    from finetune.cli import main
+
+    monkeypatch.delenv("FINETUNE_IMPORT_ALL", raising=False)
+    if "bitsandbytes" in sys.modules:
+        pytest.skip("bitsandbytes is imported in this process already: the command leaves it alone")
+    assert importlib.util.find_spec("bitsandbytes") is not None, "the test extra installs bitsandbytes"
+    recipe = make_recipe("chat", n=8, adapter="lora", lora_r=4, max_steps=1, micro_batch_size=4)
+    seen = []
+    monkeypatch.setattr("finetune.train.run.run_training",  # what a run sees while the command runs
+                        lambda recipe: seen.append(importlib.util.find_spec("bitsandbytes")))
+    monkeypatch.setattr("finetune.commands.train.write_run_page", lambda output_dir: None)
+    assert main(["train", str(recipe)]) == 0
+    assert seen == [None]  # absent for the LoRA run...
+    assert importlib.util.find_spec("bitsandbytes") is not None  # ...and back once the command is done

@@ -23,9 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune.train.imports import skip_unused_libraries
+    from finetune.train.imports import restore_libraries, skip_unused_libraries
     from finetune.train.launch import check_deepspeed_installed, inside_launch, launch, single_process_env
-    from finetune.train.run import run_training
 
     launching = args.num_processes is not None and not inside_launch()
     # validated here, before any process starts, for the process count it will run with
@@ -39,7 +38,15 @@ def run(args: argparse.Namespace) -> int:
     if skipped:
         get_logger(__name__).info(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "
             f"{'them' if len(skipped) > 1 else 'it'}; FINETUNE_IMPORT_ALL=1 imports every library)")
+    try:
+        return _train(recipe)
+    finally:  # the marks are for this command's recipe: a later command in the same Python (a notebook) has its own
+        restore_libraries(skipped)
+
+
+def _train(recipe) -> int:
     from finetune.train.checkpoints import NothingToTrain
+    from finetune.train.run import run_training
 
     try:
         run_training(recipe)

@@ -9,8 +9,8 @@ The command line (finetune/commands/train.py) knows the recipe before anything h
 the unused ones absent the way Python's import system documents: a `None` entry in `sys.modules` makes
 `import name` raise ImportError and `importlib.util.find_spec(name)` return None, which is exactly what peft,
 transformers and accelerate check ("not installed"). Only that one process, which runs this one recipe, is
-affected; the library (`run_training`) never does this, so a Python session that trains several recipes keeps
-every library. `FINETUNE_IMPORT_ALL=1` turns it off.
+affected, for as long as its command runs (restore_libraries); the library (`run_training`) never does this.
+`FINETUNE_IMPORT_ALL=1` turns it off.
 """
 
 from __future__ import annotations
@@ -62,3 +62,11 @@ def skip_unused_libraries(recipe) -> list[str]:
         sys.modules[name] = None  # documented import-system behaviour: "not installed" for this process
         skipped.append(name)
     return skipped
+
+
+def restore_libraries(names: list[str]) -> None:
+    """Undo skip_unused_libraries' marks once its command is done: a notebook that trains a LoRA recipe, then a
+    QLoRA one, in the same Python must find bitsandbytes the second time."""
+    for name in names:
+        if name in sys.modules and sys.modules[name] is None:
+            del sys.modules[name]
