@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from finetune.errors import DataError
-from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main, render_fragment, render_tree
+from finetune.ingest.html_render import render_fragment, render_tree
+from finetune.ingest.html_text import decode_html, is_binary, parse, prune_to_main
 from finetune.ingest.mapping import mapping_shape, to_record
 from finetune.ingest.options import PARALLEL_MIN_FILES, IngestOptions
 from finetune.ingest.report import Reject
