@@ -15,6 +15,7 @@ from pathlib import PurePath
 from typing import Any, Callable
 
 from finetune.port import grpo
+from finetune.port.axolotl_unhonoured import UNHONOURED
 from finetune.port.preference import method as preference, records as preference_records
 
 Settings = dict[str, Any]
@@ -186,50 +187,12 @@ def _unhonoured(what: str) -> AxolotlKey:
                       "train without it, or keep training this recipe with axolotl", blocks=True)
 
 
-# Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit above: set, each of these changes the
-# weights, the loss or the tokens trained, so dropping it would train something else (issue 33). A key another
-# table above already describes keeps that description.
-for _key, _entry in {
-    "use_onebitllms": _unhonoured("replaces the Linear layers with BitNet 1.58-bit ones "
-                                  "(onebitllms) and trains those"),
-    "qat": _unhonoured("trains with fake-quantized weights (quantization-aware training, torchao)"),
-    "fp8": _unhonoured("trains the matmuls in FP8 (torchao); finetune trains in bf16, fp16 or fp32"),
-    "relora": _unhonoured("merges the LoRA weights into the base and restarts them every "
-                          "`jagged_restart_steps` (ReLoRA), training a full-rank update"),
-    "lisa_n_layers": _unhonoured("trains a random few layers at a time, switched every "
-                                 "`lisa_step_interval` steps (LISA)"),
-    "neftune_noise_alpha": _unhonoured("adds noise to the input embeddings while training "
-                                       "(NEFTune)"),
-    "use_eaft": _unhonoured("replaces the cross-entropy loss with entropy-aware focal training (EAFT)"),
-    "scaling_softmax": _unhonoured("changes the attention's softmax (SSMax) in the model trained"),
-    "reinit_weights": _unhonoured("trains from random weights instead of the pretrained ones"),
-    "embedding_lr": _unhonoured("gives the embeddings their own learning rate"),
-    "embedding_lr_scale": _unhonoured("gives the embeddings their own learning rate"),
-    "lr_groups": _unhonoured("gives groups of modules their own learning rates"),
-    "fix_untrained_tokens": _unhonoured("sets the embedding rows of the listed tokens to the "
-                                        "mean of the others before training"),
-    "added_tokens_overrides": _unhonoured("renames the tokenizer's reserved added tokens, "
-                                          "so the records tokenize differently"),
-    "chat_template_kwargs": _unhonoured("passes settings to the chat template "
-                                        "(`enable_thinking`...), so the records render differently"),
-    "curriculum_sampling": _unhonoured("trains the records in their order (curriculum) where finetune shuffles "
-                                       "them each epoch"),
-    "min_sample_len": _unhonoured("drops examples shorter than this many tokens"),
-    "lora_target_parameters": _unhonoured("adapts parameters (MoE experts) that are not Linear modules"),
-    "peft_layer_replication": _unhonoured("replicates decoder layers before the adapter is added"),
-    "loftq_config": _unhonoured("initialises LoRA with LoftQ (and quantizes the base itself)"),
-    "peft_layers_to_transform": _unhonoured("adapts only the listed layers; finetune's LoRA adapts the matching "
-                                            "modules of every layer"),
-    "peft_layers_pattern": _unhonoured("names the layer list `peft_layers_to_transform` indexes"),
-    "lora_rank_pattern": _unhonoured("gives some modules their own LoRA rank"),
-    "lora_alpha_pattern": _unhonoured("gives some modules their own LoRA alpha"),
-    "peft_trainable_token_indices": _unhonoured("trains the embedding rows of the listed token ids; finetune trains "
-                                                "the rows of the tokens the recipe adds (`tokens`, "
-                                                "`special_tokens`) only"),
-    "mean_resizing_embeddings": AxolotlKey("not needed: finetune always starts new token rows at the mean of the "
-                                           "others"),
-}.items():
-    KEYS.setdefault(_key, _entry)
+# Kept for a decision (finetune/port/axolotl_unhonoured.py); a key another table above already describes keeps that
+# description.
+for _key, _what in UNHONOURED.items():
+    KEYS.setdefault(_key, _unhonoured(_what))
+KEYS.setdefault("mean_resizing_embeddings", AxolotlKey("not needed: finetune always starts new token rows at the "
+                                                       "mean of the others"))
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {
