@@ -1,0 +1,181 @@
+"""GGUF export of each family llama.cpp runs beyond Llama / Qwen2 (test_export_gguf.py has those and the
+tokenizer): a tiny model per family, exported f32 through the CLI, read back and its logits compared with the
+model's; the keys llama.cpp reads checked by their llama.cpp names; a config llama.cpp cannot represent refused.
+
+Read back with transformers' GGUF loader where it reads the family's tensors (its own inverse of llama.cpp's
+layout: Gemma's +1 norms, Qwen-MoE's expert split), given the original config since it guesses some
+hyperparameters from defaults; with tests/gguf_readback.py (gguf-py's reader) for the rest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from finetune.cli import main as cli_main
+
+_SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512)
+# sliding windows shorter than the probe text, so a sliding layer really slides
+_CONFIGS = {
+    "qwen3": ("Qwen3Config", dict(head_dim=8)),  # head_dim apart from hidden/heads: key_length must be written
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4)),
+    "gemma3_text": ("Gemma3TextConfig", dict(
+        head_dim=16, query_pre_attn_scalar=16, sliding_window=4, tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "phi3": ("Phi3Config", dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                 "partial_rotary_factor": 0.5})),
+    "olmo2": ("Olmo2Config", dict(tie_word_embeddings=True)),  # llama.cpp's olmo2 needs output.weight written
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4)),  # layer 3 leaves RoPE out
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=4,
+                                     max_position_embeddings=131072)),  # yarn, factor 32 over 4096
+}
+# the architecture llama.cpp runs, and keys its loader reads (their llama.cpp names) with the tiny config's values
+_EXPECTED = {
+    "qwen3": ("qwen3", {"attention.key_length": 8, "attention.head_count_kv": 2}),
+    "qwen3_moe": ("qwen3moe", {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32}),
+    "mixtral": ("llama", {"expert_count": 4, "expert_used_count": 2, "rope.freq_base": 1e6}),
+    "gemma2": ("gemma2", {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+                          "attention.sliding_window": 4, "attention.key_length": 16}),
+    "gemma3_text": ("gemma3", {"attention.sliding_window": 4, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,
+                               "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}),
+    "phi3": ("phi3", {"rope.dimension_count": 8, "rope.scaling.original_context_length": 4096}),
+    "olmo2": ("olmo2", {"attention.layer_norm_rms_epsilon": 1e-5}),
+    "smollm3": ("smollm3", {"rope.freq_base": 2e6, "rope.dimension_count": 16}),
+    "gpt_oss": ("gpt-oss", {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 96,
+                            "attention.sliding_window": 4, "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                            "rope.scaling.original_context_length": 4096, "context_length": 131072}),
+}
+# llama.cpp loads their output.weight as required (not TENSOR_NOT_REQUIRED): written even when tied
+_HEAD_REQUIRED = {"olmo2", "gpt_oss"}
+# the families whose tensors transformers' GGUF loader maps back (modeling_gguf_pytorch_utils)
+_TRANSFORMERS_READS = {"qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3"}
+
+
+def _tiny(model_type: str, tokenizer):
+    import transformers
+
+    class_name, extra = _CONFIGS[model_type]
+    config = getattr(transformers, class_name)(**{**_SHAPE, **extra}, vocab_size=len(tokenizer), bos_token_id=None,
+                                               eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # norms, biases and sinks off their init, so a lost shift, bias or sink shows in the logits
+        for name, param in model.named_parameters():
+            if param.ndim == 1 or "bias" in name or "sinks" in name:
+                param.normal_(0, 0.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tiny_tokenizer):
+    """model_type -> (the model, its folder, its f32 GGUF), each built and exported once."""
+    def export(model_type: str):
+        folder = tmp_path_factory.mktemp(model_type)
+        model = _tiny(model_type, tiny_tokenizer)
+        model.save_pretrained(folder / "model")
+        tiny_tokenizer.save_pretrained(folder / "model")
+        out = folder / "gguf" / "m.gguf"
+        assert cli_main(["export", str(folder / "model"), "--gguf", "--quant", "f32", "-o", str(out)]) == 0
+        return model, folder / "model", out
+
+    cache: dict = {}
+
+    def get(model_type: str):
+        if model_type not in cache:
+            cache[model_type] = export(model_type)
+        return cache[model_type]
+
+    return get
+
+
+def _read_back(model_type: str, model, out: Path):
+    from transformers import AutoModelForCausalLM
+
+    if model_type in _TRANSFORMERS_READS:
+        return AutoModelForCausalLM.from_pretrained(str(out.parent), gguf_file=out.name, config=model.config,
+                                                    dtype=torch.float32).eval()
+    from gguf_readback import load_into
+
+    fresh = AutoModelForCausalLM.from_config(model.config).eval()
+    load_into(fresh, out)
+    return fresh
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits.float()
+
+
+@pytest.mark.parametrize("model_type", list(_CONFIGS))
+def test_family_exports_with_the_same_logits_and_llama_cpp_keys(exported, tiny_tokenizer, model_type):
+    from gguf_readback import gguf_arrays
+
+    model, _, out = exported(model_type)
+    arch, arrays, fields = gguf_arrays(out)
+    want_arch, keys = _EXPECTED[model_type]
+    assert arch == want_arch
+    for key, value in keys.items():
+        assert fields[f"{arch}.{key}"] == (pytest.approx(value) if isinstance(value, float) else value), key
+    assert ("output.weight" in arrays) == (not model.config.tie_word_embeddings or model_type in _HEAD_REQUIRED)
+    ids = tiny_tokenizer("the cat sat on the mat, the quick dog runs to the river 12345")["input_ids"]
+    want, got = _logits(model, ids), _logits(_read_back(model_type, model, out), ids)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_expert_and_sink_tensors_are_laid_out_as_llama_cpp_reads_them(exported):
+    """llama.cpp's ffn_{gate,up,down}_exps are [n_expert, out, in]; gpt-oss's fused gate_up is [E, in, 2*out] with
+    gate and up alternating (its converter's [::2] / [1::2]); the router and sinks stay F32 like llama.cpp keeps them."""
+    from gguf import GGUFReader, GGMLQuantizationType
+
+    from gguf_readback import gguf_arrays
+
+    model, _, out = exported("gpt_oss")
+    experts = model.model.layers[0].mlp.experts
+    _, arrays, _ = gguf_arrays(out)
+    gate_up = experts.gate_up_proj.detach().numpy()  # [E, H, 2I]
+    assert arrays["blk.0.ffn_gate_exps.weight"].tolist() == gate_up[:, :, 0::2].swapaxes(1, 2).tolist()
+    assert arrays["blk.0.ffn_up_exps.bias"].tolist() == experts.gate_up_proj_bias.detach().numpy()[:, 1::2].tolist()
+    assert arrays["blk.0.attn_sinks.weight"].tolist() == model.model.layers[0].self_attn.sinks.detach().tolist()
+    assert "output.weight" in arrays  # gpt-oss always has its own head in llama.cpp
+
+    model, folder, _ = exported("qwen3_moe")
+    q8 = folder.parent / "q8.gguf"
+    assert cli_main(["export", str(folder), "--gguf", "--quant", "q8_0", "-o", str(q8)]) == 0
+    types = {t.name: t.tensor_type for t in GGUFReader(str(q8)).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == types["blk.0.ffn_down_exps.weight"] == GGMLQuantizationType.Q8_0
+    assert types["blk.0.ffn_gate_inp.weight"] == types["blk.0.attn_q_norm.weight"] == GGMLQuantizationType.F32
+    ids = list(range(3, 60))
+    want, got = _logits(model, ids), _logits(_read_back("qwen3_moe", model, q8), ids)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()
+
+
+@pytest.mark.parametrize("model_type, change, named", [
+    ("qwen3_moe", dict(norm_topk_prob=False), "norm_topk_prob"),
+    ("gemma3_text", dict(query_pre_attn_scalar=256), "query_pre_attn_scalar"),
+    ("gemma2", dict(tie_word_embeddings=False), "untied"),
+    ("smollm3", dict(no_rope_layers=[1, 1, 1, 1]), "no_rope_layers"),
+    ("gpt_oss", dict(swiglu_limit=5.0), "swiglu_limit"),
+    ("gpt_oss", dict(layer_types=["full_attention", "sliding_attention"]), "layer_types"),
+    ("phi3", dict(original_max_position_embeddings=128, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 1e4, "long_factor": [1.0] * 8, "short_factor": [1.0] * 8}),
+     "`longrope` RoPE scaling"),
+])
+def test_refuses_what_llama_cpp_cannot_represent_by_name(tmp_path, tiny_tokenizer, capsys, model_type, change, named):
+    """From config.json alone, before any weight is read: one message naming the family, the reason and the way out."""
+    import transformers
+
+    class_name, extra = _CONFIGS[model_type]
+    getattr(transformers, class_name)(**{**_SHAPE, **extra, **change}, vocab_size=len(tiny_tokenizer)) \
+        .save_pretrained(tmp_path / "model")  # a config, no weights: the refusal never loads them
+    assert cli_main(["export", str(tmp_path / "model"), "--gguf", "-o", str(tmp_path / "x.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1
+    assert f"`{model_type}`" in err and named in err and "finetune merge" in err
+    assert not list(tmp_path.glob("*.gguf"))
