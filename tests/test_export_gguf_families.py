@@ -179,3 +179,43 @@ def test_refuses_what_llama_cpp_cannot_represent_by_name(tmp_path, tiny_tokenize
     assert "Traceback" not in err and err.count("\n") == 1
     assert f"`{model_type}`" in err and named in err and "finetune merge" in err
     assert not list(tmp_path.glob("*.gguf"))
+
+
+@pytest.mark.parametrize("split, ignore_merges, name", [
+    ("_GPT4O_SPLIT", False, "gpt-4o"),  # o200k: gpt-oss
+    ("_LLAMA3_SPLIT", False, "dbrx"),  # cl100k: OLMo 2, Phi-4
+    ("_LLAMA3_SPLIT", True, "llama-bpe"),  # Llama 3's own tokenizer.json: SmolLM3
+])
+def test_each_familys_split_is_written_under_llama_cpp_name(tmp_path, tiny_model_dir, split, ignore_merges, name):
+    """The split before BPE, read from the tokenizer, is written as llama.cpp's name for it (whose handling in
+    llama-vocab.cpp includes ignore_merges for `llama-bpe` only); transformers rebuilds the same ids from the file."""
+    import shutil
+
+    from gguf import GGUFReader
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    # the splits as transformers' GGUF tokenizer reader spells them for llama.cpp's names: a second source
+    from transformers.integrations.gguf import gguf_tokenizer_mapping
+
+    from tiny import CHATML, corpus
+
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(getattr(gguf_tokenizer_mapping, split)), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(corpus(), trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    tokenizer.chat_template = CHATML
+    shutil.copytree(tiny_model_dir, tmp_path / "model")  # the tiny llama: 512 ids hold these 400
+    tokenizer.save_pretrained(tmp_path / "model")
+    assert cli_main(["export", str(tmp_path / "model"), "--gguf", "--quant", "f16", "-o",
+                     str(tmp_path / "m.gguf")]) == 0
+    assert GGUFReader(str(tmp_path / "m.gguf")).fields["tokenizer.ggml.pre"].contents() == name
+    loaded = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
+    for text in ("Crème brûlée, naïve café", "東京で寿司を食べました", "emoji 🤗🚀 and CamelCase's 12345",
+                 "def f(x):\n    return x ** 2\n\n\tpass", "<|im_start|>user\nhi<|im_end|>"):
+        assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"], text

@@ -1,7 +1,7 @@
 """The tokenizer half of a GGUF file: vocabulary, merges, token types, special ids, add-BOS/EOS and the chat
 template, under llama.cpp's `tokenizer.ggml.*` keys, so a runtime tokenizes and renders chats as training did.
 
-Byte-level BPE (GPT-2 style: SmolLM, Llama 3, Qwen2, Mistral Nemo ...) is what is written; llama.cpp splits
+Byte-level BPE (GPT-2 style: SmolLM, Llama 3, Qwen2/3, OLMo 2, gpt-oss ...) is what is written; llama.cpp splits
 text before BPE with a named regex (`tokenizer.ggml.pre`), which we pick by reading the tokenizer's own
 pre-tokenizer rather than guessing from the model's name. A sentencepiece vocabulary is refused for now.
 """
@@ -25,10 +25,17 @@ _QWEN2_SPLIT = (
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
     "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 )
-_SPLIT_NAMES = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2"}
+# o200k (GPT-4o, gpt-oss): llama.cpp quotes this as the "original regex from tokenizer.json" of `gpt-4o`
+_GPT4O_SPLIT = (
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*"
+    "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+)
+_SPLIT_NAMES = {_LLAMA3_SPLIT: "llama-bpe", _QWEN2_SPLIT: "qwen2", _GPT4O_SPLIT: "gpt-4o"}
 
 
-def _pre_tokenizer_name(pre: dict | None) -> str | None:
+def _pre_tokenizer_name(pre: dict | None, ignore_merges: bool = False) -> str | None:
     """llama.cpp's name for this pre-tokenizer, or None if it is not one llama.cpp implements the same way."""
     if pre is None:
         return None
@@ -39,8 +46,10 @@ def _pre_tokenizer_name(pre: dict | None) -> str | None:
     if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and steps[1].get("use_regex", True):
         return "smollm"  # each digit alone, then the GPT-2 split (SmolLM's own tokenizer.json)
     if kinds == ["Split", "ByteLevel"] and not steps[1].get("use_regex", True):
-        pattern = steps[0].get("pattern", {}).get("Regex")
-        return _SPLIT_NAMES.get(pattern)
+        name = _SPLIT_NAMES.get(steps[0].get("pattern", {}).get("Regex"))
+        # llama.cpp's `llama-bpe` also takes a whole word found in the vocabulary before merging (ignore_merges,
+        # as Llama 3's tokenizer.json says); `dbrx` is the same split without it (cl100k: OLMo 2, DBRX, Phi-4)
+        return "dbrx" if name == "llama-bpe" and not ignore_merges else name
     return None
 
 
@@ -51,9 +60,9 @@ def _describe(tokenizer) -> tuple[dict, str]:
         raise ModelError(
             f"the tokenizer is a {model['type']}{' with byte fallback' if model.get('byte_fallback') else ''} "
             "(sentencepiece-style) vocabulary; this exporter writes byte-level BPE tokenizers only (SmolLM, "
-            "Llama 3, Qwen2, Mistral Nemo). Convert the merged model with llama.cpp's convert_hf_to_gguf.py"
+            "Llama 3, Qwen2/3, OLMo 2, gpt-oss). Convert the merged model with llama.cpp's convert_hf_to_gguf.py"
         )
-    pre = _pre_tokenizer_name(spec.get("pre_tokenizer"))
+    pre = _pre_tokenizer_name(spec.get("pre_tokenizer"), model.get("ignore_merges", False))
     if pre is None:
         raise ModelError(
             f"the tokenizer splits text with a pre-tokenizer llama.cpp has no name for "
