@@ -19,7 +19,7 @@ from finetune.cli import main as cli_main
 _SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=512)
 # sliding windows shorter than the probe text, so a sliding layer really slides
-_CONFIGS = {
+TINY_CONFIGS = {
     "qwen3": ("Qwen3Config", dict(head_dim=8)),  # head_dim apart from hidden/heads: key_length must be written
     "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
                                          moe_intermediate_size=32, norm_topk_prob=True)),
@@ -58,10 +58,10 @@ _HEAD_REQUIRED = {"olmo2", "gpt_oss"}
 _TRANSFORMERS_READS = {"qwen3", "qwen3_moe", "gemma2", "gemma3_text", "phi3"}
 
 
-def _tiny(model_type: str, tokenizer):
+def tiny_family_model(model_type: str, tokenizer):
     import transformers
 
-    class_name, extra = _CONFIGS[model_type]
+    class_name, extra = TINY_CONFIGS[model_type]
     config = getattr(transformers, class_name)(**{**_SHAPE, **extra}, vocab_size=len(tokenizer), bos_token_id=None,
                                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
@@ -78,7 +78,7 @@ def exported(tmp_path_factory, tiny_tokenizer):
     """model_type -> (the model, its folder, its f32 GGUF), each built and exported once."""
     def export(model_type: str):
         folder = tmp_path_factory.mktemp(model_type)
-        model = _tiny(model_type, tiny_tokenizer)
+        model = tiny_family_model(model_type, tiny_tokenizer)
         model.save_pretrained(folder / "model")
         tiny_tokenizer.save_pretrained(folder / "model")
         out = folder / "gguf" / "m.gguf"
@@ -113,7 +113,7 @@ def _logits(model, ids):
         return model(input_ids=torch.tensor([ids])).logits.float()
 
 
-@pytest.mark.parametrize("model_type", list(_CONFIGS))
+@pytest.mark.parametrize("model_type", list(TINY_CONFIGS))
 def test_family_exports_with_the_same_logits_and_llama_cpp_keys(exported, tiny_tokenizer, model_type):
     from gguf_readback import gguf_arrays
 
@@ -171,7 +171,7 @@ def test_refuses_what_llama_cpp_cannot_represent_by_name(tmp_path, tiny_tokenize
     """From config.json alone, before any weight is read: one message naming the family, the reason and the way out."""
     import transformers
 
-    class_name, extra = _CONFIGS[model_type]
+    class_name, extra = TINY_CONFIGS[model_type]
     getattr(transformers, class_name)(**{**_SHAPE, **extra, **change}, vocab_size=len(tiny_tokenizer)) \
         .save_pretrained(tmp_path / "model")  # a config, no weights: the refusal never loads them
     assert cli_main(["export", str(tmp_path / "model"), "--gguf", "-o", str(tmp_path / "x.gguf")]) == 2
