@@ -1,12 +1,12 @@
 """Does llama.cpp itself run each exported family as transformers runs the model? (outside CI: llama-cpp-python)
 
 The tests read every family's GGUF back with transformers or gguf-py; this asks llama.cpp. For each family of
-tests/test_export_gguf_families.py: the tiny model built there, exported f32, then the logits of one text at
+tests/test_export_gguf_families.py: the tiny model built there, exported (f32 unless --quant), then the logits of one text at
 every position from transformers and from llama.cpp (llama-cpp-python, run in its own venv), side by side,
 and whether llama.cpp tokenizes the text to transformers' ids.
 
     python -m venv /tmp/llamavenv && /tmp/llamavenv/bin/pip install llama-cpp-python numpy   # compiles, minutes
-    python benchmarks/gguf_families_llamacpp.py --llama-python /tmp/llamavenv/bin/python [qwen3 gemma2 ...]
+    python benchmarks/gguf_families_llamacpp.py --llama-python /tmp/llamavenv/bin/python [--quant q8_0] [qwen3 ...]
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("families", nargs="*", help="model_types (default: every family the test builds)")
     parser.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
+    parser.add_argument("--quant", default="f32", help="the export's --quant (f32: exact; q8_0: the usual share)")
     parser.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -57,7 +58,9 @@ def main() -> int:
         model = tiny_family_model(model_type, tokenizer)
         with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
             out = Path(tmp) / "m.gguf"
-            write_gguf(model, tokenizer, out, "f32", model_type)
+            # general.name not after the family: llama.cpp sets Phi-3 token attributes by name ("phi3"), looking up
+            # sentencepiece tokens ("</s>") this byte-level vocabulary does not have
+            write_gguf(model, tokenizer, out, args.quant, "tiny")
             proc = subprocess.run([args.llama_python, __file__, "--worker", str(out), json.dumps(ids)],
                                   capture_output=True, text=True)
             if proc.returncode:
