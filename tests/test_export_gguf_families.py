@@ -219,3 +219,13 @@ def test_each_familys_split_is_written_under_llama_cpp_name(tmp_path, tiny_model
     for text in ("Crème brûlée, naïve café", "東京で寿司を食べました", "emoji 🤗🚀 and CamelCase's 12345",
                  "def f(x):\n    return x ** 2\n\n\tpass", "<|im_start|>user\nhi<|im_end|>"):
         assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"], text
+
+
+def test_refuses_a_file_name_llama_cpp_would_take_for_phi3(tiny_model_dir, tmp_path, capsys):
+    """llama.cpp sets Phi-3 token attributes when general.name (the file's stem) says phi3, looking up `</s>`,
+    `<unk>`, `<s>` by text: a byte-level vocabulary without them would not load (seen in llama-cpp-python 0.3.36)."""
+    out = tmp_path / "phi3-tune.gguf"
+    assert cli_main(["export", str(tiny_model_dir), "--gguf", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "`phi3-tune`" in err and "</s>" in err
+    assert not out.exists()

@@ -83,12 +83,13 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
 
     from finetune.export.gguf_families import add_hyperparameters, family_of
     from finetune.export.gguf_tensors import add_file_type, encode, gguf_tensors
-    from finetune.export.gguf_vocab import add_tokenizer
+    from finetune.export.gguf_vocab import add_tokenizer, check_tokenizer
     from finetune.export.ollama import write_modelfile
 
     check_quant(quant)
     config = model.config
     family = family_of(config)
+    check_tokenizer(tokenizer, name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     writer = gguf.GGUFWriter(None, family.arch)
@@ -126,7 +127,7 @@ def export(trained, out: Path, quant: str) -> Exported:
     check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
-    check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
+    check_tokenizer(tokenizer, out.stem)  # before the merge: a refusal costs seconds, not minutes
     from finetune.model.prompt_format import served_format
 
     model = load_model(trained, tokenizer)

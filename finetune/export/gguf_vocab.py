@@ -72,10 +72,22 @@ def _describe(tokenizer) -> tuple[dict, str]:
     return spec, pre
 
 
-def check_tokenizer(tokenizer) -> None:
+# llama.cpp sets Phi-3's token attributes when the file's general.name contains "phi3" or "phi-3", looking these
+# tokens up by their text (llama-vocab.cpp, whatever the architecture): one missing and the file does not load
+_PHI3_NAME_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+
+
+def check_tokenizer(tokenizer, name: str = "") -> None:
     """Refuse a tokenizer this exporter cannot write (sentencepiece-style, or a pre-tokenizer llama.cpp has no
-    name for) from the tokenizer alone: the export asks before the minutes-long fp32 merge."""
+    name for), or a file name llama.cpp would not load with it, from the tokenizer alone: the export asks before
+    the minutes-long fp32 merge."""
     _describe(tokenizer)
+    missing = [t for t in _PHI3_NAME_TOKENS if t not in tokenizer.get_vocab()]
+    if any(part in name.lower() for part in ("phi3", "phi-3")) and missing:
+        raise ModelError(
+            f"llama.cpp treats a file named `{name}` as Phi-3 and looks up its tokens {', '.join(missing)}, which "
+            "this vocabulary does not have: it would not load. Name the output file without phi3 / phi-3 (-o)"
+        )
 
 
 def _tokens(tokenizer, spec: dict, vocab_size: int) -> tuple[list[str], list[int]]:
