@@ -7,6 +7,8 @@ Written from the two layouts, not from the exporter: the GGUF side as llama.cpp'
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 
@@ -82,3 +84,33 @@ def load_into(model, path) -> None:
         state[name] = torch.from_numpy(np.ascontiguousarray(data))
     # strict: every parameter filled, each in exactly its HF shape (a transposed layout would not fit)
     model.load_state_dict(state, strict=True)
+
+
+def llama_cpp_spm_ids(fields: dict, text: str) -> list[int]:
+    """llama.cpp's sentencepiece tokenization of `text` from a GGUF's tokens, scores, types and add_space_prefix
+    (llama-vocab.cpp: special tokens split out first; a space before each text fragment that starts the text or
+    follows a special token; then, over the characters, merge the adjacent pair whose joined token scores highest,
+    the leftmost on a tie, until none is a token; a character that is not a token is spelled in <0xXX> bytes)."""
+    tokens, scores, types = (fields[f"tokenizer.ggml.{k}"] for k in ("tokens", "scores", "token_type"))
+    ids = {t: i for i, t in enumerate(tokens)}
+    specials = sorted((t for t, kind in zip(tokens, types) if kind in (3, 4)), key=len, reverse=True)
+    out, after_special = [], True
+    for fragment in re.split("(" + "|".join(map(re.escape, specials)) + ")", text) if specials else [text]:
+        if fragment in ids and fragment in specials:
+            out.append(ids[fragment])
+            after_special = True
+            continue
+        if not fragment:
+            continue
+        text_ = (" " if fields["tokenizer.ggml.add_space_prefix"] and after_special else "") + fragment
+        symbols = list(text_.replace(" ", "\u2581"))
+        while True:
+            pairs = [(scores[ids[a + b]], -i) for i, (a, b) in enumerate(zip(symbols, symbols[1:])) if a + b in ids]
+            if not pairs:
+                break
+            i = -max(pairs)[1]
+            symbols[i:i + 2] = [symbols[i] + symbols[i + 1]]
+        for symbol in symbols:
+            out.extend([ids[symbol]] if symbol in ids else [ids[f"<0x{b:02X}>"] for b in symbol.encode()])
+        after_special = False
+    return out

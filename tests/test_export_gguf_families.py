@@ -229,3 +229,86 @@ def test_refuses_a_file_name_llama_cpp_would_take_for_phi3(tiny_model_dir, tmp_p
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("\n") == 1 and "`phi3-tune`" in err and "</s>" in err
     assert not out.exists()
+
+
+def spm_tokenizer(style: str):
+    """A tiny sentencepiece-style BPE (byte fallback, `▁` for a space) in the shapes transformers holds them:
+    "gemma" (transformers' GemmaTokenizer: no prefix space), "llama2" (Llama 2's tokenizer.json: a `Prepend`
+    normalizer), "metaspace" (transformers' LlamaTokenizer: a `Metaspace` pre-tokenizer, which llama.cpp differs from
+    on text that starts with a space)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer, LlamaTokenizer, PreTrainedTokenizerFast
+
+    from tiny import CHATML, corpus
+
+    pieces = Tokenizer(models.BPE())
+    pieces.normalizer = normalizers.Replace(" ", "\u2581")
+    pieces.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never" if style == "gemma" else "always")
+    pieces.train_from_iterator(corpus(), trainers.BpeTrainer(vocab_size=300, special_tokens=[]))
+    trained = json.loads(pieces.to_str())["model"]
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", "<unk>"] if style == "gemma" else
+                                       ["<unk>", "<s>", "</s>"])}
+    vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})
+    for piece in sorted(trained["vocab"], key=trained["vocab"].get):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m) for m in trained["merges"]]
+    if style == "gemma":
+        tokenizer = GemmaTokenizer(vocab=vocab, merges=merges)
+    elif style == "metaspace":
+        tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, legacy=True)
+    else:
+        raw = Tokenizer(models.BPE(vocab, merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+        raw.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        raw.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHATML
+    return tokenizer
+
+
+# "river", "runs", "now" and the made-up words tokenize differently if llama.cpp merged left to right, not by score
+SPM_TEXTS = ["the river runs now, upwuoun iasemf diqprum atri", "  leading spaces and trailing  ", "Crème brûlée, naïve café",
+             "東京で寿司を食べました。你好", "emoji 🤗🚀 too", "def f(x):\n    return x ** 2\n\tpass",
+             "<|im_start|>user\nwhat is the river<|im_end|>\n<|im_start|>assistant\n", " <|im_start|> hi",
+             "hello<|im_end|> world 12345"]
+
+
+@pytest.mark.parametrize("style, space_prefix", [("gemma", False), ("llama2", True)])
+def test_a_sentencepiece_vocabulary_is_written_for_llama_cpp_s_tokenizer(tmp_path, style, space_prefix):
+    """Gemma's and Llama 2's vocabularies as llama.cpp's `llama` tokenizer: bytes typed BYTE, the unknown UNKNOWN,
+    scores in merge order; llama.cpp's algorithm (tests/gguf_readback.py) over the file gives transformers' ids,
+    special tokens and the prefix space after them included (llama-cpp-python 0.3.36 itself: the same)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gguf_readback import gguf_arrays, llama_cpp_spm_ids
+    from finetune.export.gguf import write_gguf
+
+    tokenizer = spm_tokenizer(style)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    write_gguf(LlamaForCausalLM(config), tokenizer, tmp_path / "m.gguf", "f16", "m")
+    _, _, fields = gguf_arrays(tmp_path / "m.gguf")
+    assert fields["tokenizer.ggml.model"] == "llama" and fields["tokenizer.ggml.add_space_prefix"] is space_prefix
+    types = dict(zip(fields["tokenizer.ggml.tokens"], fields["tokenizer.ggml.token_type"]))
+    assert types["<0x41>"] == 6 and types["<unk>"] == 2 and types["<|im_end|>"] == 3 and types["\u2581the"] == 1
+    for text in SPM_TEXTS:
+        assert llama_cpp_spm_ids(fields, text) == tokenizer(text, add_special_tokens=False)["input_ids"], text
+
+
+def test_refuses_a_sentencepiece_vocabulary_whose_space_llama_cpp_would_place_differently(tmp_path, capsys):
+    """transformers' Metaspace adds no space before text that starts with one (after `[INST]` in a chat, say);
+    llama.cpp always does: the ids would differ from training's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = spm_tokenizer("metaspace")
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    capsys.readouterr()  # what saving printed
+    assert cli_main(["export", str(tmp_path / "model"), "--gguf", "-o", str(tmp_path / "m.gguf")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1 and "Metaspace" in err and "special token" in err
+    assert not (tmp_path / "m.gguf").exists()
