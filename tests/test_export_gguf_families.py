@@ -131,7 +131,8 @@ def test_family_exports_with_the_same_logits_and_llama_cpp_keys(exported, tiny_t
 
 def test_expert_and_sink_tensors_are_laid_out_as_llama_cpp_reads_them(exported):
     """llama.cpp's ffn_{gate,up,down}_exps are [n_expert, out, in]; gpt-oss's fused gate_up is [E, in, 2*out] with
-    gate and up alternating (its converter's [::2] / [1::2]); the router and sinks stay F32 like llama.cpp keeps them."""
+    gate and up alternating (its converter's [::2] / [1::2]); the router and sinks stay F32 as llama.cpp keeps
+    them."""
     from gguf import GGUFReader, GGMLQuantizationType
 
     from gguf_readback import gguf_arrays
@@ -270,7 +271,8 @@ def spm_tokenizer(style: str):
 
 
 # "river", "runs", "now" and the made-up words tokenize differently if llama.cpp merged left to right, not by score
-SPM_TEXTS = ["the river runs now, upwuoun iasemf diqprum atri", "  leading spaces and trailing  ", "Crème brûlée, naïve café",
+SPM_TEXTS = ["the river runs now, upwuoun iasemf diqprum atri", "  leading spaces and trailing  ",
+             "Crème brûlée, naïve café",
              "東京で寿司を食べました。你好", "emoji 🤗🚀 too", "def f(x):\n    return x ** 2\n\tpass",
              "<|im_start|>user\nwhat is the river<|im_end|>\n<|im_start|>assistant\n", " <|im_start|> hi",
              "hello<|im_end|> world 12345"]
