@@ -42,6 +42,8 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     No mapping: records read as they are, sharegpt rows converted. A conversation mapping: the turns converted.
     A flat mapping (instruction/input/output, text, system/user/assistant): the raw sources' mapper, its
     columns checked up front against `columns`."""
+    mapping = {k: v for k, v in mapping.items() if k != "images"} or None if mapping else None  # images: the
+    # column read beside the record (finetune/ingest/records_source.py), not a field of it
     role_names = {**ROLE_ALIASES, **(roles or {})}
     sharegpt = SHAREGPT_FIELD in columns and not {"messages", "chosen", "rejected", "completion"} & set(columns)
     if is_conversation(mapping) or (not mapping and sharegpt):
