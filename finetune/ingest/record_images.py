@@ -16,10 +16,11 @@ same whichever way it was written. What is read (and turned into that):
   LLaMA-Factory  `<image>` in a message's text, and an `images` list, filled in order
   images only  an `images` column and no placeholder anywhere: the images lead the first user turn (as TRL does)
 
-A different count of placeholders and images is a counted reject (image_count_mismatch); a URL is an error
-(finetune reads local files only). Bytes and PIL images (a datasets Image column) are written to the records
-cache by `store`, content-addressed, and the part points to that file: the cached JSONL stays small, and an image
-shared by many records is written once.
+A different count of placeholders and images is a counted reject (image_count_mismatch); a URL is an
+ImageRejected (image_url_offline) that the readers turn into one error: finetune reads local files only. With a
+`store` (the records cache), bytes, PIL images (a datasets Image column) and base64 are written to the cache,
+content-addressed, and the part points to that file: the cached JSONL stays small, and an image shared by many
+records is written once. Without one (a records file read directly), base64 stays base64.
 
 No torch here: ingestion never imports the training stack.
 """
@@ -32,8 +33,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from finetune.errors import DataError
-from finetune.ingest.images import ImageRejected, is_url, open_bytes, url_message
+from finetune.ingest.images import ImageRejected, image_bytes, is_url, open_bytes, url_message
 
 IMAGE_TAG = "<image>"  # LLaMA-Factory's placeholder in a message's text
 SOURCE_KEYS = ("path", "base64", "image", "url")  # what an image part may carry its image under
@@ -60,8 +60,8 @@ def has_images(record: dict) -> bool:
 
 def canonical_images(record: dict, images: object, base_dir: Path, store: Store | None = None) -> dict:
     """`record` (a chat record) with its images in canonical parts and `images` (its images column: a list,
-    one image, or None) placed. Raises ImageRejected (image_count_mismatch, or an image `store` cannot read),
-    PartProblem (a part of an unknown type), or DataError (a URL)."""
+    one image, or None) placed. Raises ImageRejected (image_count_mismatch, image_url_offline, or an image
+    `store` cannot read) or PartProblem (a part of an unknown type)."""
     listed = [] if images is None else list(images) if isinstance(images, (list, tuple)) else [images]
     record = {k: v for k, v in record.items() if k != "images"}
     messages = record.get("messages")
@@ -157,15 +157,15 @@ def _canonical_part(value: object, base_dir: Path, store: Store | None) -> dict:
     if isinstance(value, dict) and value.get("type") == "image":
         for key in ("path", "base64", "url"):
             if key in value:
-                return _from_string(value[key], base_dir, key)
+                return _from_string(value[key], base_dir, key, store)
         value = value.get("image")
     if isinstance(value, str):
-        return _from_string(value, base_dir, "path")
+        return _from_string(value, base_dir, "path", store)
     if isinstance(value, dict) and ("bytes" in value or "path" in value):  # datasets' Image(decode=False)
         if value.get("bytes"):
             return _stored(value["bytes"], store)
         if value.get("path"):
-            return _from_string(value["path"], base_dir, "path")
+            return _from_string(value["path"], base_dir, "path", store)
         raise ImageRejected("empty_image", "an image value with neither bytes nor a path")
     if isinstance(value, (bytes, bytearray)):
         return _stored(bytes(value), store)
@@ -177,16 +177,18 @@ def _canonical_part(value: object, base_dir: Path, store: Store | None) -> dict:
                         "bytes or a PIL image")
 
 
-def _from_string(value: str, base_dir: Path, key: str) -> dict:
+def _from_string(value: str, base_dir: Path, key: str, store: Store | None) -> dict:
     if value.startswith("data:"):
-        head, _, payload = value.partition(",")
+        head, _, value = value.partition(",")
         if not head.endswith(";base64"):
             raise ImageRejected("unreadable_image", f"a data URL that is not base64 ({head[:40]})")
-        return {"type": "image", "base64": payload}
-    if is_url(value) or key == "url":
-        raise DataError(url_message(value))
+        key = "base64"
+    elif is_url(value) or key == "url":
+        raise ImageRejected("image_url_offline", url_message(value))
     if key == "base64":
-        return {"type": "image", "base64": value}
+        if store is None:
+            return {"type": "image", "base64": value}
+        return _stored(image_bytes({"base64": value}), store)
     path = Path(os.path.expanduser(value))
     return {"type": "image", "path": str(path if path.is_absolute() else (base_dir / path).absolute())}
 

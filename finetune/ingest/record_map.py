@@ -69,6 +69,15 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     return lambda row, where: (row, None)
 
 
+def sharegpt_record(record: dict, where: str, source: str) -> tuple[dict | None, str | None]:
+    """One sharegpt record ({conversations: [{from, value}]}, roles human/gpt) as a chat record, its `images`
+    (LLaMA-Factory's layout) kept beside the turns."""
+    mapped, why = record_mapper(None, None, list(record), source)(record, where)
+    if mapped is not None and "images" in record:
+        mapped = {**mapped, "images": record["images"]}
+    return mapped, why
+
+
 def _conversation_mapper(field: str, mapping: dict, role_names: dict, source: str) -> RecordMapper:
     """The turns under `field` as messages. A preference row keeps its pair: the turns are the prompt, and
     chosen / rejected (`map: {chosen: ..., rejected: ...}` names them otherwise) are converted the same way, a

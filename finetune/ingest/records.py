@@ -269,12 +269,12 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
 
 def _sharegpt(path, where: str, record: dict) -> dict:
     """A sharegpt record ({conversations: [{from, value}]}, roles human/gpt) as a chat record."""
-    from finetune.ingest.record_map import record_mapper
+    from finetune.ingest.record_map import sharegpt_record
 
-    mapped, why = record_mapper(None, None, list(record), str(path))(record, where)
+    mapped, why = sharegpt_record(record, where, str(path))
     if mapped is None:
         raise DataError(f"`{path}` {where}: {why}")
-    return {**mapped, "images": record["images"]} if "images" in record else mapped  # LLaMA-Factory's layout
+    return mapped
 
 
 def _with_images(path, where: str, record: dict) -> dict:

@@ -28,7 +28,7 @@ from finetune.errors import DataError
 from finetune.ingest import from_dataset
 from finetune.ingest.images import ImageRejected, check_image
 from finetune.ingest.record_images import PartProblem, Store, canonical_images, image_parts, image_store
-from finetune.ingest.record_map import record_mapper
+from finetune.ingest.record_map import record_mapper, sharegpt_record
 from finetune.ingest.records import SFT_SHAPES, a_shape, checked_record, detect_shape, iter_json_objects
 
 RECORDS_FORMAT = 2  # bump when the mapping changes what it writes for the same input (2: images, text parts joined)
@@ -161,6 +161,7 @@ class RowReader:
 
     def __init__(self, spec, mapper, column: str | None, store: Store):
         self.spec, self.mapper, self.column, self.store = spec, mapper, column, store
+        self.plain = not spec.map and not spec.roles  # records read as they are, sharegpt ones converted
         path = Path(spec.path).absolute()
         self.base_dir = path if path.is_dir() else path.parent  # relative image paths start here
 
@@ -168,6 +169,10 @@ class RowReader:
         record, why = self.mapper(row, where) if isinstance(row, dict) else (None, "not an object")
         if record is None:
             return None, "unmapped", why
+        if self.plain and "conversations" in record and detect_shape(record) is None:  # as read_records does
+            record, why = sharegpt_record(record, where, self.spec.path)
+            if record is None:
+                return None, "unmapped", why
         shape = self.spec.type if self.spec.type != "auto" else detect_shape(record)
         if shape is None:
             return None, "invalid_record", "no record shape: no text, instruction/output, messages or chosen/rejected field"
@@ -185,6 +190,8 @@ class RowReader:
             for part in image_parts(record):
                 check_image(part)
         except ImageRejected as rejected:
+            if rejected.reason == "image_url_offline":  # the whole dataset's way of giving images: one message
+                raise DataError(f"`{self.spec.path}` {where}: {rejected.detail}") from None
             return None, rejected.reason, rejected.detail
         except PartProblem as problem:
             return None, "invalid_record", str(problem)
