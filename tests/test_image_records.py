@@ -120,22 +120,26 @@ def image_dataset(rows: list[dict]):
     return Dataset.from_list(rows, features=Features({"messages": List(turn), "images": List(ImageFeature())}))
 
 
-@pytest.mark.parametrize("form", ["parquet", "arrow", "hub folder"])
+@pytest.mark.parametrize("form", ["parquet", "arrow", "save_to_disk", "hub folder"])
 def test_a_datasets_image_column_is_written_once_into_the_cache(folder, form):
-    dataset = image_dataset(image_rows(4))
+    rows = image_rows(5)
+    rows[4]["images"] = [{"bytes": b"not an image at all", "path": None}]
+    dataset = image_dataset(rows)
     if form == "parquet":
         dataset.to_parquet(str(folder / "vqa.parquet"))
         path = "vqa.parquet"
-    elif form == "arrow":
+    elif form in ("arrow", "save_to_disk"):
         dataset.save_to_disk(str(folder / "saved"))
-        path = str(next((folder / "saved").glob("*.arrow")))
+        path = str(next((folder / "saved").glob("*.arrow"))) if form == "arrow" else "saved"
     else:
         (folder / "vqa" / "data").mkdir(parents=True)
         dataset.to_parquet(str(folder / "vqa" / "data" / "train-00000-of-00001.parquet"))
         (folder / "vqa" / "README.md").write_text("---\nlicense: mit\n---\n")
         path = "vqa"
     records, report = read_canonical(folder, path=path)
-    assert report["records_mapped"] == 4 and report["images"] == 4
+    assert report["records_mapped"] == 4 and report["images"] == 4 and report["dropped"] == {"unreadable_image": 1}
+    [reject] = [json.loads(line) for line in open(report["rejects"])]
+    assert reject["where"].endswith("row 5") and reject["record"]["images"] == [{"bytes": "<19 bytes>", "path": None}]
     paths = [user_turn(r)[0]["path"] for r in records]
     assert len(set(paths)) == 2  # two distinct images, each written once
     for record, stored in zip(records, paths):
