@@ -67,7 +67,8 @@ def test_every_layout_in_a_jsonl_file_reads_to_canonical_parts(folder):
         chat([image("images/red.png"), {"type": "text", "text": ASK}]),  # a path relative to the data file
         chat([{"type": "image", "base64": b64}, {"type": "text", "text": ASK}]),
         chat([{"type": "image", "image": "images/red.png"}, {"type": "text", "text": ASK}]),
-        chat([{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}}, {"type": "text", "text": ASK}]),
+        chat([{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64}"}},
+              {"type": "text", "text": ASK}]),
         # TRL: placeholders filled in order from `images`
         {**chat([{"type": "image"}, {"type": "text", "text": "and"}, {"type": "image"}]),
          "images": ["images/red.png", "images/blue.png"]},

@@ -111,20 +111,22 @@ def open_bytes(data: bytes, what: str):
             image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as exc:  # over twice PIL's limit; its message says the size
         found = re.search(r"\d+", str(exc))
-        claimed = f"{int(found.group()):,}" if found else f"over {2 * MAX_IMAGE_PIXELS:,}"
-        raise ImageRejected("image_too_large", f"{what} claims {claimed} pixels, over the {MAX_IMAGE_PIXELS:,} that finetune (like PIL) reads: a decompression "
-                            "bomb, or an image to downsize before training") from None
+        raise too_large(what, f"claims {int(found.group()):,} pixels" if found else "claims too many pixels") \
+            from None
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
         why = "not an image PIL can read" if isinstance(exc, UnidentifiedImageError) else f"broken ({exc})"
         raise ImageRejected("unreadable_image", f"{what} is {why}") from None
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:
-        raise ImageRejected("image_too_large", f"{what} is {width:,} x {height:,} pixels, over the "
-                            f"{MAX_IMAGE_PIXELS:,} that finetune (like PIL) reads: a decompression bomb, or an image "
-                            "to downsize before training")
+        raise too_large(what, f"is {width:,} x {height:,} pixels")
     if not width or not height:
         raise ImageRejected("empty_image", f"{what} is {width} x {height} pixels")
     return image
+
+
+def too_large(what: str, size: str) -> ImageRejected:
+    return ImageRejected("image_too_large", f"{what} {size}, over the {MAX_IMAGE_PIXELS:,} that finetune (like PIL) "
+                         "reads: a decompression bomb, or an image to downsize before training")
 
 
 def check_image(part: dict) -> tuple[int, int]:

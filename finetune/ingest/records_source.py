@@ -175,7 +175,8 @@ class RowReader:
                 return None, "unmapped", why
         shape = self.spec.type if self.spec.type != "auto" else detect_shape(record)
         if shape is None:
-            return None, "invalid_record", "no record shape: no text, instruction/output, messages or chosen/rejected field"
+            return None, "invalid_record", ("no record shape: no text, instruction/output, messages or chosen/rejected "
+                                            "field")
         images = row.get(self.column) if self.column else record.get("images")
         if shape not in SFT_SHAPES and images:
             raise DataError(f"`{self.spec.path}` {where}: {a_shape(shape)} record with images; images are read with "
@@ -218,6 +219,6 @@ def _reasons(report: dict) -> str:
 def records_summary(report: dict, reused: bool) -> str:
     """What reading one records dataset kept and dropped, by reason."""
     line = (f"records {report['source']}{' (cached)' if reused else ''}: {report['records_read']:,} read, "
-            f"{report['records_mapped']:,} mapped" + (f" ({report['images']:,} images)" if report.get("images") else ""))
+            f"{report['records_mapped']:,} mapped") + (f" ({report['images']:,} images)" if report.get("images") else "")
     total = sum(report["dropped"].values())
     return line + (f", {total:,} dropped ({_reasons(report)}); rejects: {report['rejects']}" if total else "")
