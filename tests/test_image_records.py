@@ -210,3 +210,17 @@ def test_images_mapped_beside_a_record_that_is_not_chat_is_a_recipe_error(folder
     (folder / "recipe.yml").write_text(yaml.safe_dump(recipe))
     with pytest.raises(RecipeError, match="`map` names `images` with .*images go with a chat record"):
         load_recipe(folder / "recipe.yml")
+
+
+def test_the_cleaning_steps_join_text_parts_and_refuse_images_with_a_reason():
+    """`type: records` (finetune ingest) cleans text: a content of text parts is one string there too, and a record
+    with an image is an invalid_record that says where images are read, not a crash inside the slop filter."""
+    from finetune.ingest.clean import Cleaner
+    from finetune.ingest.options import IngestOptions
+
+    cleaner = Cleaner(IngestOptions())
+    kept, verdict = cleaner.apply(chat([{"type": "text", "text": "Why is the sky "}, {"type": "text", "text": "blue?"}],
+                                       answer="Rayleigh scattering of sunlight by the air."))
+    assert verdict is None and user_turn(kept) == "Why is the sky blue?"
+    dropped, (reason, detail) = cleaner.apply(chat([image("/data/cat.png"), {"type": "text", "text": ASK}]))
+    assert dropped is None and reason == "invalid_record" and "`type: auto`" in detail
