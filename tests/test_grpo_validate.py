@@ -5,6 +5,7 @@ before its model loads; what a call prints is capped and counted, under validate
 
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -83,11 +84,12 @@ EXPECTED = {
 }
 
 
-def _validate(path, capsys) -> tuple[int, str]:
+def _validate(path, capsys) -> tuple[int, str, str]:
     from finetune.cli import main
 
     code = main(["validate", str(path)])
-    return code, capsys.readouterr().out
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def folder(tmp_path_factory, tiny_model_dir):
 
 
 def test_validate_runs_every_reward_and_names_each_broken_one(folder, capsys):
-    code, out = _validate(folder / "recipe.yml", capsys)
+    code, out, err = _validate(folder / "recipe.yml", capsys)
     assert code == 2
     file = str(folder / "broken.py")
     assert re.search(r"reward names_the_word: ok \[\d", out), out
@@ -111,15 +113,15 @@ def test_validate_runs_every_reward_and_names_each_broken_one(folder, capsys):
     for name, said in EXPECTED.items():
         line = next((x for x in out.splitlines() if x.strip().startswith(f"reward {name}:")), "")
         assert said.format(file=file) in line, (name, line)
-    assert "x" * 400 not in out  # the 1 MB print is not echoed whole
-    assert "run.json" not in out.split("rewards on 3 records")[1].replace("counts the rest in run.json", "")
+    assert "x" * 400 not in out + err  # the 1 MB print is not echoed whole
+    assert "counted in run.json" not in err  # no run, no run.json: the lines above say each failure
 
 
 def test_validate_passes_a_recipe_whose_rewards_work(folder, capsys):
     recipe = yaml.safe_load((folder / "recipe.yml").read_text())
     path = folder / "good.yml"
     path.write_text(yaml.safe_dump({**recipe, "rewards": recipe["rewards"][:2]}))
-    code, out = _validate(path, capsys)
+    code, out, _ = _validate(path, capsys)
     assert code == 0, out
     assert "rewards on 3 records" in out and "reward chatty: ok" in out
 
@@ -159,11 +161,24 @@ def test_a_run_logs_what_a_reward_prints_capped_and_counts_it(folder):
     from finetune.train.grpo.reward_worker import OUTPUT_CAP
     from finetune.train.grpo.rewards import RewardRunner, RewardSpec
 
-    with RewardRunner([RewardSpec("broken.py:prints", 1.0, 10), RewardSpec("broken.py:chatty", 1.0, 10)],
-                      folder) as runner:
-        for _ in range(2):
-            batch = runner.score(["p", "q"], ["a", "b"], [[1], [2]])
-        summary = runner.failure_summary()
+    from finetune.log import get_logger
+
+    logged = []
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(record.getMessage())
+    get_logger().addHandler(handler)
+    try:
+        with RewardRunner([RewardSpec("broken.py:prints", 1.0, 10), RewardSpec("broken.py:chatty", 1.0, 10)],
+                          folder) as runner:
+            for _ in range(2):
+                batch = runner.score(["p", "q"], ["a", "b"], [[1], [2]])
+            summary = runner.failure_summary()
+    finally:
+        get_logger().removeHandler(handler)
+    printed = [line for line in logged if line.startswith("reward `prints` printed")]
+    assert printed[1].startswith("reward `prints` printed 1,000,001 bytes in call 2, the first 4,096 shown:\n")
+    assert len(printed) == 2 and all(len(line) < OUTPUT_CAP + 100 for line in printed)
+    assert "reward `chatty` printed 9 bytes in call 1:\nscored 2" in logged
     assert batch.values == [[0.0, 0.0], [1.0, 1.0]]  # printing is no failure in a run
     text, size = batch.printed["prints"]
     assert size == 1_000_001 and len(text) == OUTPUT_CAP
