@@ -138,11 +138,27 @@ def report_rewards(recipe, records: list[dict], encode, say=print) -> int:
 
 
 def validate_rewards(recipe, say=print) -> int:
-    """`finetune validate` on a GRPO recipe: the first few prompt records of its datasets, the tokenizer for the
+    """`finetune validate` on a GRPO recipe: the first few prompt records of its datasets, an encoder for the
     completion ids, and report_rewards."""
     from finetune.data.grpo.prompts import first_records
-    from finetune.model.loader import load_tokenizer
 
     records = first_records(recipe, SAMPLE_RECORDS)
+    return report_rewards(recipe, records, completion_encoder(recipe), say)
+
+
+def completion_encoder(recipe):
+    """text -> the ids the run's tokenizer gives it: the model's tokenizer.json read by `tokenizers` alone when there
+    is one (validate then imports neither transformers nor torch, seconds saved; the recipe's added `tokens` are
+    left out, which a sample completion does not need), else the recipe's tokenizer."""
+    from finetune.model.loader import tokenizer_source
+
+    path = Path(tokenizer_source(recipe)) / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        fast = Tokenizer.from_file(str(path))
+        return lambda text: fast.encode(text, add_special_tokens=False).ids
+    from finetune.model.loader import load_tokenizer
+
     tokenizer = load_tokenizer(recipe)
-    return report_rewards(recipe, records, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], say)
+    return lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
