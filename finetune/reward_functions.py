@@ -189,7 +189,7 @@ def check_reward(func, spec: str, columns=None) -> None:
                             "remove the `/`")
         elif (p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and required
               and columns is not None and p.name not in known):
-            close = difflib.get_close_matches(p.name, sorted(known), n=1)
+            close = difflib.get_close_matches(p.name, sorted(known), n=1, cutoff=0.8)  # `completion` for completions
             meant = f" (did you mean `{close[0]}`?)" if close else ""
             problems.append(f"`{p.name}`{meant} is required but is neither one of {', '.join(BATCH_ARGUMENTS)}, "
                             f"{', '.join(TRL_EXTRAS)} nor a column of the records "
