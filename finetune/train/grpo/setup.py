@@ -119,8 +119,8 @@ def done_grpo(summary: dict, output_dir) -> dict:
              f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
     if curves.get("verdict") == "no reward":
         raise RewardError(f"the run ended after {summary['steps']} steps without a single reward: "
-                          f"{curves['reason']}. run.json and diagnosis.json are in {output_dir}; the saved model is "
-                          "the one it started from")
+                          f"{curves['reason']}. run.json and diagnosis.json are in {output_dir}; the model saved "
+                          "there learned nothing from a reward")
     log.info(f"done: {summary['steps']} steps, {reward_words(summary)}; saved to {output_dir}")
     return summary
 
