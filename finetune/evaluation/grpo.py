@@ -115,7 +115,8 @@ def _value(value) -> float | None:
 def _training_verdict(run: dict) -> dict | None:
     """The training's own verdict on its reward (run.json's curves), for the report to set the claim beside."""
     curves = (run or {}).get("curves") or {}
-    return {k: curves[k] for k in ("verdict", "reason", "reward_first", "reward_last") if k in curves} or None
+    return {k: curves[k] for k in ("verdict", "reason", "reward_first", "reward_last", "reward_verdict")
+            if k in curves} or None
 
 
 def verdict_part(grpo: dict) -> str:
@@ -126,7 +127,8 @@ def verdict_part(grpo: dict) -> str:
     interval = grpo["differences"]["reward"]
     said = claim("held-out reward", base, tuned, interval, higher_is_better=True)
     trained = grpo.get("training_verdict") or {}
-    word, verdict = compared(interval, True), trained.get("verdict")
+    # "rewards failing" keeps the working functions' verdict as reward_verdict: the claim is about the reward
+    word, verdict = compared(interval, True), trained.get("reward_verdict") or trained.get("verdict")
     if word == "too few to tell":
         return said
     if verdict == "reward rising" and word != "better":
