@@ -125,7 +125,11 @@ def captured_output():
     box = {"text": "", "bytes": 0}
     for stream in (sys.stdout, sys.stderr):
         _flush(stream)
-    saved = [os.dup(1), os.dup(2)]
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # a process started without stdout or stderr: nothing to catch, nothing reaches a log
+        yield box
+        return
     with tempfile.TemporaryFile() as sink:
         os.dup2(sink.fileno(), 1)
         os.dup2(sink.fileno(), 2)
