@@ -323,6 +323,9 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
+        # the prompts' kinds, as SFT names record shapes: conversations (chat) or text (completion); a served model
+        # is prompted the same way (finetune/model/prompt_format.py)
+        "formats": dict(Counter("chat" if isinstance(p.record["prompt"], list) else "completion" for p in items)),
         "train": prompt_stats(train),
         "eval": prompt_stats(held),
         "packing": {},
