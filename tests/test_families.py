@@ -190,8 +190,24 @@ def test_grpo_one_step(runs, model_type):
     summary = _train(path)
     logged = [e for e in summary["log_history"] if "reward" in e]
     assert len(logged) == 1 and math.isfinite(logged[0]["loss"])
-    start = _weights(path.parent / "grpo")
-    assert any(n.endswith("lora_B.weight") and t.abs().max() > 0 for n, t in start.items())  # the step trained
+    adapter = _weights(path.parent / "grpo")
+    assert any(n.endswith("lora_B.weight") and t.abs().max() > 0 for n, t in adapter.items())  # the step trained
+    # the rows GRPO scores this family's completions in (packed, or each alone where it does not pack) give the
+    # log-probs of each completion after its own prompt, padded: no completion reads another
+    from transformers import AutoModelForCausalLM
+
+    from finetune.model.families import packs
+    from finetune.train.grpo.scoring import completion_logps, pack_scoring_rows, padded_completion_logps
+    from finetune.train.grpo.setup import scoring_capacity
+
+    model = AutoModelForCausalLM.from_pretrained(runs.model(model_type), dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    prompts, completions = ([torch.randint(1, 500, (n,), generator=gen).tolist() for n in sizes]
+                            for sizes in ((5, 7), (4, 1, 6, 3)))
+    rows = pack_scoring_rows(prompts, completions, scoring_capacity(64, packs(model.config)), share_prompt=False)
+    with torch.no_grad():
+        scored, padded = completion_logps(model, rows), padded_completion_logps(model, prompts, completions)
+    assert (scored.logps - padded.logps)[padded.mask].abs().max() < TOLERANCE
 
 
 @pytest.mark.parametrize("model_type", ROWS)
@@ -210,6 +226,37 @@ def test_merge_reproduces_the_adapter_logits(runs, model_type):
         want, got, before = (m.eval()(input_ids=ids).logits for m in (adapter, merged, base))
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert (got - before).abs().max() > 1e-4  # the adapter did move the model
+
+
+def test_docs_models_md_is_current():
+    from finetune.commands.models import models_markdown
+
+    docs = Path(__file__).parent.parent / "docs" / "models.md"
+    assert docs.read_text() == models_markdown(), "docs/models.md is stale: finetune models --markdown > docs/models.md"
+
+
+def test_a_row_says_what_transformers_says_of_the_class():
+    """sdpa and flex as transformers' class flags them; moe where the config counts experts."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    for model_type, row in FAMILIES.items():
+        config = CONFIG_MAPPING[model_type]()
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+        assert (row.sdpa, row.flex) == (cls._supports_sdpa, cls._supports_flex_attn), model_type
+        experts = [getattr(config, k, None) for k in ("num_experts", "num_local_experts", "n_routed_experts")]
+        assert row.moe == any(experts), model_type
+
+
+def test_a_family_not_in_the_table_trains_unpacked_saying_so_once(runs, caplog):
+    model_type = "starcoder2"  # a causal LM transformers ships that the table leaves out
+    assert model_type not in FAMILIES
+    path = runs.recipe(model_type, "generic", adapter="lora", sample_packing=True)
+    summary = _train(path)
+    said = [r for r in caplog.records if "not in finetune's family table" in r.getMessage()]
+    assert len(said) == 1 and "sample packing" in said[0].getMessage() and said[0].levelname == "WARNING"
+    assert not summary["data"].get("packing", {}).get("train") and summary["recipe"]["sample_packing"] is False
+    assert _losses(summary)[0] == pytest.approx(unpacked_loss(path), abs=TOLERANCE)
 
 
 @pytest.mark.parametrize("model_type", ROWS)

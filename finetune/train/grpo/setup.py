@@ -67,7 +67,12 @@ def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool, packs: bool =
         mask_truncated=method_setting(recipe, "mask_truncated_completions"),
         micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
         chat=isinstance(json.loads(first)["prompt"], list), share_prompt=bool(share_prompt),
-        capacity=recipe.sequence_len if packs else 0)
+        capacity=scoring_capacity(recipe.sequence_len, packs))
+
+
+def scoring_capacity(sequence_len: int, packs: bool) -> int:
+    """Tokens per scoring row: sequence_len; 0 where the model's family does not pack (each completion alone)."""
+    return sequence_len if packs else 0
 
 
 def eos_ids(tokenizer) -> tuple:
