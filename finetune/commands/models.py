@@ -36,6 +36,30 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+CHAT_TEMPLATES = [
+    "## Chat templates",
+    "",
+    "Chat records are rendered with the template the base model's tokenizer ships (`chat_template: tokenizer_default`,",
+    "the default): an instruct model's own turns, as it was trained and as it is served. A tokenizer without one (a",
+    "base model) gets ChatML; `chat_template: chatml` or `jinja` (with `chat_template_jinja`) choose otherwise.",
+    "",
+    "What is supervised is each assistant turn as the template writes it: from the end of the generation prompt",
+    "through the turn's end marker (`<|im_end|>`, `<|eot_id|>`, `<end_of_turn>`, `<|end|>`, `</s>`), every turn of",
+    "the conversation; text a template writes only to close a conversation (Phi-3's EOS) once, on the last turn.",
+    "`finetune preprocess recipe.yml --show 3` prints examples with the supervised spans marked.",
+    "",
+    "A template that writes a turn differently once later turns follow it cannot be trained turn by turn: Qwen3's",
+    "drops the `<think>` block of every assistant turn before the last user message and writes one on the last",
+    "(DeepSeek-R1's and gpt-oss's do the same with their reasoning). A multi-turn record under such a template is",
+    "refused, naming the turn and where its two renderings part; one exchange per record trains as it is.",
+    "",
+    "`finetune port` maps axolotl's template names (`qwen3`, `gemma3`, `phi_3`, `llama3`, `mistral_v7_tekken`...)",
+    "to `tokenizer_default`, saying whether the name is the base model's own family's template",
+    "([porting from axolotl](porting-from-axolotl.md)).",
+    "",
+]
+
+
 def models_markdown() -> str:
     gguf = _gguf()
     rows = ["| family | models | packing | attention paths | GGUF | MoE | attention, notes |",
@@ -71,6 +95,7 @@ def models_markdown() -> str:
         "",
         *rows,
         "",
+        *CHAT_TEMPLATES,
     ]
     return "\n".join(lines)
 
