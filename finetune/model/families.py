@@ -76,8 +76,8 @@ ROWS = (
     Family("glm", "GLM-4 9B (the first HF-native GLM-4)", attention=_PLAIN + "; partial rotary"),
     Family("glm4", "GLM-4 (0414)", attention=_PLAIN + "; partial rotary, norms after attention and MLP"),
     Family("gpt_oss", "gpt-oss (20B, 120B)", sdpa=False, moe=True,
-           packing="transformers 5.23 builds its attention masks without position_ids, so the masked kernels "
-                   "would let packed examples attend to each other",
+           packing="transformers 5.23 builds its attention masks without position_ids (transformers PR #39997, "
+                   "open), so the masked kernels would let packed examples attend to each other",
            per_example="no packing; and attention sinks (a learned per-head logit), which SDPA cannot apply",
            attention="attention sinks, alternating sliding-window and full layers",
            notes="trains on padded rows; GRPO scores each completion in a row of its own"),
