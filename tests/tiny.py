@@ -69,7 +69,7 @@ def build_tiny_model(out_dir: str | Path, seed: int = 0) -> Path:
 
 # The family matrix's sizes (tests/test_families.py): each key a config class has is set, so one table shrinks
 # every family: dense, mixture-of-experts (4 experts, top 2), DeepSeek's latent attention, Qwen3-Next's linear
-# attention. A window of 6 tokens makes sliding-window layers matter on the matrix's ~20-token examples.
+# attention. A window of 6 tokens makes sliding-window layers matter on the matrix's ~50-token examples.
 FAMILY_SIZES = dict(
     hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
     head_dim=8, max_position_embeddings=512, sliding_window=6,
@@ -103,8 +103,7 @@ def family_config(model_type: str, tokenizer):
 
 
 def build_family_model(model_type: str, out_dir: str | Path, tokenizer=None, seed: int = 0) -> Path:
-    """An HF folder with a tiny `model_type` model and the tiny tokenizer. Eager attention where transformers' class
-    has no SDPA path (Gemma 2, gpt-oss): the attention `auto` picks for them."""
+    """An HF folder with a tiny `model_type` model (`family_config`) and the tiny tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM
 
