@@ -1,5 +1,6 @@
 """Read a GGUF's weights back into a fresh transformers model of the same config, with gguf-py's reader: for the
-families transformers' own GGUF loader does not read (olmo2, smollm3, mixtral as a llama with experts, gpt-oss).
+families transformers' own GGUF loader does not read (gemma, olmo2, smollm3, mixtral as a llama with experts,
+gpt-oss).
 
 Written from the two layouts, not from the exporter: the GGUF side as llama.cpp's loader reads it (ffn_*_exps
 [n_expert, out, in], q/k rows paired for the Llama rope), the HF side as transformers' modeling code uses it.
@@ -15,6 +16,8 @@ import torch
 # llama.cpp architectures that run the Llama ("NORM") rope, whose q/k rows the converter reorders
 # (llama_model_rope_type in src/llama-model.cpp)
 NORM_ROPE_ARCHS = {"llama", "smollm3"}
+# Gemma's RMSNorm scales by 1 + w, llama.cpp's by w: the converter stores w + 1
+PLUS_ONE_NORM_ARCHS = {"gemma", "gemma2", "gemma3"}
 
 
 def gguf_arrays(path) -> tuple[str, dict[str, np.ndarray], dict]:
@@ -78,6 +81,8 @@ def load_into(model, path) -> None:
             data = arrays["token_embd.weight"]  # tied
         else:
             data = get(name if name.endswith((".weight", ".bias")) else f"{name}.weight")
+        if arch in PLUS_ONE_NORM_ARCHS and name.endswith("norm.weight"):
+            data = data - 1
         if arch in NORM_ROPE_ARCHS and (".q_proj." in name or ".k_proj." in name):
             heads = config.num_attention_heads if ".q_proj." in name else config.num_key_value_heads
             data = _unpermute(data, heads)

@@ -24,6 +24,7 @@ TINY_CONFIGS = {
     "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, num_experts=4, num_experts_per_tok=2,
                                          moe_intermediate_size=32, norm_topk_prob=True)),
     "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "gemma": ("GemmaConfig", dict(head_dim=8)),
     "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4)),
     "gemma3_text": ("Gemma3TextConfig", dict(
         head_dim=16, query_pre_attn_scalar=16, sliding_window=4, tie_word_embeddings=False,
@@ -41,6 +42,7 @@ _EXPECTED = {
     "qwen3": ("qwen3", {"attention.key_length": 8, "attention.head_count_kv": 2}),
     "qwen3_moe": ("qwen3moe", {"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32}),
     "mixtral": ("llama", {"expert_count": 4, "expert_used_count": 2, "rope.freq_base": 1e6}),
+    "gemma": ("gemma", {"attention.key_length": 8, "attention.head_count_kv": 2}),
     "gemma2": ("gemma2", {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
                           "attention.sliding_window": 4, "attention.key_length": 16}),
     "gemma3_text": ("gemma3", {"attention.sliding_window": 4, "rope.freq_base": 1e6, "rope.freq_base_swa": 1e4,

@@ -56,6 +56,7 @@ _TABLE = (
     Family("phi3", "phi3", rope_types=("default",),
            keys=(("add_sliding_window", "sliding_window"),
                  ("add_rope_scaling_orig_ctx_len", "original_max_position_embeddings"))),
+    Family("gemma", "gemma", head="tied", **_GEMMA),
     Family("gemma2", "gemma2", head="tied", swa_period=2, **_GEMMA,
            keys=(("add_attn_logit_softcapping", "attn_logit_softcapping"),
                  ("add_final_logit_softcapping", "final_logit_softcapping"),
@@ -103,7 +104,7 @@ def _swa_problem(config, family: Family) -> str | None:
 
 def _gemma_problem(config, family: Family) -> str | None:
     # llama.cpp scales queries by 1/sqrt(head_dim), or 1/sqrt(hidden/heads) for the 27B layer counts
-    big = config.num_hidden_layers == {"gemma2": 46, "gemma3": 62}[family.arch]
+    big = config.num_hidden_layers == {"gemma2": 46, "gemma3": 62}.get(family.arch)
     expected = config.hidden_size // config.num_attention_heads if big else head_dim(config)
     if getattr(config, "query_pre_attn_scalar", expected) != expected:
         return (f"query_pre_attn_scalar is {config.query_pre_attn_scalar}, but llama.cpp scales queries by "
