@@ -79,13 +79,18 @@ def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool) -> list[
 BATCH_ENCODERS = {"completion": encode_completions, "instruction": encode_instructions, "chat": encode_chats}
 
 
-def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inputs: bool) -> list[Example]:
-    """Encode (shape, record) pairs, in order, one tokenizer call per shape present."""
+def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inputs: bool, images=None) -> list[Example]:
+    """Encode (shape, record) pairs, in order, one tokenizer call per shape present. `images`: a vision-language
+    model's ImageEncoder (finetune/data/vision/encode.py), which encodes its chats (a record it cannot use comes
+    back as a Rejected, its reason counted)."""
     out: list[Example | None] = [None] * len(shaped_records)
     for shape, encoder in BATCH_ENCODERS.items():
         where = [i for i, (s, _) in enumerate(shaped_records) if s == shape]
         if where:
-            for i, example in zip(where, encoder(tokenizer, [shaped_records[i][1] for i in where], train_on_inputs)):
+            records = [shaped_records[i][1] for i in where]
+            encoded = images(records, train_on_inputs) if images is not None and shape == "chat" else \
+                encoder(tokenizer, records, train_on_inputs)
+            for i, example in zip(where, encoded):
                 out[i] = example
     return out  # type: ignore[return-value]
 
@@ -93,16 +98,16 @@ def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inp
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer, train_on_inputs: bool) -> None:
+def _init_worker(tokenizer, train_on_inputs: bool, images) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # processes already split the work
-    _WORKER.update(tokenizer=tokenizer, train_on_inputs=train_on_inputs)
+    _WORKER.update(tokenizer=tokenizer, train_on_inputs=train_on_inputs, images=images)
 
 
 def _encode_in_worker(chunk: list[tuple[str, dict]]) -> list[Example]:
-    return encode_batch(_WORKER["tokenizer"], chunk, _WORKER["train_on_inputs"])
+    return encode_batch(_WORKER["tokenizer"], chunk, _WORKER["train_on_inputs"], _WORKER["images"])
 
 
-def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: int = 1):
+def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: int = 1, images=None):
     """Yield Examples in record order, encoding chunks of CHUNK_RECORDS in up to `processes` processes."""
     def chunks():
         chunk = []
@@ -116,13 +121,13 @@ def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: i
 
     if processes <= 1:
         for chunk in chunks():
-            yield from zip(chunk, encode_batch(tokenizer, chunk, train_on_inputs))
+            yield from zip(chunk, encode_batch(tokenizer, chunk, train_on_inputs, images))
         return
     import multiprocessing
 
     # spawn, not fork: the parent may hold torch / tokenizer threads, which fork does not copy safely
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(tokenizer, train_on_inputs)) as pool:
+                             initializer=_init_worker, initargs=(tokenizer, train_on_inputs, images)) as pool:
         pending = list(chunks())
         for chunk, examples in zip(pending, pool.map(_encode_in_worker, pending)):
             yield from zip(chunk, examples)

@@ -10,7 +10,7 @@ template whose renderings of a growing conversation are prefixes of each other, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from finetune.contract import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, IGNORE_INDEX, alpaca_prompt
 from finetune.errors import DataError
@@ -24,6 +24,8 @@ __all__ = ["ALPACA_NO_INPUT", "ALPACA_WITH_INPUT", "Example", "alpaca_prompt", "
 class Example:
     input_ids: list[int]
     labels: list[int]
+    images: list[dict] = field(default_factory=list)  # the record's image parts, in order (vision-language models)
+    image_tokens: int = 0  # tokens the images became: image tokens and their boundaries (never supervised)
 
     @property
     def supervised_tokens(self) -> int:

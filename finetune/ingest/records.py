@@ -106,18 +106,29 @@ def record_problem(record: object, shape: str) -> str | None:
         if not isinstance(messages, list) or not messages:
             return 'a chat record needs "messages" as a non-empty list'
         for i, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-                return f'messages[{i}] needs "role" and "content" (a string)'
+            if not isinstance(msg, dict) or content_text(msg.get("content")) is None:
+                return f'messages[{i}] needs "role" and "content" (a string, or a list of text and image parts)'
             if msg.get("role") not in ROLES:
                 return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)} (in a recipe, "
                         f"the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
-            if msg["role"] == "assistant" and not msg["content"].strip():
+            if msg["role"] == "assistant" and not content_text(msg["content"]).strip():
                 return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
                         "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
         if not any(m["role"] == "assistant" for m in messages):
             return "the conversation has no assistant turn: nothing to supervise"
     else:
         return f"unknown shape {shape!r}"
+    return None
+
+
+def content_text(content: object) -> str | None:
+    """A message's text: the string, or its text parts joined (image parts aside); None when it is neither.
+    (vcore's stand-in until vdata's record parsing merges: issue 39, the vision contract.)"""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and (p.get("type") == "image" or (
+            p.get("type") == "text" and isinstance(p.get("text"), str))) for p in content):
+        return "".join(p["text"] for p in content if p["type"] == "text")
     return None
 
 

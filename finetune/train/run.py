@@ -43,10 +43,11 @@ def count_data(recipe, state):
     the barrier, then read the cache."""
     from finetune.data import build_dataset
     from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import load_processor
 
     with state.main_process_first():
         tokenizer = load_tokenizer(recipe)
-        prepared = build_dataset(recipe, tokenizer)
+        prepared = build_dataset(recipe, tokenizer, load_processor(recipe, tokenizer))
     stats = prepared.stats
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
@@ -139,7 +140,7 @@ class Built(NamedTuple):
     initial_adapter: dict | None = None
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None, processor=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3 and FSDP2, where they wait for the engine to shard and gather the weights; then the decoder layers are
@@ -162,6 +163,10 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
+    if processor is not None:  # a vision-language model: the text batch plus its rows' pixels
+        from finetune.data.vision.collate import VisionCollator
+
+        collator = VisionCollator(collator, processor, recipe.image_max_pixels, recipe.image_min_pixels)
     attn = settings.attn_implementation
     # GRPO scores its completions in packed rows of its own, with or without sample_packing
     varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
@@ -260,7 +265,8 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
-    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
+    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train,
+                          processor=prepared.processor)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
     return save_and_record(recipe, settings, layout, prepared, run, started)
@@ -290,8 +296,10 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
     # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
-    planned = planned_memory(recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation,
-                             settings.optimizer, settings.world_size)
+    # the planner counts text models; a vision-language model's tower is not in its tables yet: no plan for it
+    planned = None if prepared.processor is not None else planned_memory(
+        recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation, settings.optimizer,
+        settings.world_size)
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer_class, own_kwargs, train_dataset = Trainer, {}, prepared.train
@@ -316,7 +324,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         train_dataset=train_dataset,
         eval_dataset=prepared.eval if settings.has_eval else None,
         data_collator=collator,
-        processing_class=tokenizer,
+        processing_class=prepared.processor or tokenizer,  # checkpoints hold the processor of a vision model
     )
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
@@ -331,7 +339,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         if interrupt.fired:
             raise Interrupted(interrupted_message(interrupt, layout))
         eval_after = final_eval_loss(trainer) if settings.has_eval else None
-    return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
+    return {"trainer": trainer, "tokenizer": prepared.processor or tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
             "initial_adapter": built.initial_adapter}

@@ -1,0 +1,84 @@
+"""Images in the data stage: a chat record's image parts become image tokens in its row (encode.py), pixels in its
+batch (collate.py); images.py loads and checks one image. What the data stage asks of them is here: which
+encoder a recipe's chats take, which records a model can use, the counted rejects, the cache key's share.
+
+A vision-language model's rows carry an `images` column (each row's image parts, JSON); its stats count image
+tokens apart from supervised ones, and `dropped_images` counts the records left out, by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from finetune.errors import DataError
+
+IMAGE_REJECT = "image:"  # the outcome key of a record left out because of its images: IMAGE_REJECT + reason
+
+
+def encoder_for(recipe, processor):
+    """The ImageEncoder for a vision-language model's chats, or None (a text model: the tokenizer encodes them)."""
+    if processor is None:
+        return None
+    from finetune.data.vision.encode import ImageEncoder
+
+    return ImageEncoder(processor, recipe.image_max_pixels, recipe.image_min_pixels)
+
+
+def has_images(shape: str, record: dict) -> bool:
+    return shape == "chat" and any(isinstance(m.get("content"), list) and any(
+        isinstance(p, dict) and p.get("type") == "image" for p in m["content"]) for m in record["messages"])
+
+
+def usable(item: tuple[str, dict], processor, outcome: Counter) -> bool:
+    """False (counted) for a record with images under a model that cannot see them."""
+    if processor is None and has_images(*item):
+        outcome["records"] += 1
+        outcome[IMAGE_REJECT + "image_without_vision_model"] += 1
+        return False
+    return True
+
+
+def image_rejects(outcome: Counter) -> dict:
+    return {key[len(IMAGE_REJECT):]: n for key, n in sorted(outcome.items()) if key.startswith(IMAGE_REJECT)}
+
+
+def rejects_line(outcome: Counter) -> str:
+    """', 3 left out for their images (missing_image: 2, too_long_with_images: 1)', or '' when none were."""
+    rejects = image_rejects(outcome)
+    if not rejects:
+        return ""
+    why = ", ".join(f"{reason}: {n}" for reason, n in rejects.items())
+    hint = (" (the base model is text-only: set base_model to a vision-language model)"
+            if "image_without_vision_model" in rejects else "")
+    return f", {sum(rejects.values())} left out for their images ({why}){hint}"
+
+
+def image_stats(outcome: Counter, vision: bool) -> dict:
+    """The stats' `dropped_images`: records left out because of their images, by reason (when there are any, or
+    the model sees images)."""
+    rejects = image_rejects(outcome)
+    return {"dropped_images": rejects} if rejects or vision else {}
+
+
+def processor_fingerprint(processor) -> str:
+    """What of a processor changes the rows: its image settings and image token (''  for a text model)."""
+    if processor is None:
+        return ""
+    import hashlib
+
+    image_processor = getattr(processor, "image_processor", None)
+    settings = image_processor.to_json_string() if image_processor is not None else ""
+    blob = f"{type(processor).__name__}:{getattr(processor, 'image_token', None)}:{settings}"
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def check_vision_method(recipe, processor) -> None:
+    """What a vision-language model does not train yet, refused before any tokenizing."""
+    if processor is None:
+        return
+    if recipe.method != "sft":
+        raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet; "
+                        "`method: sft` trains it (docs/vision.md)")
+    if recipe.sample_packing:
+        raise DataError("`sample_packing` with a vision-language base model is not supported yet: each row's "
+                        "images must stay with its tokens; remove `sample_packing` (docs/vision.md)")
