@@ -89,7 +89,7 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     """Every record of `files` -> Examples, fitted to sequence_len. `records`: a list that receives the
     (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split).
     `processor`: a vision-language model's, which encodes its chats (finetune/data/vision/encode.py)."""
-    from finetune.data.vision import encoder_for, usable
+    from finetune.data.vision import chat_encoder, usable
 
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
@@ -101,9 +101,9 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     shaped = (counted(i, _sft_record(path, item))
               for i, path, _, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome)
               if usable(item, processor, outcome))
-    images = encoder_for(recipe, processor)
+    chat = chat_encoder(recipe, processor)
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
-    for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes, images):
+    for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes, chat):
         outcome["records"] += 1
         if not isinstance(encoded, Example):  # a record the vision encoder could not use, counted by its reason
             outcome[IMAGE_REJECT + encoded.reason] += 1

@@ -36,14 +36,16 @@ def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the [start, end) character span of each assistant turn."""
+def assistant_spans(tokenizer, messages: list[dict], roles=("assistant",)) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the [start, end) character span of each turn of `roles` (the assistant's: its
+    answer after the generation prompt; another role's: the whole rendered turn, its header included)."""
     full = _render(tokenizer, messages, generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] not in roles:
             continue
-        before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
+        answer = message["role"] == "assistant"
+        before = _render(tokenizer, messages[:i], generation_prompt=answer) if i else ""
         through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
         if not (full.startswith(through) and through.startswith(before)):
             raise DataError(

@@ -15,13 +15,19 @@ from finetune.errors import DataError
 IMAGE_REJECT = "image:"  # the outcome key of a record left out because of its images: IMAGE_REJECT + reason
 
 
-def encoder_for(recipe, processor):
-    """The ImageEncoder for a vision-language model's chats, or None (a text model: the tokenizer encodes them)."""
+def chat_encoder(recipe, processor):
+    """What encodes the recipe's chats, supervising the turns of roles_to_train: the tokenizer (encode_chats), or a
+    vision-language model's processor (an ImageEncoder)."""
+    roles = tuple(recipe.roles_to_train)
     if processor is None:
-        return None
+        import functools
+
+        from finetune.data.encode import encode_chats
+
+        return functools.partial(encode_chats, roles=roles)
     from finetune.data.vision.encode import ImageEncoder
 
-    return ImageEncoder(processor, recipe.image_max_pixels, recipe.image_min_pixels)
+    return ImageEncoder(processor, recipe.image_max_pixels, recipe.image_min_pixels, roles)
 
 
 def has_images(shape: str, record: dict) -> bool:

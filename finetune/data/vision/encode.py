@@ -66,6 +66,7 @@ class ImageEncoder:
     processor: object
     max_pixels: int | None = None
     min_pixels: int | None = None
+    roles: tuple[str, ...] = ("assistant",)  # the turns supervised (the recipe's roles_to_train)
 
     def images(self, parts: list[dict]) -> list:
         return [load_image(p, max_pixels=self.max_pixels, min_pixels=self.min_pixels) for p in parts]
@@ -76,7 +77,7 @@ class ImageEncoder:
             images = self.images(parts)
         except ImageRejected as exc:
             return Rejected(exc.reason, exc.detail)
-        text, spans = assistant_spans(self.processor.tokenizer, parts_messages(record["messages"]))
+        text, spans = assistant_spans(self.processor.tokenizer, parts_messages(record["messages"]), self.roles)
         try:
             enc = self.processor(text=[text], images=images or None, add_special_tokens=False,
                                  return_offsets_mapping=True, return_text_replacement_offsets=True)
@@ -89,5 +90,6 @@ class ImageEncoder:
                                              train_on_inputs)
         return Example(ids, labels, images=parts, image_tokens=image_tokens)
 
-    def __call__(self, records: list[dict], train_on_inputs: bool) -> list[Example | Rejected]:
+    def __call__(self, tokenizer, records: list[dict], train_on_inputs: bool) -> list[Example | Rejected]:
+        """encode_chats' signature; the processor holds the tokenizer."""
         return [self.encode(r, train_on_inputs) for r in records]
