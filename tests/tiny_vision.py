@@ -146,6 +146,12 @@ def build_tiny_vlm(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     return out_dir
 
 
+def tiny_vlm(family: str, root: str | Path) -> Path:
+    """The family's tiny model in root/family, built on first use (test modules share one build per session)."""
+    folder = Path(root) / family
+    return folder if (folder / "config.json").is_file() else build_tiny_vlm(family, folder)
+
+
 def draw_images(folder: str | Path, colours: dict[str, tuple[int, int, int]], size=(20, 16)) -> dict[str, str]:
     """One PNG of a flat colour per name: {name: absolute path}."""
     from PIL import Image

@@ -86,6 +86,14 @@ def load_processor(recipe, tokenizer):
     return processor
 
 
+def tokenizer_and_processor(recipe):
+    """(tokenizer, processor or None): what the data stage encodes the recipe's records with."""
+    from finetune.model.loader import load_tokenizer
+
+    tokenizer = load_tokenizer(recipe)
+    return tokenizer, load_processor(recipe, tokenizer)
+
+
 @dataclass
 class Parts:
     """Module-name prefixes of each part (a parameter belongs to the part with the longest prefix of its name)."""

@@ -42,12 +42,11 @@ def count_data(recipe, state):
     """(tokenizer, Prepared): only the main process converts the model and tokenizes; the others wait at
     the barrier, then read the cache."""
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
-    from finetune.model.vision import load_processor
+    from finetune.model.vision import tokenizer_and_processor
 
     with state.main_process_first():
-        tokenizer = load_tokenizer(recipe)
-        prepared = build_dataset(recipe, tokenizer, load_processor(recipe, tokenizer))
+        tokenizer, processor = tokenizer_and_processor(recipe)
+        prepared = build_dataset(recipe, tokenizer, processor)
     stats = prepared.stats
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
@@ -68,6 +67,9 @@ def count_data(recipe, state):
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
              f"{' (cached)' if prepared.reused else ''}")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     return tokenizer, prepared
 
 
@@ -85,7 +87,9 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     if stats.get("packing", {}).get("train"):  # a micro batch counts packed rows, each holding several items
         per_step = (f"{numbers['examples_per_step']} packed row{'s' if numbers['examples_per_step'] != 1 else ''} "
                     f"(~{stats['train']['examples'] / numbers['steps_per_epoch']:.1f} {items})")
-    log.info(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
+    train = stats["train"]
+    images = f", {train['image_tokens']:,} image tokens ({train['images']:,} images)" if "image_tokens" in train else ""
+    log.info(f"tokens: {train['tokens']:,} train, {train['supervised_tokens']:,} supervised{images}; "
              f"{per_step} = ~{numbers['tokens_per_step']:.0f} tokens "
              f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")

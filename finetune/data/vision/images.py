@@ -3,14 +3,15 @@
 
 class ImageRejected(Exception):
     def __init__(self, reason: str, detail: str):
-        super().__init__(detail)
-        self.reason, self.detail = reason, detail
+        super().__init__(detail); self.reason, self.detail = reason, detail  # noqa: E702
 
 
 def load_image(part: dict, *, max_pixels: int | None = None, min_pixels: int | None = None):
     from PIL import Image
-
-    image = Image.open(part["path"]).convert("RGB")
+    try:
+        image = Image.open(part["path"]).convert("RGB")
+    except OSError as exc:
+        raise ImageRejected("unreadable_image", str(exc)) from None
     scale = max(min(1.0, (max_pixels or 1 << 62) / (image.width * image.height)), (min_pixels or 0) / (image.width * image.height)) ** 0.5
     return image if scale == 1 else image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))))
 
