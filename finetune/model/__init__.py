@@ -55,16 +55,18 @@ def quantized_base(recipe) -> bool:
     return recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit
 
 
-def get_quantization_config(recipe, compute_dtype):
-    """BitsAndBytesConfig for a quantized base, or None."""
+def get_quantization_config(recipe, compute_dtype, keep: list[str] | None = None):
+    """BitsAndBytesConfig for a quantized base, or None. `keep`: modules left unquantized (a vision-language model's
+    tower, projector and output layer: model/vision.py); None: transformers' default (the output layer)."""
     if not quantized_base(recipe):
         return None
     require_bitsandbytes("a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`)")
     from transformers import BitsAndBytesConfig
 
     if recipe.load_in_8bit:
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
     return BitsAndBytesConfig(
+        llm_int8_skip_modules=keep,
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,  # quantize the quantization constants too: ~0.37 bits/param saved
@@ -110,14 +112,14 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
 def load_base_model(recipe, precision: str, attn: str):
     import torch
 
-    from finetune.model.vision import model_class
+    from finetune.model.vision import model_class, unquantized_modules
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     # Adapters train on a base held in the compute dtype; a full fine-tune keeps fp32 master weights and
     # lets autocast run the matmuls in bf16/fp16.
     load_dtype = dtypes[precision] if recipe.adapter != "none" else torch.float32
     source = resolve_model_path(recipe.base_model, recipe.cache_dir)
-    quantization = get_quantization_config(recipe, dtypes[precision])
+    quantization = get_quantization_config(recipe, dtypes[precision], unquantized_modules(recipe))
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
     load = functools.partial(model_class(recipe).from_pretrained, source, dtype=load_dtype,

@@ -57,6 +57,21 @@ def model_class(recipe):
     return AutoModelForImageTextToText if vision_config(recipe) is not None else AutoModelForCausalLM
 
 
+def unquantized_modules(recipe) -> list[str] | None:
+    """A quantized vision-language model keeps its vision tower, projector and output layer in the compute dtype
+    (bitsandbytes' skip list): they are small beside the language model, and 4-bit image features cost quality.
+    None for a text model (transformers' default: the output layer)."""
+    config = vision_config(recipe) if recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit else None
+    if config is None:
+        return None
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    with torch.device("meta"):  # shapes only: the names of the parts, no weights
+        parts = vision_parts(AutoModelForImageTextToText.from_config(config))
+    return [*parts.vision_tower, *parts.multi_modal_projector, *([parts.output_layer] if parts.output_layer else [])]
+
+
 def load_processor(recipe, tokenizer):
     """The processor of a vision-language base model, using `tokenizer` (load_tokenizer's: the recipe's tokens and
     pad token) and the model's own chat template; None for a text model."""
@@ -100,7 +115,8 @@ class Parts:
 
     vision_tower: list[str]
     multi_modal_projector: list[str]
-    language_model: list[str]
+    language_model: list[str]  # the decoder, then the output layer when there is one
+    output_layer: str | None = None
 
     def part_of(self, name: str) -> str | None:
         best, length = None, -1
@@ -130,11 +146,9 @@ def vision_parts(model) -> Parts:
     holder = model.get_submodule(inner) if inner else model
     projector += [f"{inner}.{child}".lstrip(".") for child, module in holder.named_children()
                   if module is not tower and module is not decoder and any(True for _ in module.parameters())]
-    language = [decoder_name]
     output = model.get_output_embeddings()
-    if output is not None:
-        language.append(names[id(output)])
-    return Parts([tower_name], projector, language)
+    output_name = names[id(output)] if output is not None else None
+    return Parts([tower_name], projector, [decoder_name, *([output_name] if output_name else [])], output_name)
 
 
 def freeze_parts(model, recipe) -> dict[str, int]:

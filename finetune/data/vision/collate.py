@@ -1,7 +1,7 @@
 """Batches for a vision-language model: the text batch (finetune/data/collate.py) plus the pixels of its rows' images.
 
-Each row's images are loaded again with the pixel budget they were encoded with, so the image processor gives
-each image exactly the tokens its row holds (finetune/data/vision/encode.py counted them with the same
+Each row's images are loaded again with the pixel budget they were encoded with, so the processor gives each
+image exactly the tokens its row holds (finetune/data/vision/encode.py counted them with the same
 processor). Rows without images add none; a batch without any adds no pixel inputs at all. The per-token
 modality ids some families read are made from the padded ids: Gemma 3's `token_type_ids` (image tokens attend to
 each other both ways), Qwen2-VL's `mm_token_type_ids` (its 3-D rotary positions).
@@ -38,7 +38,7 @@ class VisionCollator:
         if wanted:
             types = torch.tensor(self.processor.create_mm_token_type_ids(batch["input_ids"].tolist()))
             batch.update({name: types for name in wanted})
-        if images:
-            pixels = self.processor.image_processor(images=images, return_tensors="pt")
-            batch.update({k: v for k, v in pixels.items() if k not in batch})
+        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops)
+            pixels = self.processor(images=images, return_tensors="pt")
+            batch.update({k: v for k, v in pixels.items() if k not in batch and k in self.processor.model_input_names})
         return batch
