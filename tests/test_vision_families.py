@@ -52,7 +52,8 @@ def tower_names(model) -> list[str]:
     from finetune.model import base_causal_lm
     from finetune.model.vision import vision_parts
 
-    parts, base = vision_parts(model), base_causal_lm(model)
+    base = base_causal_lm(model)
+    parts = vision_parts(base)
     tower = {id(p) for n, p in base.named_parameters() if parts.part_of(n) == "vision_tower"}
     return [n for n, p in model.named_parameters() if id(p) in tower]
 

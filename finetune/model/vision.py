@@ -131,10 +131,8 @@ class Parts:
 
 
 def vision_parts(model) -> Parts:
-    """The three parts of a vision-language model (under a PEFT wrapper or not), found from its structure."""
-    from finetune.model import base_causal_lm
-
-    model = base_causal_lm(model)
+    """The three parts of a vision-language model (the transformers model, not a PEFT wrapper), found from its
+    structure."""
     names = {id(module): name for name, module in model.named_modules()}
     tower = model.get_encoder(modality="image")
     decoder = model.get_decoder()
