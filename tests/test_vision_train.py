@@ -48,8 +48,18 @@ def run_recipe(tmp_path, vlm, **overrides) -> dict:
     return json.loads((tmp_path / "out" / "run.json").read_text())
 
 
-def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, vlm):
+def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, vlm, capsys):
+    from finetune.cli import main
+
     summary = run_recipe(tmp_path, vlm, adapter="lora", lora_r=4, lora_target_modules="all-linear")
+    # `finetune targets` says the same beforehand: the three parts, the tower frozen, all-linear's count
+    capsys.readouterr()
+    assert main(["targets", str(tmp_path / "recipe.yml"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {p: v["frozen"] for p, v in report["parts"].items()} == {
+        "vision_tower": True, "multi_modal_projector": False, "language_model": False}
+    recipe_preset = next(p for p in report["presets"] if p["name"] == "recipe")
+    assert recipe_preset["trainable_parameters"] == summary["trainable_parameters"]
     out = tmp_path / "out"
     targets = json.loads((out / "adapter_config.json").read_text())["target_modules"]
     assert targets and not [t for t in targets if "vision_tower" in t]

@@ -20,15 +20,10 @@ from dataclasses import dataclass
 
 from finetune.errors import ModelError
 from finetune.log import get_logger
+from finetune.model.targets import is_image_text_config
 
 PARTS = ("vision_tower", "multi_modal_projector", "language_model")
 PROJECTOR_IN_TOWER = ("merger",)  # Qwen2-VL / Qwen2.5-VL: the patch merger is the tower's last module
-
-
-def is_image_text_config(config) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as IMAGE_TEXT
-
-    return getattr(config, "model_type", None) in IMAGE_TEXT and getattr(config, "vision_config", None) is not None
 
 
 def is_vision_model(model) -> bool:
@@ -147,6 +142,16 @@ def vision_parts(model) -> Parts:
     output = model.get_output_embeddings()
     output_name = names[id(output)] if output is not None else None
     return Parts([tower_name], projector, [decoder_name, *([output_name] if output_name else [])], output_name)
+
+
+def report_parts(model, recipe=None) -> tuple[dict, object]:
+    """For `finetune targets`: {part: (module prefixes, frozen)} under the recipe's freeze_* keys (their defaults
+    without a recipe), and name -> part."""
+    from finetune.recipe.vision import VisionKeys
+
+    parts = vision_parts(model)
+    frozen = parts.frozen(recipe if recipe is not None else VisionKeys())
+    return {part: (getattr(parts, part), part in frozen) for part in PARTS}, parts.part_of
 
 
 def freeze_parts(model, recipe) -> dict[str, int]:
