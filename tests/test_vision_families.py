@@ -114,3 +114,33 @@ def test_gradient_checkpointing_gives_the_same_gradients(data, tmp_path, family)
     assert plain.keys() == checkpointed.keys()
     assert all(torch.allclose(plain[n], checkpointed[n], atol=1e-6) for n in plain)
     assert any(g.abs().sum() > 0 for g in checkpointed.values())
+
+
+def summed_loss(model, batch) -> float:
+    """Cross-entropy summed over the supervised next tokens (independent of how rows are batched)."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    with torch.no_grad():
+        logits = model(**inputs).logits.float()
+    labels = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[:, 1:]
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                             reduction="sum").item()
+
+
+@pytest.mark.parametrize("family", ["llava", "idefics3"])
+def test_packed_rows_with_images_give_the_loss_of_the_rows_alone(data, tmp_path, family):
+    """sample_packing where the family's positions allow it: one packed row of two image chats and a text chat
+    (images in their order in the row) scores every supervised token as the unpacked rows do."""
+    unpacked, model = batch_and_model(data, tmp_path, family, adapter="none", sequence_len=256)
+    packed, _ = batch_and_model(data, tmp_path, family, adapter="none", sequence_len=256, sample_packing=True)
+    assert packed["input_ids"].shape[0] == 1 and "position_ids" in packed and "attention_mask" not in packed
+    model.eval()
+    assert summed_loss(model, packed) == pytest.approx(summed_loss(model, unpacked), rel=1e-5)
+
+
+@pytest.mark.parametrize("family,why", [("gemma3", "both ways"), pytest.param("qwen2_vl", "mrope",
+                                                                               marks=NEEDS_TORCHVISION)])
+def test_packing_is_refused_where_positions_or_masks_do_not_allow_it(data, tmp_path, family, why):
+    from finetune.errors import ModelError
+
+    with pytest.raises(ModelError, match=why):
+        batch_and_model(data, tmp_path, family, adapter="none", sample_packing=True)

@@ -85,6 +85,3 @@ def check_vision_method(recipe, processor) -> None:
     if recipe.method != "sft":
         raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet; "
                         "`method: sft` trains it (docs/vision.md)")
-    if recipe.sample_packing:
-        raise DataError("`sample_packing` with a vision-language base model is not supported yet: each row's "
-                        "images must stay with its tokens; remove `sample_packing` (docs/vision.md)")

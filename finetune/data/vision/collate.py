@@ -40,5 +40,6 @@ class VisionCollator:
             batch.update({name: types for name in wanted})
         if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops)
             pixels = self.processor(images=images, return_tensors="pt")
-            batch.update({k: v for k, v in pixels.items() if k not in batch and k in self.processor.model_input_names})
+            text = {"input_ids", "attention_mask", *MODALITY_INPUTS, *self.processor.tokenizer.model_input_names}
+            batch.update({k: v for k, v in pixels.items() if k in self.processor.model_input_names and k not in text})
         return batch
