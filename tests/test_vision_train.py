@@ -51,7 +51,10 @@ def run_recipe(tmp_path, vlm, **overrides) -> dict:
 def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, vlm, capsys):
     from finetune.cli import main
 
-    summary = run_recipe(tmp_path, vlm, adapter="lora", lora_r=4, lora_target_modules="all-linear")
+    # batches grouped by length (the eval split too), the learning rate from the supervised tokens (image tokens apart)
+    summary = run_recipe(tmp_path, vlm, adapter="lora", lora_r=4, lora_target_modules="all-linear", group_by_length=True,
+                         val_set_size=2, learning_rate="auto", lr_base=1e-2, lr_pretrained_batch_tokens=1000)
+    assert summary["learning_rate_plan"]["supervised_tokens"] == summary["data"]["train"]["supervised_tokens"]
     # `finetune targets` says the same beforehand: the three parts, the tower frozen, all-linear's count
     capsys.readouterr()
     assert main(["targets", str(tmp_path / "recipe.yml"), "--json"]) == 0
@@ -72,8 +75,10 @@ def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, 
     assert type(AutoProcessor.from_pretrained(out)).__name__ == "LlavaProcessor"
     data = summary["data"]
     # 11 image records (4 image tokens each: a 16 px crop in 8 px patches) and one text-only record, all kept
-    assert data["records"] == 12 and data["train"]["examples"] == 12 and data["dropped_images"] == {}
-    assert data["train"]["images"] == 11 and data["train"]["image_tokens"] == 44
+    assert data["records"] == 12 and data["train"]["examples"] + data["eval"]["examples"] == 12
+    assert data["dropped_images"] == {}
+    images = data["train"]["images"] + data["eval"]["images"]
+    assert images in (10, 11) and data["train"]["image_tokens"] + data["eval"]["image_tokens"] == 4 * images
     assert summary["steps"] == 2
 
 

@@ -274,6 +274,9 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
         prepared.train = prepared.train.add_column("length", [len(ids) for ids in prepared.train["input_ids"]])
     if eval_packing and prepared.eval is not None:
         prepared.eval, packing["eval"] = pack_dataset(prepared.eval, recipe.sequence_len, recipe.seed)
+    elif recipe.group_by_length and prepared.eval is not None:  # the eval sampler groups too; with a processor as the
+        # Trainer's processing_class it could not infer lengths (it would look for its first input, pixel_values)
+        prepared.eval = prepared.eval.add_column("length", [len(ids) for ids in prepared.eval["input_ids"]])
     prepared.stats = {**prepared.stats, "packing": packing}
     return prepared
 
