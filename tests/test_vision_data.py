@@ -24,13 +24,13 @@ def folder(tmp_path_factory):
     return root
 
 
-def prepared(folder, tmp_path, base, **keys):
+def prepared(folder, tmp_path, base, data_type="chat", **keys):
     from finetune.data import build_dataset
     from finetune.model.vision import tokenizer_and_processor
     from finetune.recipe import recipe_from_dict
 
     recipe = recipe_from_dict({"base_model": str(base), "datasets": [{"path": str(folder / "mixed.jsonl"),
-                                                                      "type": "chat"}],
+                                                                      **({"type": data_type} if data_type else {})}],
                                "cache_dir": str(tmp_path / "cache"), **keys}, tmp_path)
     return build_dataset(recipe, *tokenizer_and_processor(recipe))
 
@@ -60,6 +60,18 @@ def test_image_records_under_a_text_model_are_counted_rejects(folder, tmp_path, 
     stats = prepared(folder, tmp_path, tiny_model_dir).stats
     assert stats["dropped_images"] == {"image_without_vision_model": 3}
     assert stats["train"]["examples"] == 1 and stats["records"] == 4 and "image_tokens" not in stats["train"]
+
+
+@pytest.mark.parametrize("method", ["dpo", "grpo"])
+def test_methods_beyond_sft_are_refused_with_one_message_naming_what_works(folder, tmp_path, method):
+    from finetune.errors import DataError
+
+    (tmp_path / "rewards.py").write_text("def short(completions, **kwargs):\n    return [0.0] * len(completions)\n")
+    grpo = {"rewards": [{"function": str(tmp_path / "rewards.py") + ":short"}], "num_generations": 2,
+            "micro_batch_size": 2}
+    with pytest.raises(DataError, match=f"`method: {method}` with a vision-language base model.*`method: sft`"):
+        prepared(folder, tmp_path, tiny_vlm("llava", folder), data_type=None, method=method,
+                 **(grpo if method == "grpo" else {}))
 
 
 def test_preprocess_show_marks_image_tokens_and_supervised_ones(folder, tmp_path, capsys):

@@ -82,6 +82,11 @@ def check_vision_method(recipe, processor) -> None:
     """What a vision-language model does not train yet, refused before any tokenizing."""
     if processor is None:
         return
+    if recipe.method == "grpo":
+        raise DataError("`method: grpo` with a vision-language base model is not supported yet: its rollouts would "
+                        "generate from image prompts, and the generation and scoring rows carry no pixels. `method: "
+                        "sft` trains a vision-language model (docs/vision.md)")
     if recipe.method != "sft":
-        raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet; "
-                        "`method: sft` trains it (docs/vision.md)")
+        raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet: preference "
+                        "records with image parts are not read, and pair batches carry no pixels. `method: sft` "
+                        "trains a vision-language model (docs/vision.md)")
