@@ -144,3 +144,35 @@ def test_packing_is_refused_where_positions_or_masks_do_not_allow_it(data, tmp_p
 
     with pytest.raises(ModelError, match=why):
         batch_and_model(data, tmp_path, family, adapter="none", sample_packing=True)
+
+
+def test_freeze_keys_decide_where_lora_goes_and_what_a_full_finetune_trains(data):
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig
+
+    from finetune.errors import ModelError
+    from finetune.model.targets import meta_model
+    from finetune.model.vision import freeze_parts, lora_target_names
+
+    model = meta_model(AutoConfig.from_pretrained(tiny_vlm("llava", data[0])))
+    keys = lambda targets="all-linear", **freeze: SimpleNamespace(**{  # noqa: E731
+        "lora_target_modules": targets, "freeze_vision_tower": True, "freeze_multi_modal_projector": False,
+        "freeze_language_model": False, **freeze})
+    default = lora_target_names(model, keys())
+    assert not [n for n in default if "vision_tower" in n] and "lm_head" not in default
+    assert {n.split(".")[1] for n in default} == {"multi_modal_projector", "language_model"}
+    tower_too = lora_target_names(model, keys(freeze_vision_tower=False))
+    assert [n for n in tower_too if "vision_tower" in n] and set(default) < set(tower_too)
+    # a list of names matches inside the unfrozen parts only: CLIP's q_proj stays frozen
+    assert all("language_model" in n for n in lora_target_names(model, keys(["q_proj"])))
+    only_tower = lora_target_names(model, keys(freeze_vision_tower=False, freeze_multi_modal_projector=True,
+                                               freeze_language_model=True))
+    assert only_tower and all("vision_tower" in n for n in only_tower)
+    with pytest.raises(ModelError, match="match no layer outside the frozen parts"):
+        lora_target_names(model, keys(["q_proj"], freeze_language_model=True))
+    with pytest.raises(ModelError, match="nothing would train"):
+        freeze_parts(model, keys(freeze_multi_modal_projector=True, freeze_language_model=True))
+    freeze_parts(model, keys(freeze_language_model=True))
+    trained = {n.split(".")[1] for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == {"multi_modal_projector"}
