@@ -17,7 +17,8 @@ from finetune.errors import FinetuneError
 
 # verb -> (module, one-line help). Order is the order shown in --help.
 VERBS: dict[str, tuple[str, str]] = {
-    "validate": ("finetune.commands.validate", "check a recipe; print it resolved or every problem (exit 2)"),
+    "validate": ("finetune.commands.validate",
+                 "check a recipe; print it resolved or every problem (exit 2); GRPO: run each reward on a few records"),
     "schema": ("finetune.commands.schema", "print the recipe's JSON schema (or --markdown for docs/recipe.md)"),
     "ingest": ("finetune.commands.ingest", "turn HTML / CSV / SQL / record files into clean JSONL records"),
     "preprocess": ("finetune.commands.preprocess", "tokenize and cache a recipe's datasets; print counts"),

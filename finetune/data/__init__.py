@@ -19,6 +19,7 @@ from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.data.vision import IMAGE_REJECT
 from finetune.errors import DataError
+from finetune.ingest.record_images import has_images
 from finetune.ingest.records import require_records_file
 from finetune.recipe.data import RECORD_TYPES
 
@@ -89,7 +90,7 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     """Every record of `files` -> Examples, fitted to sequence_len. `records`: a list that receives the
     (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split).
     `processor`: a vision-language model's, which encodes its chats (finetune/data/vision/encode.py)."""
-    from finetune.data.vision import chat_encoder, usable
+    from finetune.data.vision import chat_encoder
 
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
@@ -98,9 +99,8 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
         per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    shaped = (counted(i, _sft_record(path, item))
-              for i, path, _, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome)
-              if usable(item, processor, outcome))
+    shaped = (counted(i, _sft_record(path, item, (recipe.datasets[i].path, number) if processor is None else None))
+              for i, path, number, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
     chat = chat_encoder(recipe, processor)
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes, chat):
@@ -128,7 +128,15 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     return examples, {**outcome, "formats": dict(formats), "per_file": dict(per_file)}
 
 
-def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
+def _sft_record(path: str, item: tuple[str, dict], text_only: tuple[str, int] | None = None) -> tuple[str, dict]:
+    """The item, or DataError for a record SFT cannot train: pairs, KTO examples, and with a text-only model
+    (`text_only`: the dataset's path and the record's number in what was read from it) a record with images."""
+    if text_only is not None and item[0] == "chat" and has_images(item[1]):
+        raise DataError(
+            f"`{text_only[0]}` holds records with images (the first: record {text_only[1]}), but the model reads "
+            "text only (its tokenizer comes without an image processor); set `base_model` to a vision-language "
+            "model (e.g. HuggingFaceTB/SmolVLM-256M-Instruct), or train on records without images"
+        )
     if item[0] == "unpaired":
         raise DataError(
             f"`{path}` holds unpaired (KTO) records ({{prompt, completion, label}}: a response marked good or bad), "
@@ -346,6 +354,9 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
+        # the prompts' kinds, as SFT names record shapes: conversations (chat) or text (completion); a served model
+        # is prompted the same way (finetune/model/prompt_format.py)
+        "formats": dict(Counter("chat" if isinstance(p.record["prompt"], list) else "completion" for p in items)),
         "train": prompt_stats(train),
         "eval": prompt_stats(held),
         "packing": {},

@@ -23,6 +23,7 @@ is created, so a bad run leaves nothing half-written behind.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -52,9 +53,12 @@ def count_data(recipe, state):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
     if recipe.method == "grpo":
+        from finetune.train.grpo.reward_check import check_signatures
+
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
                  f"{' (cached)' if prepared.reused else ''}")
+        check_signatures(recipe, json.loads(prepared.train[0]["record"]))  # the records' columns: before the model
         return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"

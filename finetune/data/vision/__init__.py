@@ -1,6 +1,7 @@
 """Images in the data stage: a chat record's image parts become image tokens in its row (encode.py), pixels in its
-batch (collate.py); images.py loads and checks one image. What the data stage asks of them is here: which
-encoder a recipe's chats take, which records a model can use, the counted rejects, the cache key's share.
+batch (collate.py); images.py decodes one image (ingestion checked it at read time: finetune/ingest/images.py).
+What the data stage asks of them is here: which encoder a recipe's chats take, the counted rejects, the cache
+key's share, the methods a vision-language model does not train yet.
 
 A vision-language model's rows carry an `images` column (each row's image parts, JSON); its stats count image
 tokens apart from supervised ones, and `dropped_images` counts the records left out, by reason.
@@ -30,20 +31,6 @@ def chat_encoder(recipe, processor):
     return ImageEncoder(processor, recipe.image_max_pixels, recipe.image_min_pixels, roles)
 
 
-def has_images(shape: str, record: dict) -> bool:
-    return shape == "chat" and any(isinstance(m.get("content"), list) and any(
-        isinstance(p, dict) and p.get("type") == "image" for p in m["content"]) for m in record["messages"])
-
-
-def usable(item: tuple[str, dict], processor, outcome: Counter) -> bool:
-    """False (counted) for a record with images under a model that cannot see them."""
-    if processor is None and has_images(*item):
-        outcome["records"] += 1
-        outcome[IMAGE_REJECT + "image_without_vision_model"] += 1
-        return False
-    return True
-
-
 def image_rejects(outcome: Counter) -> dict:
     return {key[len(IMAGE_REJECT):]: n for key, n in sorted(outcome.items()) if key.startswith(IMAGE_REJECT)}
 
@@ -54,9 +41,7 @@ def rejects_line(outcome: Counter) -> str:
     if not rejects:
         return ""
     why = ", ".join(f"{reason}: {n}" for reason, n in rejects.items())
-    hint = (" (the base model is text-only: set base_model to a vision-language model)"
-            if "image_without_vision_model" in rejects else "")
-    return f", {sum(rejects.values())} left out for their images ({why}){hint}"
+    return f", {sum(rejects.values())} left out for their images ({why})"
 
 
 def image_stats(outcome: Counter, vision: bool) -> dict:

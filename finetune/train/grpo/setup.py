@@ -108,6 +108,42 @@ def grpo_record(recipe, trainer) -> dict:
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
 
 
+def done_grpo(summary: dict, output_dir) -> dict:
+    """The run's closing lines: generation speed, then `done:` with the reward (the verdict's first and last thirds)
+    and the functions that failed. A run in which no function ever gave a value raises RewardError (exit 2), its
+    run.json and diagnosis written: however short, it learned nothing."""
+    from finetune.errors import RewardError
+
+    grpo, curves = summary["grpo"], summary.get("curves") or {}
+    log.info(f"generation: {grpo['generated_tokens']:,} completion tokens in {grpo['generation_s']:.1f} s; "
+             f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
+    if curves.get("verdict") == "no reward":
+        raise RewardError(f"the run ended after {summary['steps']} steps without a single reward: "
+                          f"{curves['reason']}. run.json and diagnosis.json are in {output_dir}; the model saved "
+                          "there learned nothing from a reward")
+    log.info(f"done: {summary['steps']} steps, {reward_words(summary)}; saved to {output_dir}")
+    return summary
+
+
+def reward_words(summary: dict) -> str:
+    """`reward 0.21 -> 0.48 (means of the first and last third of 12 logged steps)`, then each function that failed
+    (`boom` failed 3 of 12 calls: exception), and those that never gave a value."""
+    curves = summary.get("curves") or {}
+    if "reward_first" in curves:
+        words = (f"reward {curves['reward_first']:.4f} -> {curves['reward_last']:.4f} (means of the first and last "
+                 f"third of {curves['logged_steps']} logged steps)")
+    else:
+        words = "reward - (none was logged)"
+    never = curves.get("never_valued") or []
+    if never:
+        words += f"; {len(never)} of {len(summary['grpo']['reward_failures'])} reward functions never gave a value: "
+        words += ", ".join(f"`{n}`" for n in never)
+    failed = [f"`{name}` failed {sum(entry['failures'].values())} of {entry['calls']} calls "
+              f"({', '.join(entry['failures'])})" for name, entry in summary["grpo"]["reward_failures"].items()
+              if entry["failures"] and name not in never]
+    return words + (f"; {'; '.join(failed)}" if failed else "")
+
+
 def probe_grpo(model) -> bool:
     """Prove on the model, before anything is written, that scoring a prompt's completions in one packed row (the
     prompt held once) gives the log-probs of scoring each completion alone; False: each completion keeps its own
