@@ -48,13 +48,16 @@ def run_recipe(tmp_path, vlm, **overrides) -> dict:
     return json.loads((tmp_path / "out" / "run.json").read_text())
 
 
-def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, vlm, capsys):
+def test_lora_trains_the_language_model_and_projector_never_the_tower(tmp_path, vlm, capsys, caplog):
     from finetune.cli import main
 
     # batches grouped by length (the eval split too), the learning rate from the supervised tokens (image tokens apart)
     summary = run_recipe(tmp_path, vlm, adapter="lora", lora_r=4, lora_target_modules="all-linear", group_by_length=True,
                          val_set_size=2, learning_rate="auto", lr_base=1e-2, lr_pretrained_batch_tokens=1000)
     assert summary["learning_rate_plan"]["supervised_tokens"] == summary["data"]["train"]["supervised_tokens"]
+    train = summary["data"]["train"]  # the step report counts image tokens apart from the supervised ones
+    assert f"{train['supervised_tokens']:,} supervised, {train['image_tokens']:,} image tokens" in caplog.text
+    assert " image) per optimizer step" in caplog.text
     # `finetune targets` says the same beforehand: the three parts, the tower frozen, all-linear's count
     capsys.readouterr()
     assert main(["targets", str(tmp_path / "recipe.yml"), "--json"]) == 0

@@ -92,10 +92,13 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
         per_step = (f"{numbers['examples_per_step']} packed row{'s' if numbers['examples_per_step'] != 1 else ''} "
                     f"(~{stats['train']['examples'] / numbers['steps_per_epoch']:.1f} {items})")
     train = stats["train"]
-    images = f", {train['image_tokens']:,} image tokens ({train['images']:,} images)" if "image_tokens" in train else ""
+    images = image_step = ""
+    if "image_tokens" in train:  # a vision-language model: its image tokens apart (never supervised)
+        images = f", {train['image_tokens']:,} image tokens ({train['images']:,} images)"
+        image_step = f", ~{numbers['tokens_per_step'] * train['image_tokens'] / max(train['tokens'], 1):.0f} image"
     log.info(f"tokens: {train['tokens']:,} train, {train['supervised_tokens']:,} supervised{images}; "
              f"{per_step} = ~{numbers['tokens_per_step']:.0f} tokens "
-             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
+             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised{image_step}) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")
     for split_name, packed in stats.get("packing", {}).items():
         log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
