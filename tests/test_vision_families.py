@@ -137,13 +137,24 @@ def test_packed_rows_with_images_give_the_loss_of_the_rows_alone(data, tmp_path,
     assert summed_loss(model, packed) == pytest.approx(summed_loss(model, unpacked), rel=1e-5)
 
 
-@pytest.mark.parametrize("family,why", [("gemma3", "both ways"), pytest.param("qwen2_vl", "mrope",
-                                                                               marks=NEEDS_TORCHVISION)])
+@pytest.mark.parametrize("family,why", [("gemma3", "both ways"), ("qwen2_vl", "mrope")])
 def test_packing_is_refused_where_positions_or_masks_do_not_allow_it(data, tmp_path, family, why):
-    from finetune.errors import ModelError
+    """The family table says where packing trains (finetune/model/families.py); the run asks it before anything loads."""
+    from transformers import AutoConfig
 
+    from finetune.errors import ModelError
+    from finetune.model.families import generic_path
+    from finetune.recipe import recipe_from_dict
+
+    from tiny_vision import qwen2_vl_config
+
+    # the config alone: Qwen2-VL's processor needs torchvision, its config does not
+    config = qwen2_vl_config() if family == "qwen2_vl" else AutoConfig.from_pretrained(tiny_vlm(family, data[0]))
+    recipe = recipe_from_dict({"base_model": str(tiny_vlm("llava", data[0])), "cache_dir": str(tmp_path),
+                               "datasets": [{"path": str(data[1]), "type": "chat"}], "sample_packing": True}, tmp_path)
     with pytest.raises(ModelError, match=why):
-        batch_and_model(data, tmp_path, family, adapter="none", sample_packing=True)
+        generic_path(recipe, config)
+    assert generic_path(recipe.model_copy(update={"sample_packing": False}), config).sample_packing is False
 
 
 def test_freeze_keys_decide_where_lora_goes_and_what_a_full_finetune_trains(data):
@@ -176,3 +187,30 @@ def test_freeze_keys_decide_where_lora_goes_and_what_a_full_finetune_trains(data
     freeze_parts(model, keys(freeze_language_model=True))
     trained = {n.split(".")[1] for n, p in model.named_parameters() if p.requires_grad}
     assert trained == {"multi_modal_projector"}
+
+
+def test_the_three_parts_are_found_from_structure_in_every_family(data):
+    """Qwen2-VL keeps its projector (the patch merger) inside the tower: the merger is the projector, trains by
+    default, and the tower's blocks stay frozen. Config only (meta tensors): no processor, no torchvision."""
+    from transformers import AutoConfig
+
+    from finetune.model.targets import meta_model
+    from finetune.model.vision import lora_target_names, vision_parts
+    from tiny_vision import qwen2_vl_config
+
+    expected = {"llava": ("model.vision_tower", ["model.multi_modal_projector"], "model.language_model"),
+                "idefics3": ("model.vision_model", ["model.connector"], "model.text_model"),
+                "gemma3": ("model.vision_tower", ["model.multi_modal_projector"], "model.language_model"),
+                "qwen2_vl": ("model.visual", ["model.visual.merger"], "model.language_model")}
+    for family, (tower, projector, language) in expected.items():
+        config = qwen2_vl_config() if family == "qwen2_vl" else AutoConfig.from_pretrained(tiny_vlm(family, data[0]))
+        model = meta_model(config)
+        parts = vision_parts(model)
+        assert (parts.vision_tower, parts.multi_modal_projector, parts.language_model) == \
+            ([tower], projector, [language, "lm_head"]), family
+    targets = lora_target_names(model, type("Keys", (), {"lora_target_modules": "all-linear",
+                                                         "freeze_vision_tower": True,
+                                                         "freeze_multi_modal_projector": False,
+                                                         "freeze_language_model": False})())
+    assert any(t.startswith("model.visual.merger.") for t in targets)
+    assert not any(t.startswith("model.visual.blocks.") for t in targets)

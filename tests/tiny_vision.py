@@ -111,25 +111,36 @@ def gemma3():
 def qwen2_vl():
     """Qwen2-VL: dynamic resolution (one token per 2 x 2 patches of 8 px here), <|vision_start|><|image_pad|>...
     <|vision_end|>, 3-D rotary positions (mrope) from the image grid. Its processor's video side needs torchvision."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLProcessor
-    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig, Qwen2VLVisionConfig
+    from transformers import Qwen2VLForConditionalGeneration, Qwen2VLProcessor
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    tokenizer = tokenizer_with(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
-                               "<|vision_start|><|image_pad|><|vision_end|>")
+    tokenizer = qwen2_vl_tokenizer()
     pixels = {"shortest_edge": 16 * 16, "longest_edge": 64 * 64}
     images = Qwen2VLImageProcessorPil(size=pixels, patch_size=8, merge_size=2, temporal_patch_size=2)
     processor = Qwen2VLProcessor(image_processor=images, tokenizer=tokenizer,
                                  chat_template=tokenizer.chat_template)
+    return Qwen2VLForConditionalGeneration(qwen2_vl_config(tokenizer)), processor
+
+
+def qwen2_vl_tokenizer():
+    return tokenizer_with(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
+                          "<|vision_start|><|image_pad|><|vision_end|>")
+
+
+def qwen2_vl_config(tokenizer=None):
+    """The tiny Qwen2-VL's config alone (no processor: it needs torchvision)."""
+    from transformers import Qwen2VLConfig
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig, Qwen2VLVisionConfig
+
+    tokenizer = tokenizer or qwen2_vl_tokenizer()
     ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2VLConfig(
+    return Qwen2VLConfig(
         vision_config=Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=64, num_heads=2, patch_size=8,
                                           spatial_merge_size=2, temporal_patch_size=2),
         text_config=text_config(Qwen2VLTextConfig, tokenizer, rope_parameters={
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
         image_token_id=ids("<|image_pad|>"), video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
-    return Qwen2VLForConditionalGeneration(config), processor
 
 
 FAMILIES = {"llava": llava, "idefics3": idefics3, "gemma3": gemma3, "qwen2_vl": qwen2_vl}

@@ -90,32 +90,10 @@ def load_processor(recipe, tokenizer):
         raise ModelError("`chat_template: chatml` cannot place images: a vision-language model renders its "
                          "conversations with its own template (`chat_template: tokenizer_default`), or with a "
                          "`chat_template: jinja` that renders image parts as the processor's image token")
-    check_packing(recipe, vision_config(recipe), processor)
     if recipe.chat_template == "tokenizer_default" and processor.chat_template:
         tokenizer.chat_template = processor.chat_template
     processor.tokenizer = tokenizer
     return processor
-
-
-def check_packing(recipe, config, processor) -> None:
-    """Packing isolates the examples of a row by their positions, restarting at 0 (finetune/data/packing.py). Refused
-    for a family whose positions the model computes itself from a whole row's images (Qwen2-VL's 3-D rotary
-    positions, mrope), and for one whose image tokens attend both ways (Gemma 3's token_type_ids: transformers' mask
-    for that lets a packed row's examples see each other; a packed row's loss differs from its examples' alone)."""
-    if not (recipe.sample_packing or recipe.eval_sample_packing):
-        return
-    text = config.get_text_config()
-    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-    why = None
-    if "mrope_section" in rope:
-        why = ("its 3-D rotary positions (mrope) are computed from a whole row's tokens and image grids, so examples "
-               "packed into one row would not each start at position 0")
-    elif "token_type_ids" in getattr(processor, "model_input_names", ()):
-        why = ("its image tokens attend to each other both ways (token_type_ids), and the attention mask transformers "
-               "builds for that does not keep the examples of a packed row apart")
-    if why:
-        raise ModelError(f"`sample_packing` with `{recipe.base_model}` ({config.model_type}): {why}; remove "
-                         "`sample_packing` (and `eval_sample_packing`)")
 
 
 def tokenizer_and_processor(recipe):
