@@ -91,7 +91,8 @@ ROWS = (
 FAMILIES: dict[str, Family] = {row.model_type: row for row in ROWS}
 
 # Vision-language families (AutoModelForImageTextToText: finetune/model/vision.py, docs/vision.md), SFT only so far:
-# tests/test_vision_families.py is their matrix (packed == unpacked loss where packing is allowed)
+# tests/test_vision_families.py is their matrix (packed == unpacked loss where packing is allowed). flex=False: their
+# classes have the path, but flex_attention with image tokens is not proven here (a GPU check), so `auto` keeps sdpa
 _IMAGE_BLOCKS = ("its image tokens attend to each other both ways (token_type_ids), and the attention mask transformers "
                  "builds for that lets the examples of a packed row see each other (a packed row's loss differs from "
                  "its examples' alone)")
