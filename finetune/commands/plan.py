@@ -148,11 +148,11 @@ def _budget(args: argparse.Namespace) -> tuple[float | None, str]:
 
 def _steps_line(recipe, world_size: int) -> str:
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import tokenizer_and_processor
     from finetune.plan.steps import check_batch_fits, optimizer_steps
     from finetune.train.settings import step_unit
 
-    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    prepared = build_dataset(recipe, *tokenizer_and_processor(recipe))
     if recipe.method == "grpo":
         return _grpo_steps_line(recipe, prepared.stats["train"], world_size)
     train = prepared.train_counts()  # packed rows with sample_packing: what the steps are made of

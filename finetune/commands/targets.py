@@ -30,9 +30,9 @@ def is_recipe(path: str) -> bool:
 
 def build_report(args: argparse.Namespace):
     from finetune.model.loader import resolve_model_path
-    from finetune.model.targets import inspect_model, meta_model
+    from finetune.model.targets import inspect_model, is_image_text_config, meta_model
 
-    targets = saved = None
+    targets = saved = recipe = None
     dora = False
     if is_recipe(args.model):
         from finetune.recipe import load_recipe
@@ -52,17 +52,29 @@ def build_report(args: argparse.Namespace):
     from finetune.plan.model_size import load_config
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
-    return inspect_model(meta_model(config, trust), source, rank, targets, saved, dora)
+    model = meta_model(config, trust)
+    parts = part_of = None
+    if is_image_text_config(config):  # a vision-language model: its three parts, and which the recipe freezes
+        from finetune.model.vision import report_parts
+
+        parts, part_of = report_parts(model, recipe)
+    return inspect_model(model, source, rank, targets, saved, dora, parts, part_of)
 
 
 def format_report(report) -> str:
     rows = [("module pattern", "class", "shape", "count", "params", "LoRA")]
+    frozen = {part for part, (_, is_frozen) in report.parts.items() if is_frozen}
     for g in report.groups:
-        lora = "output layer" if g.output_layer else ("yes" if g.targetable else "")
+        lora = "output layer" if g.output_layer else ("frozen part" if g.targetable and g.part in frozen else
+                                                      "yes" if g.targetable else "")
         rows.append((g.pattern, g.cls, g.shape, str(g.count), f"{g.parameters:,}", lora))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{report.architecture} ({report.model_type}) from {report.source}: "
              f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
+    for part, (prefixes, is_frozen) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
+        how = "frozen: no gradients, no adapters" if is_frozen else "trains: in full, or adapters on its linear layers"
+        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {how}")
+    lines += [""] if report.parts else []
     lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               .rstrip() for r in rows]
     dora = " with DoRA (+ a magnitude per output feature of each adapted layer)" if report.dora else ""

@@ -13,7 +13,7 @@ earlier turns' <think> blocks) is refused with where the renderings part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from finetune.contract import ALPACA_NO_INPUT, ALPACA_WITH_INPUT, IGNORE_INDEX, alpaca_prompt
 from finetune.errors import DataError
@@ -27,6 +27,8 @@ __all__ = ["ALPACA_NO_INPUT", "ALPACA_WITH_INPUT", "Example", "alpaca_prompt", "
 class Example:
     input_ids: list[int]
     labels: list[int]
+    images: list[dict] = field(default_factory=list)  # the record's image parts, in order (vision-language models)
+    image_tokens: int = 0  # tokens the images became: image tokens and their boundaries (never supervised)
 
     @property
     def supervised_tokens(self) -> int:
@@ -37,20 +39,29 @@ def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
 
 
-def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered conversation and the [start, end) character span of each assistant turn."""
+def assistant_spans(tokenizer, messages: list[dict], roles=("assistant",)) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered conversation and the [start, end) character span of each turn of `roles` (the assistant's: its
+    answer after the generation prompt; another role's: the whole rendered turn, its header included)."""
     full = _render(tokenizer, messages, generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
-        if message["role"] != "assistant":
+        if message["role"] not in roles:
             continue
-        before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
+        answer = message["role"] == "assistant"
+        before = _render(tokenizer, messages[:i], generation_prompt=answer) if i else ""
         through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
-        end = _turn_end(tokenizer, full, through, str(message.get("content") or ""), len(before))
+        end = _turn_end(tokenizer, full, through, _text(message.get("content")), len(before))
         if end is None or not through.startswith(before):
             raise DataError(misaligned_turn(full, through, before, sum(m["role"] == "assistant" for m in messages[:i + 1])))
         spans.append((len(before), end))
     return full, spans
+
+
+def _text(content) -> str:
+    """A message's text: the string, or its text parts joined (a vision record's content is a list of parts)."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return str(content or "")
 
 
 def _turn_end(tokenizer, full: str, through: str, content: str, start: int) -> int | None:

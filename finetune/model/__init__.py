@@ -16,6 +16,7 @@ from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
+from finetune.model.vision import freeze_parts, is_vision_model, log_parts, lora_target_names
 from finetune.recipe.adapter import mutates_base, uses_eva
 
 log = get_logger(__name__)
@@ -54,16 +55,18 @@ def quantized_base(recipe) -> bool:
     return recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit
 
 
-def get_quantization_config(recipe, compute_dtype):
-    """BitsAndBytesConfig for a quantized base, or None."""
+def get_quantization_config(recipe, compute_dtype, keep: list[str] | None = None):
+    """BitsAndBytesConfig for a quantized base, or None. `keep`: modules left unquantized (a vision-language model's
+    tower, projector and output layer: model/vision.py); None: transformers' default (the output layer)."""
     if not quantized_base(recipe):
         return None
     require_bitsandbytes("a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`)")
     from transformers import BitsAndBytesConfig
 
     if recipe.load_in_8bit:
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
     return BitsAndBytesConfig(
+        llm_int8_skip_modules=keep,
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,  # quantize the quantization constants too: ~0.37 bits/param saved
@@ -108,17 +111,18 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
 
 def load_base_model(recipe, precision: str, attn: str):
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from finetune.model.vision import model_class, unquantized_modules
 
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     # Adapters train on a base held in the compute dtype; a full fine-tune keeps fp32 master weights and
     # lets autocast run the matmuls in bf16/fp16.
     load_dtype = dtypes[precision] if recipe.adapter != "none" else torch.float32
     source = resolve_model_path(recipe.base_model, recipe.cache_dir)
-    quantization = get_quantization_config(recipe, dtypes[precision])
+    quantization = get_quantization_config(recipe, dtypes[precision], unquantized_modules(recipe))
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
-    load = functools.partial(AutoModelForCausalLM.from_pretrained, source, dtype=load_dtype,
+    load = functools.partial(model_class(recipe).from_pretrained, source, dtype=load_dtype,
                              quantization_config=quantization, device_map=device_map,
                              trust_remote_code=recipe.trust_remote_code)
     try:
@@ -145,9 +149,10 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     model = load_base_model(recipe, precision, attn_implementation or resolve_attn_implementation(recipe))
     # Training never reads a KV cache: it conflicts with recomputation (gradient checkpointing), and with one
     # transformers skips the packed-row mask (every packed token would see its whole row; see isolation.py).
-    model.config.use_cache = False
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+    text_config = model.config.get_text_config()  # the config itself, or a vision-language model's language model's
+    model.config.use_cache = text_config.use_cache = False
+    if getattr(text_config, "pad_token_id", None) is None:
+        text_config.pad_token_id = tokenizer.pad_token_id
     trainable_tokens = fit_embeddings(model, tokenizer, recipe)
     if quantized_base(recipe):
         log.info(f"base quantized: {describe_quantization(recipe, precision)}")
@@ -160,12 +165,17 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     adapter = adapter_folder(recipe.base_model)
     lora = get_lora_config(recipe, recipe.lora_modules_to_save or None, tie_embeddings=ties_embeddings(model),
                            trainable_tokens=trainable_tokens)
+    vision = is_vision_model(model)
     if adapter is not None:
         model = continue_adapter(model, adapter, recipe)
     elif lora is not None:
         from peft import get_peft_model
 
-        check_targets(module_groups(model), recipe.lora_target_modules)
+        if vision:  # adapters only in the parts that are not frozen (finetune/model/vision.py)
+            lora.target_modules = lora_target_names(model, recipe)
+            log_parts(model, recipe, lora.target_modules)
+        else:
+            check_targets(module_groups(model), recipe.lora_target_modules)
         if trainable_tokens and mutates_base(recipe):
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
                              "rows (trainable_token_indices): peft's conversion for the original base "
@@ -179,6 +189,9 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
             log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
                      "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
                      "LoRA for the original base")
+    elif vision:  # a full fine-tune: the frozen parts get no gradients
+        freeze_parts(model, recipe)
+        log_parts(model, recipe)
     if getattr(getattr(model, "active_peft_config", None), "trainable_token_indices", None):
         save_new_token_rows_only(model)  # the adapter holds the new rows: never whole copies of both matrices
     trainable, total = count_parameters(model)

@@ -90,9 +90,28 @@ ROWS = (
 )
 FAMILIES: dict[str, Family] = {row.model_type: row for row in ROWS}
 
+# Vision-language families (AutoModelForImageTextToText: finetune/model/vision.py, docs/vision.md), SFT only so far:
+# tests/test_vision_families.py is their matrix (packed == unpacked loss where packing is allowed). flex=False: their
+# classes have the path, but flex_attention with image tokens is not proven here (a GPU check), so `auto` keeps sdpa
+_IMAGE_BLOCKS = ("its image tokens attend to each other both ways (token_type_ids), and the attention mask transformers "
+                 "builds for that lets the examples of a packed row see each other (a packed row's loss differs from "
+                 "its examples' alone)")
+VISION_ROWS = (
+    Family("llava", "LLaVA 1.5 (a CLIP tower, an MLP projector, a Llama / Mistral / Vicuna)", flex=False,
+           attention="the language model's"),
+    Family("idefics3", "Idefics3, SmolVLM (a SigLIP tower, a pixel-shuffle connector, a Llama)", flex=False,
+           attention="the language model's"),
+    Family("gemma3", "Gemma 3 4B / 12B / 27B (image-text)", packing=_IMAGE_BLOCKS, per_example="no packing",
+           flex=False, attention="Gemma 3's, with image tokens attending both ways"),
+    Family("qwen2_vl", "Qwen2-VL", packing="its 3-D rotary positions (mrope) are computed from a whole row's tokens and "
+           "image grids, so examples packed into one row would not each start at position 0", per_example="no packing",
+           flex=False, attention="Qwen2's, with 3-D rotary positions (mrope)"),
+)
+VISION_FAMILIES: dict[str, Family] = {row.model_type: row for row in VISION_ROWS}
+
 
 def family(model_type: str | None) -> Family | None:
-    return FAMILIES.get(model_type or "")
+    return FAMILIES.get(model_type or "") or VISION_FAMILIES.get(model_type or "")
 
 
 def per_example_attention(config) -> tuple[bool, str]:

@@ -17,10 +17,12 @@ from finetune.recipe.methods import MethodKeys
 from finetune.recipe.model import ModelKeys
 from finetune.recipe.output import OutputKeys
 from finetune.recipe.training import TrainingKeys
+from finetune.recipe.vision import VisionKeys
 
 # (title, group) in the order a recipe is read and docs/recipe.md lists them
 GROUPS = (
     ("Model", ModelKeys),
+    ("Vision-language models", VisionKeys),
     ("Adapter: LoRA and QLoRA", AdapterKeys),
     ("Method", MethodKeys),
     ("GRPO: online RL with rewards a program checks", GRPOKeys),
@@ -36,5 +38,5 @@ GROUPS = (
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
 class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys,
-             ModelKeys):
+             VisionKeys, ModelKeys):
     """A fine-tuning run, start to finish."""

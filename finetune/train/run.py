@@ -43,11 +43,11 @@ def count_data(recipe, state):
     """(tokenizer, Prepared): only the main process converts the model and tokenizes; the others wait at
     the barrier, then read the cache."""
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import tokenizer_and_processor
 
     with state.main_process_first():
-        tokenizer = load_tokenizer(recipe)
-        prepared = build_dataset(recipe, tokenizer)
+        tokenizer, processor = tokenizer_and_processor(recipe)
+        prepared = build_dataset(recipe, tokenizer, processor)
     stats = prepared.stats
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
@@ -71,6 +71,9 @@ def count_data(recipe, state):
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
              f"{' (cached)' if prepared.reused else ''}")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     return tokenizer, prepared
 
 
@@ -88,9 +91,14 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     if stats.get("packing", {}).get("train"):  # a micro batch counts packed rows, each holding several items
         per_step = (f"{numbers['examples_per_step']} packed row{'s' if numbers['examples_per_step'] != 1 else ''} "
                     f"(~{stats['train']['examples'] / numbers['steps_per_epoch']:.1f} {items})")
-    log.info(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
+    train = stats["train"]
+    images = image_step = ""
+    if "image_tokens" in train:  # a vision-language model: its image tokens apart (never supervised)
+        images = f", {train['image_tokens']:,} image tokens ({train['images']:,} images)"
+        image_step = f", ~{numbers['tokens_per_step'] * train['image_tokens'] / max(train['tokens'], 1):.0f} image"
+    log.info(f"tokens: {train['tokens']:,} train, {train['supervised_tokens']:,} supervised{images}; "
              f"{per_step} = ~{numbers['tokens_per_step']:.0f} tokens "
-             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
+             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised{image_step}) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")
     for split_name, packed in stats.get("packing", {}).items():
         log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
@@ -143,7 +151,7 @@ class Built(NamedTuple):
     initial_adapter: dict | None = None
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None, processor=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3 and FSDP2, where they wait for the engine to shard and gather the weights; then the decoder layers are
@@ -166,6 +174,10 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
     collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
+    if processor is not None:  # a vision-language model: the text batch plus its rows' pixels
+        from finetune.data.vision.collate import VisionCollator
+
+        collator = VisionCollator(collator, processor, recipe.image_max_pixels, recipe.image_min_pixels)
     attn = settings.attn_implementation
     # GRPO scores its completions in packed rows of its own, with or without sample_packing
     varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
@@ -269,7 +281,7 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
     built = prepare_model(weights_recipe(recipe, resume_from), tokenizer, settings, args.device, prepared.store,
-                          eva_rows=prepared.train)
+                          eva_rows=prepared.train, processor=prepared.processor)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
     return save_and_record(recipe, settings, layout, prepared, run, started)
@@ -299,8 +311,10 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
     # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
-    planned = planned_memory(recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation,
-                             settings.optimizer, settings.world_size)
+    # the planner counts text models; a vision-language model's tower is not in its tables yet: no plan for it
+    planned = None if prepared.processor is not None else planned_memory(
+        recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation, settings.optimizer,
+        settings.world_size)
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer_class, own_kwargs, train_dataset = Trainer, {}, prepared.train
@@ -328,7 +342,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         train_dataset=train_dataset,
         eval_dataset=prepared.eval if settings.has_eval else None,
         data_collator=collator,
-        processing_class=tokenizer,
+        processing_class=prepared.processor or tokenizer,  # checkpoints hold the processor of a vision model
     )
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
@@ -343,7 +357,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         if interrupt.fired:
             raise Interrupted(interrupted_message(interrupt, layout))
         eval_after = final_eval_loss(trainer) if settings.has_eval else None
-    return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
+    return {"trainer": trainer, "tokenizer": prepared.processor or tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
             "initial_adapter": built.initial_adapter}

@@ -1,0 +1,45 @@
+"""Batches for a vision-language model: the text batch (finetune/data/collate.py) plus the pixels of its rows' images.
+
+Each row's images are loaded again with the pixel budget they were encoded with, so the processor gives each
+image exactly the tokens its row holds (finetune/data/vision/encode.py counted them with the same
+processor). Rows without images add none; a batch without any adds no pixel inputs at all. The per-token
+modality ids some families read are made from the padded ids: Gemma 3's `token_type_ids` (image tokens attend to
+each other both ways), Qwen2-VL's `mm_token_type_ids` (its 3-D rotary positions).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from finetune.data.collate import Collator
+from finetune.data.vision.images import load_image
+
+MODALITY_INPUTS = ("token_type_ids", "mm_token_type_ids")  # 1 on an image token, 0 elsewhere
+
+
+@dataclass
+class VisionCollator:
+    text: Collator
+    processor: object
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+
+    def row_images(self, feature: dict) -> list:
+        return [load_image(part, max_pixels=self.max_pixels, min_pixels=self.min_pixels)
+                for part in json.loads(feature.get("images") or "[]")]
+
+    def __call__(self, features: list[dict]) -> dict:
+        import torch
+
+        batch = self.text(features)
+        images = [row for row in map(self.row_images, features) if row]
+        wanted = set(getattr(self.processor, "model_input_names", ())) & set(MODALITY_INPUTS)
+        if wanted:
+            types = torch.tensor(self.processor.create_mm_token_type_ids(batch["input_ids"].tolist()))
+            batch.update({name: types for name in wanted})
+        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops)
+            pixels = self.processor(images=images, return_tensors="pt")
+            text = {"input_ids", "attention_mask", *MODALITY_INPUTS, *self.processor.tokenizer.model_input_names}
+            batch.update({k: v for k, v in pixels.items() if k in self.processor.model_input_names and k not in text})
+        return batch
