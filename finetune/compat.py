@@ -37,6 +37,14 @@ def set_loss_function(causal_lm, loss_function) -> None:
     causal_lm.loss_function = loss_function
 
 
+def set_router_aux_loss_coef(causal_lm, value) -> None:
+    """The weight a mixture-of-experts causal LM gives its load-balancing loss in this forward. transformers 5.23's
+    MoE `*ForCausalLM.__init__` copies `config.router_aux_loss_coef` into the instance attribute
+    `router_aux_loss_coef`, and `forward` adds `self.router_aux_loss_coef * aux_loss` to the loss when it computes
+    router logits (qwen3_moe, gpt_oss, mixtral, olmoe, qwen2_moe...). A number or a 0-dim tensor."""
+    causal_lm.router_aux_loss_coef = value
+
+
 def drop_quantizer(model) -> None:
     """Mark a model dequantized (a GGUF model is dequantized to floats on load). A quantized load sets
     `model.hf_quantizer` (read by transformers 5.23's save_pretrained) and `model.is_quantized` (read by

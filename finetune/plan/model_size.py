@@ -42,7 +42,21 @@ def _blocks_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_emb]
 
 
+def _non_matmul(model) -> int:
+    """Norm weights, biases and attention sinks: parameters no matmul multiplies with."""
+    from finetune.plan.moe import shape_of
+
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) not in seen and (len(shape_of(p)) < 2 or name.endswith("bias")):
+            seen.add(id(p))
+            total += parameter_count(p)
+    return total
+
+
 def model_shape(model) -> ModelShape:
+    from finetune.plan.moe import moe_layout
+
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     params = {id(p): p for p in model.parameters()}  # tied weights once
     # parameter_count, not numel: a loaded 4-bit base packs 2 weights a byte, a ZeRO-3 shard holds a
@@ -52,6 +66,7 @@ def model_shape(model) -> ModelShape:
     out = model.get_output_embeddings()
     tied = out is not None and out.weight is emb
     heads = cfg.num_attention_heads
+    moe = moe_layout(model)
     return ModelShape(
         num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,
@@ -63,6 +78,9 @@ def model_shape(model) -> ModelShape:
         embedding_params=parameter_count(emb),
         quantizable_params=sum(parameter_count(m.weight) for _, m in _blocks_linears(model)),
         tied_embeddings=tied,
+        expert_params=moe.expert_params if moe else 0,
+        active_expert_params=moe.active_expert_params if moe else 0,
+        non_matmul_params=_non_matmul(model),
     )
 
 
