@@ -26,7 +26,8 @@ def moe_config(family: str, vocab_size: int = 128, **extra):
                                 num_experts_per_tok=2, **small)
     if family == "gpt_oss":  # attention sinks, biased experts stored (experts, in, out)
         return t.GptOssConfig(intermediate_size=16, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
-                              layer_types=["sliding_attention", "full_attention"], sliding_window=16, **small)
+                              layer_types=["sliding_attention", "full_attention"], sliding_window=16,
+                              **{**small, "max_position_embeddings": 131072})  # its YaRN's 4k x 32
     if family == "mixtral":
         return t.MixtralConfig(intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, **small)
     if family == "olmoe":

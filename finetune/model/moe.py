@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.targets import linear_features, matches
-from finetune.plan.moe import KINDS, MoeLayout, moe_layout, pattern_of, shape_of
+from finetune.plan.moe import KINDS, MoeLayout, moe_layout, parameter_lora_size, pattern_of, targeted_parameters
 
 log = get_logger(__name__)
 
@@ -49,6 +49,8 @@ class Breakdown:
     saved_bytes_per_parameter: int  # a full copy keeps the base's dtype
     layout: MoeLayout | None
     attention_only: bool  # every module the targets reach is attention, and no parameter is targeted
+    parameter_targets: bool = False  # the recipe names parameters (lora_target_parameters)
+    label: str = "the recipe's adapters"  # whose targets these are
 
     def row(self, kind: str) -> KindRow:
         return next(r for r in self.rows if r.kind == kind)
@@ -77,23 +79,6 @@ class Breakdown:
 def router_suffixes(layout: MoeLayout | None) -> list[str]:
     """The routers' names as peft matches them across layers: `mlp.gate`, `mlp.shared_expert_gate`."""
     return sorted({pattern_of(name).rsplit("*.", 1)[-1] for name in layout.routers}) if layout else []
-
-
-def parameter_lora_size(shape: tuple, rank: int) -> int:
-    """LoRA parameters peft 0.21.2 adds on a targeted parameter: per expert of a 3-D weight A (r x a) and B (b x r);
-    on a 2-D weight (out x in), A and B as on a Linear."""
-    if len(shape) == 3:
-        return rank * shape[0] * (shape[1] + shape[2])
-    return rank * (shape[0] + shape[1])
-
-
-def targeted_parameters(model, targets) -> list[tuple[str, tuple]]:
-    """(name, shape) of each parameter peft's `target_parameters` adapts: the name, or a dotted suffix of it."""
-    names = []
-    for name, param in model.named_parameters():
-        if any(matches(name, t) for t in targets or ()):
-            names.append((name, shape_of(param)))
-    return names
 
 
 def check_target_parameters(model, targets) -> None:
@@ -155,7 +140,8 @@ def breakdown(model, rank: int, target_modules, target_parameters=None, modules_
     saved = list(modules_to_save or []) + (router_suffixes(layout) if train_router else [])
     _count_saved(model, saved, rows, kinds)
     return Breakdown(list(rows.values()), saved_bytes, layout,
-                     attention_only=bool(reached) and set(reached) == {"attention"})
+                     attention_only=target_modules != "all-linear" and set(reached) == {"attention"},
+                     parameter_targets=bool(target_parameters))
 
 
 def _dense_kind(name: str) -> str:

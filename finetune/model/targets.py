@@ -30,6 +30,7 @@ class ModuleGroup:
     parameters: int  # all of them together
     targetable: bool  # a Linear / Conv1D LoRA can adapt
     output_layer: bool = False  # lm_head: left out of `all-linear`
+    fused_experts: bool = False  # holds 3-D expert weights: LoRA reaches them with lora_target_parameters only
     in_features: int = 0
     out_features: int = 0
     names: list[str] = field(default_factory=list, repr=False)
@@ -82,12 +83,15 @@ def module_groups(model) -> list[ModuleGroup]:
         group = groups.get(key)
         if group is None:
             weight = getattr(module, "weight", None)
+            stacked = [p for p in own if p.dim() == 3]  # fused experts: (experts, a, b) each
             shape = (f"{features[0]} -> {features[1]}" if features
-                     else "x".join(str(d) for d in weight.shape) if weight is not None else "-")
+                     else "x".join(str(d) for d in weight.shape) if weight is not None
+                     else ", ".join("x".join(str(d) for d in p.shape) for p in stacked) if stacked else "-")
             group = groups[key] = ModuleGroup(
                 pattern=key, cls=type(module).__name__, shape=shape, count=0, parameters=0,
                 targetable=features is not None, output_layer=module is output,
-                in_features=features[0] if features else 0, out_features=features[1] if features else 0)
+                in_features=features[0] if features else 0, out_features=features[1] if features else 0,
+                fused_experts=bool(stacked))
         group.count += 1
         group.parameters += sum(p.numel() for p in own)
         group.names.append(name)
@@ -169,7 +173,8 @@ def default_qv_targets(model, groups) -> list[str]:
     return sorted({g.suffix for g in groups if g.targetable and g.suffix.endswith(("q_proj", "v_proj"))})
 
 
-def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False) -> list[Preset]:
+def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False,
+            recipe_breakdown=None) -> list[Preset]:
     base_total = unique_parameter_count(model)
     attention = sorted({g.suffix for g in groups if g.targetable and not g.output_layer
                         and set(g.pattern.split(".")) & set(ATTENTION_NAMES)})
@@ -183,8 +188,15 @@ def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, do
     out.append(preset(model, groups, "all-linear + embeddings/lm_head saved", "all-linear",
                       embedding_module_names(model), rank, base_total, dora))
     if recipe_targets is not None:
-        check_targets(groups, recipe_targets)
-        out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total, dora))
+        if recipe_targets or recipe_breakdown is None or not recipe_breakdown.parameter_targets:
+            check_targets(groups, recipe_targets)
+        if recipe_breakdown is None:
+            out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total, dora))
+            return out
+        # the recipe's row counts what build_model hands peft: parameter targets, frozen or trained routers too
+        trainable = recipe_breakdown.trainable
+        target_list = recipe_targets if recipe_targets == "all-linear" else sorted(set(recipe_targets))
+        out.append(Preset("recipe", target_list, list(recipe_saved or []), trainable, base_total + trainable))
     return out
 
 
@@ -210,6 +222,9 @@ class Report:
     groups: list[ModuleGroup]
     presets: list[Preset]
     dora: bool = False  # the counts include DoRA's magnitude vectors
+    # what the recipe's adapters train per kind of weight, the adapter's bytes (model/moe.py); None without a recipe
+    recipe: object = None
+    warning: str | None = None  # a mixture-of-experts recipe whose adapters reach almost no expert
 
     def to_json(self) -> dict:
         modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
@@ -217,12 +232,33 @@ class Report:
             "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
             "rank": self.rank, "dora": self.dora, "total_parameters": self.total_parameters, "modules": modules,
             "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
+            "recipe": self.recipe.to_json() if self.recipe is not None else None, "warning": self.warning,
         }
 
 
-def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False) -> Report:
+def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False,
+                  target_parameters=None, train_router: bool = False, saved_bytes: int = 4) -> Report:
+    from finetune.model.moe import breakdown, expert_warning
+    from finetune.plan.moe import moe_layout
+
     groups = module_groups(model)
+    recipe = warning = None
+    if recipe_targets is None:  # a model alone: a mixture-of-experts model shows what all-linear + its experts train
+        layout = moe_layout(model)
+        if layout is not None:
+            recipe_targets = "all-linear"
+            target_parameters = [e.suffix for e in layout.experts if e.fused] or None
+            recipe = breakdown(model, rank, recipe_targets, target_parameters)
+            recipe.label = "all-linear" + (f" + lora_target_parameters: [{', '.join(target_parameters)}]"
+                                           if target_parameters else "")
+            recipe_targets = None
+    else:
+        recipe = breakdown(model, rank, recipe_targets, target_parameters, recipe_saved, train_router, dora,
+                           saved_bytes)
+        warning = expert_warning(recipe, recipe_targets, target_parameters)
     return Report(source=source, architecture=type(model).__name__,
                   model_type=getattr(model.config, "model_type", "?"), rank=rank,
                   total_parameters=unique_parameter_count(model), groups=groups,
-                  presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora), dora=dora)
+                  presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora,
+                                  recipe if recipe_targets is not None else None), dora=dora,
+                  recipe=recipe, warning=warning)

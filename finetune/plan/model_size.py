@@ -95,32 +95,58 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False) -> Trainable:
+def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                   target_parameters=None) -> Trainable:
     """LoRA counts as peft builds them: A (r x in) and B (out x r) per adapted Linear, no bias; `all-linear`
-    means every Linear but the output layer; DoRA adds one magnitude per output feature (a tensor per layer).
-    modules_to_save are trained as full copies."""
-    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules)]
-    if not linears:
+    means every Linear but the output layer (and a mixture-of-experts' routers, frozen); DoRA adds one magnitude
+    per output feature (a tensor per layer). `target_parameters` (fused 3-D expert weights): one rank-r adapter
+    per expert (plan/moe.py). modules_to_save are trained as full copies."""
+    from finetune.plan.moe import moe_layout, parameter_lora_size, pattern_of, targeted_parameters
+
+    layout = moe_layout(model)
+    routers = {pattern_of(n).rsplit("*.", 1)[-1] for n in layout.routers} if layout else set()
+    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules or [])
+               and not (target_modules == "all-linear" and _matches(n, routers))]
+    parameters = targeted_parameters(model, target_parameters)
+    if not linears and not parameters:
         raise FinetuneError(
             f"lora_target_modules {target_modules} match no Linear module of this model; "
             "run `finetune targets` to list them"
         )
     params = sum(r * (m.in_features + m.out_features) + (m.out_features if dora else 0) for _, m in linears)
-    tensors = (3 if dora else 2) * len(linears)
+    on_parameters = [(name, parameter_lora_size(shape, r)) for name, shape in parameters]
+    params += sum(n for _, n in on_parameters)
+    tensors = (3 if dora else 2) * len(linears) + 2 * len(parameters)
+    # adapters inside the routed experts: a token runs through its top-k experts' only (plan/flops.py)
+    in_experts = sum(n for name, n in on_parameters if layout.kind_of(name) == "expert") if layout else 0
+    in_experts += sum(r * (m.in_features + m.out_features) for n, m in linears
+                      if layout and layout.kind_of(f"{n}.weight") == "expert")
     for name in modules_to_save or []:
         for qualified, module in model.named_modules():
             if qualified == name or qualified.endswith("." + name):
                 own = list(module.parameters())
                 params += sum(p.numel() for p in own)
                 tensors += len(own)
+    dora_features = sum(m.out_features for _, m in linears) if dora else 0
     return Trainable(trainable_params=params, trainable_tensors=tensors,
                      adapter_input_features=sum(m.in_features for _, m in linears),
-                     dora_output_features=sum(m.out_features for _, m in linears) if dora else 0,
-                     dora_weight_elements=max(m.in_features * m.out_features for _, m in linears) if dora else 0)
+                     dora_output_features=dora_features,
+                     dora_weight_elements=max((m.in_features * m.out_features for _, m in linears), default=0)
+                     if dora else 0,
+                     inactive_adapter_params=round(in_experts * (1 - layout.active_fraction)) if layout else 0,
+                     rebuilt_weight_elements=sum(_elements(shape) for _, shape in parameters))
 
 
-def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False):
+def _elements(shape: tuple) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                target_parameters=None):
     """(ModelShape, full Trainable, LoRA Trainable) for a config."""
     model = meta_model(config)
     return (model_shape(model), full_trainable(model),
-            lora_trainable(model, lora_r, target_modules, modules_to_save, dora))
+            lora_trainable(model, lora_r, target_modules, modules_to_save, dora, target_parameters))

@@ -200,3 +200,20 @@ def _expert_weights(model, containers: dict[str, int]) -> list[ExpertWeights]:
             group.names.append(name)
             group.parameters += parameter_count(weight)
     return list(groups.values())
+
+
+def parameter_lora_size(shape: tuple, rank: int) -> int:
+    """LoRA parameters peft 0.21.2 adds on a targeted parameter: per expert of a 3-D weight A (r x a) and B (b x r);
+    on a 2-D weight (out x in), A and B as on a Linear."""
+    if len(shape) == 3:
+        return rank * shape[0] * (shape[1] + shape[2])
+    return rank * (shape[0] + shape[1])
+
+
+def targeted_parameters(model, targets) -> list[tuple[str, tuple]]:
+    """(name, shape) of each parameter peft's `target_parameters` adapts: the name, or a dotted suffix of it."""
+    names = []
+    for name, param in model.named_parameters():
+        if any(name == t or name.endswith("." + t) for t in targets or ()):  # peft's rule
+            names.append((name, shape_of(param)))
+    return names

@@ -55,6 +55,9 @@ class Trainable:
     dora_weight_elements: int = 0
     # the adapters on routed experts that one token does not use (all but its top-k experts): not in its FLOPs
     inactive_adapter_params: int = 0
+    # parameter targets (fused experts): peft rebuilds each adapted weight as W + s*B@A in every forward, and the
+    # expert matmuls keep it for the backward pass; all of them together, elements
+    rebuilt_weight_elements: int = 0
 
     @property
     def active_adapter_params(self) -> int:
