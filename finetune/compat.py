@@ -57,6 +57,20 @@ def drop_quantizer(model) -> None:
 
 # --- peft ------------------------------------------------------------------------------------------------
 
+def peft_moe_conversion(lora_config, model) -> None:
+    """Rewrite `lora_config` in place as peft will before it builds the adapters. peft 0.21.2's `inject_adapter`
+    first calls peft.utils.transformers_weight_conversion.convert_peft_config_for_transformers (for adapters trained
+    on transformers 4): for the model types transformers 5.23 maps to its mixtral / qwen2_moe weight conversions
+    (qwen3_moe, olmoe, deepseek_v3, glm4_moe, qwen3_next, minimax...), the transformers-4 names of the expert Linear
+    layers (gate_proj / up_proj / down_proj, mixtral's w1 / w3 / w2) and `all-linear` become `target_parameters`
+    on the fused 3-D weights (gate_up_proj at rank 2r and alpha 2 x alpha, down_proj) and the router `gate` becomes
+    `gate.weight`. Converting a converted config changes nothing, so finetune converts first and edits the result."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    convert_peft_config_for_transformers(lora_config, model=model, conversions=get_model_conversion_mapping(model))
+
+
 def save_new_token_rows_only(peft_model) -> None:
     """Save this adapter without whole copies of the resized embeddings and lm_head. peft 0.21.2's
     `PeftModel.save_pretrained(save_embedding_layers="auto")` adds both whole matrices to the adapter whenever the

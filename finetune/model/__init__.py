@@ -167,13 +167,16 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     lora = get_lora_config(recipe, (recipe.lora_modules_to_save or []) + moe.saved or None,
                            tie_embeddings=ties_embeddings(model), trainable_tokens=trainable_tokens,
                            exclude_modules=moe.excluded)
+    if lora is not None:
+        moe.apply(lora)  # a mixture-of-experts model: peft's own conversion for fused experts, frozen routers out
     if adapter is not None:
         model = continue_adapter(model, adapter, recipe)
     elif lora is not None:
         from peft import get_peft_model
 
-        if recipe.lora_target_modules or not recipe.lora_target_parameters:  # [] with parameter targets only
-            check_targets(module_groups(model), recipe.lora_target_modules)
+        modules = moe.targets.modules if moe.targets else recipe.lora_target_modules  # after peft's conversion
+        if modules or not (recipe.lora_target_parameters or moe.targets and moe.targets.parameters):
+            check_targets(module_groups(model), modules)  # [] is fine with parameter targets only
         check_target_parameters(model, recipe.lora_target_parameters)
         if trainable_tokens and mutates_base(recipe):
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.targets import linear_features, matches
-from finetune.plan.moe import KINDS, MoeLayout, moe_layout, parameter_lora_size, pattern_of, targeted_parameters
+from finetune.plan.moe import (KINDS, LoraTargets, MoeLayout, lora_targets, moe_layout, parameter_lora_size,
+                              pattern_of, targeted_parameters)
 
 log = get_logger(__name__)
 
@@ -49,7 +50,7 @@ class Breakdown:
     saved_bytes_per_parameter: int  # a full copy keeps the base's dtype
     layout: MoeLayout | None
     attention_only: bool  # every module the targets reach is attention, and no parameter is targeted
-    parameter_targets: bool = False  # the recipe names parameters (lora_target_parameters)
+    targets: LoraTargets | None = None  # what peft adapts for those names (its conversion for fused experts)
     label: str = "the recipe's adapters"  # whose targets these are
 
     def row(self, kind: str) -> KindRow:
@@ -111,9 +112,11 @@ def _linear_modules(model, targets, excluded: list[str]) -> list[tuple[str, obje
 
 
 def breakdown(model, rank: int, target_modules, target_parameters=None, modules_to_save=None,
-              train_router: bool = False, dora: bool = False, saved_bytes: int = 4) -> Breakdown:
-    """What the recipe's adapters train, per kind of weight (the module docstring says how peft counts)."""
+              train_router: bool = False, dora: bool = False, saved_bytes: int = 4, alpha: int = 16) -> Breakdown:
+    """What the recipe's adapters train, per kind of weight (the module docstring says how peft counts), after
+    peft's own conversion for fused experts (plan/moe.lora_targets)."""
     layout = moe_layout(model)
+    targets = lora_targets(model, rank, alpha, target_modules, target_parameters, train_router, layout)
     kinds = layout.kinds if layout else {}
     rows = {k: KindRow(k, 0) for k in KINDS}
     seen = set()
@@ -123,25 +126,25 @@ def breakdown(model, rank: int, target_modules, target_parameters=None, modules_
             rows[kinds.get(name) or _dense_kind(name)].parameters += param.numel()
     excluded = [] if train_router else router_suffixes(layout)
     reached = []
-    for name, module in _linear_modules(model, target_modules or [], excluded):
+    for name, module in _linear_modules(model, targets.modules, excluded):
         features = linear_features(module)
         row = rows[kinds.get(f"{name}.weight") or _dense_kind(name)]
         row.adapted += module.weight.numel()
         row.lora += rank * (features[0] + features[1]) + (features[1] if dora else 0)
         reached.append(row.kind)
-    for name, shape in targeted_parameters(model, target_parameters):
+    for name, shape in targeted_parameters(model, targets.parameters):
         row = rows[kinds.get(name) or _dense_kind(name)]
         size = 1
         for d in shape:
             size *= d
         row.adapted += size
-        row.lora += parameter_lora_size(shape, rank)
+        row.lora += parameter_lora_size(shape, targets.rank_of(name, rank))
         reached.append("parameter")
     saved = list(modules_to_save or []) + (router_suffixes(layout) if train_router else [])
     _count_saved(model, saved, rows, kinds)
     return Breakdown(list(rows.values()), saved_bytes, layout,
                      attention_only=target_modules != "all-linear" and set(reached) == {"attention"},
-                     parameter_targets=bool(target_parameters))
+                     targets=targets)
 
 
 def _dense_kind(name: str) -> str:
@@ -182,7 +185,7 @@ def expert_warning(report: Breakdown, target_modules, target_parameters) -> str 
         f" and `lora_target_parameters: {target_parameters}`" if target_parameters else "")
     if fused:
         fix = (f"add `lora_target_parameters: [{', '.join(fused)}]` (with `lora_dropout: 0`): this model's "
-               f"{layout.num_experts} experts are fused 3-D weights, which `all-linear` and module names never reach")
+               f"{layout.num_experts} experts are fused 3-D weights, which Linear module names do not reach")
     else:
         fix = ("add the experts' Linear names to `lora_target_modules`: "
                f"[{', '.join(sorted({e.suffix for e in layout.experts}))}]")
@@ -191,12 +194,32 @@ def expert_warning(report: Breakdown, target_modules, target_parameters) -> str 
             "`finetune targets RECIPE` shows what each target trains.")
 
 
+def dropout_problem(targets: LoraTargets | None, dropout: float) -> str | None:
+    """peft cannot drop out the input of an adapter on a parameter: say so before it raises."""
+    if targets is None or not targets.parameters or not dropout:
+        return None
+    how = ("peft 0.21.2 maps the recipe's module targets onto this model's fused expert weights "
+           f"({', '.join(targets.parameters)}; gate_up_proj at twice the rank, as transformers 4's separate gate "
+           "and up adapters)" if targets.converted else f"`lora_target_parameters` adapt {', '.join(targets.parameters)}")
+    return (f"{how}, and an adapter on a parameter adds its update to the weight itself: there is no input to drop "
+            f"out. Set `lora_dropout: 0` (now {dropout}), or target attention modules only")
+
+
 @dataclass
 class MoeSetup:
     """What build_model hands peft for a mixture-of-experts model."""
 
     excluded: list[str] = field(default_factory=list)  # frozen routers: no adapter may reach them
     saved: list[str] = field(default_factory=list)  # routers trained in full (`train_router` with an adapter)
+    targets: LoraTargets | None = None  # what peft adapts (its conversion applied, frozen routers out)
+
+    def apply(self, lora_config) -> None:
+        """The LoraConfig as build_model hands it to peft: converted already, so peft's own pass changes nothing."""
+        if self.targets is not None:
+            lora_config.target_modules = self.targets.modules
+            lora_config.target_parameters = self.targets.parameters or None
+            lora_config.rank_pattern = self.targets.rank_pattern
+            lora_config.alpha_pattern = self.targets.alpha_pattern
 
 
 def saved_bytes(precision: str) -> int:
@@ -221,11 +244,22 @@ def prepare_experts(model, recipe, precision: str) -> MoeSetup:
             freeze_routers(model, layout)
         return MoeSetup()
     report = breakdown(model, recipe.lora_r, recipe.lora_target_modules, recipe.lora_target_parameters,
-                       recipe.lora_modules_to_save, recipe.train_router, recipe.peft_use_dora, saved_bytes(precision))
+                       recipe.lora_modules_to_save, recipe.train_router, recipe.peft_use_dora, saved_bytes(precision),
+                       recipe.lora_alpha)
+    problem = dropout_problem(report.targets, recipe.lora_dropout)
+    if problem:
+        raise ModelError(problem)
+    if report.targets.converted:
+        log.info(f"peft maps the module targets onto the fused experts: lora_target_parameters "
+                 f"{report.targets.parameters} (rank pattern {report.targets.rank_pattern})")
+    if report.targets.dropped_routers:
+        log.info(f"routers frozen: no adapter on {', '.join(report.targets.dropped_routers)} (`train_router: true` "
+                 "trains them in full)")
     warning = expert_warning(report, recipe.lora_target_modules, recipe.lora_target_parameters)
     if warning:
         log.warning(warning)
-    return MoeSetup(excluded=[] if recipe.train_router else routers, saved=routers if recipe.train_router else [])
+    return MoeSetup(excluded=[] if recipe.train_router else routers, saved=routers if recipe.train_router else [],
+                    targets=report.targets)
 
 
 def _refuse_router_targets(model, layout: MoeLayout, recipe, routers: list[str]) -> None:

@@ -188,14 +188,18 @@ def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, do
     out.append(preset(model, groups, "all-linear + embeddings/lm_head saved", "all-linear",
                       embedding_module_names(model), rank, base_total, dora))
     if recipe_targets is not None:
-        if recipe_targets or recipe_breakdown is None or not recipe_breakdown.parameter_targets:
-            check_targets(groups, recipe_targets)
+        settled = recipe_breakdown.targets if recipe_breakdown is not None else None
+        modules = settled.modules if settled is not None else recipe_targets  # after peft's conversion
+        if modules or settled is None or not settled.parameters:
+            check_targets(groups, modules)
         if recipe_breakdown is None:
             out.append(preset(model, groups, "recipe", recipe_targets, recipe_saved or [], rank, base_total, dora))
             return out
         # the recipe's row counts what build_model hands peft: parameter targets, frozen or trained routers too
         trainable = recipe_breakdown.trainable
         target_list = recipe_targets if recipe_targets == "all-linear" else sorted(set(recipe_targets))
+        if settled is not None and settled.converted:  # what peft adapts for those names
+            target_list = [*([modules] if isinstance(modules, str) else modules), *settled.parameters]
         out.append(Preset("recipe", target_list, list(recipe_saved or []), trainable, base_total + trainable))
     return out
 

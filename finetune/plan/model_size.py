@@ -101,20 +101,22 @@ def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=N
     means every Linear but the output layer (and a mixture-of-experts' routers, frozen); DoRA adds one magnitude
     per output feature (a tensor per layer). `target_parameters` (fused 3-D expert weights): one rank-r adapter
     per expert (plan/moe.py). modules_to_save are trained as full copies."""
-    from finetune.plan.moe import moe_layout, parameter_lora_size, pattern_of, targeted_parameters
+    from finetune.plan.moe import lora_targets, moe_layout, parameter_lora_size, pattern_of, targeted_parameters
 
     layout = moe_layout(model)
+    # what peft adapts for these names: its conversion for fused experts, the frozen routers left out
+    settled = lora_targets(model, r, 2 * r, target_modules, target_parameters, layout=layout)
     routers = {pattern_of(n).rsplit("*.", 1)[-1] for n in layout.routers} if layout else set()
-    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules or [])
-               and not (target_modules == "all-linear" and _matches(n, routers))]
-    parameters = targeted_parameters(model, target_parameters)
+    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, settled.modules or [])
+               and not (settled.modules == "all-linear" and _matches(n, routers))]
+    parameters = targeted_parameters(model, settled.parameters)
     if not linears and not parameters:
         raise FinetuneError(
             f"lora_target_modules {target_modules} match no Linear module of this model; "
             "run `finetune targets` to list them"
         )
     params = sum(r * (m.in_features + m.out_features) + (m.out_features if dora else 0) for _, m in linears)
-    on_parameters = [(name, parameter_lora_size(shape, r)) for name, shape in parameters]
+    on_parameters = [(name, parameter_lora_size(shape, settled.rank_of(name, r))) for name, shape in parameters]
     params += sum(n for _, n in on_parameters)
     tensors = (3 if dora else 2) * len(linears) + 2 * len(parameters)
     # adapters inside the routed experts: a token runs through its top-k experts' only (plan/flops.py)

@@ -217,3 +217,45 @@ def targeted_parameters(model, targets) -> list[tuple[str, tuple]]:
         if any(name == t or name.endswith("." + t) for t in targets or ()):  # peft's rule
             names.append((name, shape_of(param)))
     return names
+
+
+@dataclass
+class LoraTargets:
+    """What peft 0.21.2 adapts for a recipe's targets, after its conversion for transformers 5's fused experts
+    (compat.peft_moe_conversion) and with frozen routers taken out."""
+
+    modules: object  # "all-linear" or the module names
+    parameters: list[str]  # parameter names (suffixes): fused experts
+    rank_pattern: dict = field(default_factory=dict)  # peft's: regex -> rank (gate_up_proj at 2r when converted)
+    alpha_pattern: dict = field(default_factory=dict)
+    dropped_routers: list[str] = field(default_factory=list)  # router parameters the conversion added, left frozen
+    converted: bool = False  # peft mapped module names (or all-linear) onto fused expert weights
+
+    def rank_of(self, name: str, rank: int) -> int:
+        from peft.utils.other import get_pattern_key
+
+        return self.rank_pattern.get(get_pattern_key(self.rank_pattern.keys(), name), rank)
+
+
+def lora_targets(model, rank: int, alpha: int, target_modules, target_parameters=None, train_router: bool = False,
+                 layout: MoeLayout | None = None) -> LoraTargets:
+    """The module and parameter targets peft will adapt on `model` (meta or real) for the recipe's keys."""
+    from peft import LoraConfig
+
+    from finetune.compat import peft_moe_conversion
+
+    modules = target_modules if isinstance(target_modules, str) else list(target_modules or [])
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=modules,
+                        target_parameters=list(target_parameters) if target_parameters else None)
+    before = sorted(config.target_parameters or [])
+    peft_moe_conversion(config, model)
+    parameters = sorted(config.target_parameters or [])
+    dropped = []
+    if not train_router and layout is not None:
+        routers = [n for n, kind in layout.kinds.items() if kind == "router"]
+        dropped = [t for t in parameters if any(n == t or n.endswith("." + t) for n in routers)]
+        parameters = [t for t in parameters if t not in dropped]
+    converted = isinstance(config.target_modules, str) is False and (sorted(config.target_parameters or []) != before)
+    modules = config.target_modules if isinstance(config.target_modules, str) else sorted(config.target_modules or [])
+    return LoraTargets(modules, parameters, dict(config.rank_pattern or {}), dict(config.alpha_pattern or {}),
+                       dropped, converted)

@@ -154,7 +154,8 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
     """The LoRA-variant keys against the adapter, the base and the method; [] when they fit."""
     if recipe.adapter == "none":
         return [f"`{key}` is a LoRA setting, but `adapter: none` trains every weight without adapters; set `adapter: "
-                "lora` (or `qlora`), or remove it" for key in _VARIANT_KEYS if key in explicit]
+                "lora` (or `qlora`), or remove it" for key in _VARIANT_KEYS
+                if key in explicit and getattr(recipe, key) is not None]
     problems = []
     init = _init_problem(recipe.peft_init_lora_weights)
     if init:
