@@ -361,3 +361,28 @@ def test_planner_counts_the_adapters_peft_builds_and_their_active_share(trained)
     expert_lora = 2 * 4 * 4 * ((32 + 32) + (16 + 32))
     assert lora.inactive_adapter_params == expert_lora // 2  # top-2 of 4
     assert lora.rebuilt_weight_elements == shape.expert_params
+
+
+def test_throughput_counts_the_active_adapters_and_weights_and_zero3_gathers_each_moe_block(trained, tmp_path):
+    from types import SimpleNamespace
+
+    from deepspeed.utils import get_z3_leaf_modules
+
+    from finetune.model import build_model
+    from finetune.model.moe import set_zero3_leaves
+    from finetune.plan.model_size import count_model
+    from finetune.recipe import load_recipe
+    from finetune.train.callbacks.throughput import ThroughputCallback
+
+    _recipe(tmp_path, "qwen3_moe", trained["qwen3_moe"]["base"])
+    model, _ = build_model(load_recipe(tmp_path / "recipe.yml"))
+    callback = ThroughputCallback()
+    callback.on_train_begin(SimpleNamespace(world_size=1, device=torch.device("cpu")), SimpleNamespace(max_steps=2),
+                            None, model=model)
+    shape, _, lora = count_model(model.config, 4, ["q_proj", "v_proj"], None, target_parameters=EXPERTS)
+    # MFU's FLOPs: the token's top-2 experts' adapters and weights, as the planner counts them from the config
+    assert callback._lora_params == lora.active_adapter_params < lora.trainable_params
+    assert callback._shape.active_matmul_params == shape.active_matmul_params < shape.matmul_params
+    blocks = set_zero3_leaves(model)
+    assert blocks == [f"base_model.model.model.layers.{i}.mlp" for i in range(2)]
+    assert {id(m) for m in get_z3_leaf_modules(model)} == {id(model.get_submodule(b)) for b in blocks}

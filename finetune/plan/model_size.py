@@ -42,13 +42,17 @@ def _blocks_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_emb]
 
 
+def _added_by_peft(name: str) -> bool:
+    return ".lora_" in name or ".modules_to_save." in name
+
+
 def _non_matmul(model) -> int:
     """Norm weights, biases and attention sinks: parameters no matmul multiplies with."""
     from finetune.plan.moe import shape_of
 
     seen, total = set(), 0
     for name, p in model.named_parameters():
-        if id(p) not in seen and (len(shape_of(p)) < 2 or name.endswith("bias")):
+        if id(p) not in seen and not _added_by_peft(name) and (len(shape_of(p)) < 2 or name.endswith("bias")):
             seen.add(id(p))
             total += parameter_count(p)
     return total
@@ -58,7 +62,8 @@ def model_shape(model) -> ModelShape:
     from finetune.plan.moe import moe_layout
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    params = {id(p): p for p in model.parameters()}  # tied weights once
+    # tied weights once; a peft model's adapters and full copies are what it trains, not the model's shape
+    params = {id(p): p for n, p in model.named_parameters() if not _added_by_peft(n)}
     # parameter_count, not numel: a loaded 4-bit base packs 2 weights a byte, a ZeRO-3 shard holds a
     # placeholder (the throughput callback measures the trained model; FLOPs count every weight)
     total = sum(parameter_count(p) for p in params.values())

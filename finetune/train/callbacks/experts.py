@@ -111,6 +111,9 @@ class ExpertMonitor(TrainerCallback):
         self.aux_sum, self.aux_count, self.loads, self.tokens = None, 0, {}, {}
         return out
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.metrics()  # forget forward passes before training (ZeRO-3's probes run at train begin, in train mode)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:
             return
