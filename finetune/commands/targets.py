@@ -45,7 +45,7 @@ def build_report(args: argparse.Namespace):
             targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
             dora = recipe.peft_use_dora  # + one magnitude per output feature of each adapted layer
             recipe_keys = dict(target_parameters=recipe.lora_target_parameters, train_router=recipe.train_router,
-                               saved_bytes=saved_bytes(resolve_precision(recipe)))
+                               saved_bytes=saved_bytes(resolve_precision(recipe)), alpha=recipe.lora_alpha)
         cache_dir = recipe.cache_dir
     else:
         from finetune.recipe.data import _default_cache_dir
@@ -56,7 +56,29 @@ def build_report(args: argparse.Namespace):
     from finetune.plan.model_size import load_config
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
-    return inspect_model(meta_model(config, trust), source, rank, targets, saved, dora, **recipe_keys)
+    model = meta_model(config, trust)
+    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys)
+    return inspect_model(model, source, rank, targets, saved, dora, recipe_breakdown, warning)
+
+
+def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict):
+    """(what the recipe's adapters train per kind of weight, the expert warning or None). Without a recipe, a
+    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing."""
+    from finetune.model.moe import breakdown, expert_warning
+    from finetune.plan.moe import moe_layout
+
+    if targets is not None:
+        report = breakdown(model, rank, targets, recipe_keys.get("target_parameters"), saved,
+                           recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
+                           recipe_keys.get("alpha", 16))
+        return report, expert_warning(report, targets, recipe_keys.get("target_parameters"))
+    layout = moe_layout(model)
+    if layout is None:
+        return None, None
+    fused = [e.suffix for e in layout.experts if e.fused] or None
+    report = breakdown(model, rank, "all-linear", fused)
+    report.label = "all-linear" + (f" + lora_target_parameters: [{', '.join(fused)}]" if fused else "")
+    return report, None
 
 
 def format_report(report) -> str:

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.targets import linear_features, matches
-from finetune.plan.moe import (KINDS, LoraTargets, MoeLayout, lora_targets, moe_layout, parameter_lora_size,
-                              pattern_of, targeted_parameters)
+from finetune.plan.moe import (ATTENTION_NAMES, KINDS, LoraTargets, MoeLayout, lora_targets, moe_layout,
+                              parameter_lora_size, pattern_of, targeted_parameters)
 
 log = get_logger(__name__)
 
@@ -148,8 +148,6 @@ def breakdown(model, rank: int, target_modules, target_parameters=None, modules_
 
 
 def _dense_kind(name: str) -> str:
-    from finetune.plan.moe import ATTENTION_NAMES
-
     return "attention" if set(name.split(".")) & set(ATTENTION_NAMES) else "other"
 
 

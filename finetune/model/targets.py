@@ -10,13 +10,10 @@ downloaded), so a 70B model is inspected in a second. Counts follow peft exactly
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 from finetune.errors import ModelError
-
-_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
-ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+from finetune.plan.moe import ATTENTION_NAMES, pattern_of  # one rule: the inspector's groups and the MoE kinds
 
 
 @dataclass
@@ -67,7 +64,7 @@ def linear_features(module) -> tuple[int, int] | None:
 
 
 def _group_key(name: str) -> str:
-    return _LAYER_INDEX.sub("*", name)
+    return pattern_of(name)
 
 
 def module_groups(model) -> list[ModuleGroup]:
@@ -241,28 +238,13 @@ class Report:
 
 
 def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False,
-                  target_parameters=None, train_router: bool = False, saved_bytes: int = 4) -> Report:
-    from finetune.model.moe import breakdown, expert_warning
-    from finetune.plan.moe import moe_layout
-
+                  recipe_breakdown=None, warning: str | None = None) -> Report:
+    """`recipe_breakdown`: what the recipe's adapters train per kind of weight (model/moe.py breakdown), which the
+    recipe's preset row counts; `warning`: model/moe.py's expert_warning."""
     groups = module_groups(model)
-    recipe = warning = None
-    if recipe_targets is None:  # a model alone: a mixture-of-experts model shows what all-linear + its experts train
-        layout = moe_layout(model)
-        if layout is not None:
-            recipe_targets = "all-linear"
-            target_parameters = [e.suffix for e in layout.experts if e.fused] or None
-            recipe = breakdown(model, rank, recipe_targets, target_parameters)
-            recipe.label = "all-linear" + (f" + lora_target_parameters: [{', '.join(target_parameters)}]"
-                                           if target_parameters else "")
-            recipe_targets = None
-    else:
-        recipe = breakdown(model, rank, recipe_targets, target_parameters, recipe_saved, train_router, dora,
-                           saved_bytes)
-        warning = expert_warning(recipe, recipe_targets, target_parameters)
     return Report(source=source, architecture=type(model).__name__,
                   model_type=getattr(model.config, "model_type", "?"), rank=rank,
                   total_parameters=unique_parameter_count(model), groups=groups,
                   presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora,
-                                  recipe if recipe_targets is not None else None), dora=dora,
-                  recipe=recipe, warning=warning)
+                                  recipe_breakdown if recipe_targets is not None else None), dora=dora,
+                  recipe=recipe_breakdown, warning=warning)
