@@ -386,3 +386,23 @@ def test_throughput_counts_the_active_adapters_and_weights_and_zero3_gathers_eac
     blocks = set_zero3_leaves(model)
     assert blocks == [f"base_model.model.model.layers.{i}.mlp" for i in range(2)]
     assert {id(m) for m in get_z3_leaf_modules(model)} == {id(model.get_submodule(b)) for b in blocks}
+
+
+def test_plan_prints_active_flops_and_counts_the_rebuilt_expert_weights(trained, tmp_path, capsys):
+    from finetune.plan.budget import PlanInputs, plan_memory
+    from finetune.plan.model_size import count_model
+
+    _recipe(tmp_path, "qwen3_moe", trained["qwen3_moe"]["base"])
+    assert cli_main(["plan", str(tmp_path / "recipe.yml"), "--no-data"]) == 0
+    assert "of the experts' 12,288 weights the token's top-k use 6,144" in capsys.readouterr().out
+    shape, full, lora = count_model(moe_config("qwen3_moe"), 4, ["q_proj"], None, target_parameters=EXPERTS)
+    _, _, attention_only = count_model(moe_config("qwen3_moe"), 4, ["q_proj"], None)
+
+    def peak(trainable):
+        return plan_memory(PlanInputs(shape, full, trainable, adapter="lora", precision="fp32", optimizer="adamw_torch",
+                                      seq_len=64, micro_batch_size=1, gradient_checkpointing="off",
+                                      attn="sdpa")).peak_allocated
+
+    # the expert adapters' own states, and every adapted expert weight rebuilt (W + s*B@A) in fp32
+    states = (lora.trainable_params - attention_only.trainable_params) * 16
+    assert peak(lora) - peak(attention_only) >= states + 4 * shape.expert_params

@@ -5,8 +5,10 @@ finetune/plan/moe.py. Here:
 - `breakdown`: per kind of weight (expert, shared expert, router, attention, other), how many parameters the model
   has, how many the recipe's adapters reach and what they add, as peft builds them: a Linear gets r x (in + out),
   a fused 3-D expert weight (experts x a x b) one rank-r adapter per expert, r x experts x (a + b) (peft 0.21.2's
-  lora.ParamWrapper), a module in modules_to_save a full copy. `finetune targets` prints it, with the adapter's
-  size on disk; `expert_warning` says when the adapters reach (almost) none of the experts.
+  lora.ParamWrapper), a module in modules_to_save a full copy; the targets counted are those peft builds after
+  its own conversion for fused experts (plan/moe.lora_targets: `all-linear` and transformers 4's expert names reach
+  the experts of some families). `finetune targets` prints it, with the adapter's size on disk; `expert_warning`
+  says when the adapters reach (almost) none of the experts, `dropout_problem` why dropout cannot stay.
 - routers: frozen unless `train_router` (LoRA's `exclude_modules` keeps a Linear router out of `all-linear`; with
   `train_router` each router is a full copy in modules_to_save; a full fine-tune switches their gradients off).
 - `set_zero3_leaves`: DeepSpeed ZeRO-3 gathers each MoE block's weights at once instead of expert by expert as
@@ -74,7 +76,8 @@ class Breakdown:
         return {"rows": [{**asdict(r), "added": r.added} for r in self.rows], "adapter_bytes": self.adapter_bytes,
                 "trainable_parameters": self.trainable, "expert_share": round(self.expert_share, 6),
                 "experts": self.layout.num_experts if self.layout else 0,
-                "top_k": self.layout.top_k if self.layout else None}
+                "top_k": self.layout.top_k if self.layout else None,
+                "peft_targets": asdict(self.targets) if self.targets else None}
 
 
 def router_suffixes(layout: MoeLayout | None) -> list[str]:
@@ -232,7 +235,7 @@ def prepare_experts(model, recipe, precision: str) -> MoeSetup:
     if layout is None:
         return MoeSetup()
     routers = router_suffixes(layout)
-    _refuse_router_targets(model, layout, recipe, routers)
+    _refuse_router_targets(layout, recipe, routers)
     top_k = f"top-{layout.top_k}" if layout.top_k else "top-k unknown"
     log.info(f"mixture-of-experts: {layout.num_experts} experts ({top_k}, {'fused' if layout.fused else 'per-expert'}"
              f" weights) in {len(layout.blocks)} layers; routers {'train' if recipe.train_router else 'frozen'} "
@@ -260,7 +263,7 @@ def prepare_experts(model, recipe, precision: str) -> MoeSetup:
                     targets=report.targets)
 
 
-def _refuse_router_targets(model, layout: MoeLayout, recipe, routers: list[str]) -> None:
+def _refuse_router_targets(layout: MoeLayout, recipe, routers: list[str]) -> None:
     """A router named among the adapter's targets: it is frozen, or with `train_router` trained in full already."""
     if recipe.adapter == "none":
         return
