@@ -7,9 +7,9 @@ chat examples of 1-4 question/answer pairs), the same supervised tokens (assista
 dropout 0 (peft refuses dropout on parameter targets), on the attention projections and on the fused experts
 through peft's `target_parameters` (mlp.experts.gate_up_proj, mlp.experts.down_proj); routers frozen on both
 sides. The same objective: cross-entropy + 0.001 x the router's load-balancing loss (the coefficient the config
-declares; TRL 1.16 adds it by default, finetune too). AdamW lr 1e-3 cosine, no warmup, one epoch, seed 42, fp32,
-sdpa, no gradient checkpointing (like bench_train_vs_trl.py: TRL's CPU defaults of bf16 autocast + checkpointing
-would be a meaningless baseline on CPU).
+declares; TRL 1.16 adds it by default, finetune too). The rest is bench_train_vs_trl.py's, whose workers run both
+sides here with these targets: AdamW lr 1e-3 cosine, no warmup, one epoch, seed 42, fp32, sdpa, no gradient
+checkpointing.
 
 TRL runs as in bench_train_vs_trl.py: `default` (no packing, 8 examples a batch padded to the longest) and `packed`
 (its BFD packing, padding-free, 2 rows of 512). finetune packs rows of 512, 2 a micro batch. Each side in a fresh
@@ -30,10 +30,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_train_vs_trl import TRL_MODES, Counter, make_data
+import bench_train_vs_trl
+from bench_train_vs_trl import TRL_MODES, make_data
 
 ROOT = Path(__file__).resolve().parents[1]
-HYPER = {"lr": 1e-3, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "seed": 42}
 ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
@@ -57,89 +57,17 @@ def build_model(out: Path) -> str:
     return str(out)
 
 
+# both sides: LoRA on the attention and on the fused experts, no dropout (peft has none for parameter targets)
+LORA = {"target_modules": ATTENTION, "target_parameters": EXPERTS, "lora_dropout": 0.0}
+
+
 def worker_finetune(args) -> dict:
-    import yaml
-
-    import finetune.data.collate as collate_module
-    import finetune.model.isolation as isolation
-    from finetune.recipe import load_recipe
-    from finetune.train import run_training
-    from finetune.train.imports import skip_unused_libraries
-
-    counters, original, guard = [], collate_module.Collator, isolation.guard_packing
-
-    def counting(*a, **kw):
-        counters.append(Counter(original(*a, **kw)))
-        return counters[-1]
-
-    def guard_then_reset(model, collator, attn):  # the isolation probe's tiny batch is not training data
-        leak = guard(model, collator, attn)
-        collator.slots = collator.real = collator.supervised = 0
-        return leak
-
-    collate_module.Collator, isolation.guard_packing = counting, guard_then_reset  # instrumentation only
-    work = Path(args.work)
-    recipe = {
-        "base_model": args.model_path, "adapter": "lora", "lora_r": HYPER["lora_r"],
-        "lora_alpha": HYPER["lora_alpha"], "lora_dropout": HYPER["lora_dropout"], "lora_target_modules": ATTENTION,
-        "lora_target_parameters": EXPERTS, "datasets": [{"path": args.data, "type": "chat"}], "sequence_len": 512,
-        "sample_packing": True, "micro_batch_size": 2, "num_epochs": 1, "learning_rate": HYPER["lr"],
-        "lr_scheduler": "cosine", "warmup_steps": 0, "seed": HYPER["seed"], "precision": "fp32",
-        "attn_implementation": "sdpa", "logging_steps": 1, "report_to": ["none"], "output_dir": str(work / "out"),
-        "dataset_prepared_path": str(work / "prepared"), "cache_dir": args.cache_dir,
-    }
-    (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
-    loaded = load_recipe(work / "recipe.yml")
-    skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does
-    summary = run_training(loaded)
-    logs = [e for e in summary["log_history"] if "loss" in e]
-    end = [e for e in summary["log_history"] if "train_loss" in e][-1]
-    c = counters[-1]
-    return {"steps": summary["steps"], "final_loss": logs[-1]["loss"], "mean_loss": end["train_loss"],
-            "train_runtime_s": summary["train_runtime_s"], "slots": c.slots, "real": c.real,
-            "supervised": c.supervised, "trainable": summary["trainable_parameters"],
-            "aux": [e.get("router_aux_loss") for e in logs][-1]}
-
-
-def trl_trainer(args, mode: str):
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
-
-    from finetune.data.encode import encode_batch
-    from finetune.ingest.records import read_records
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model_path)
-    examples = encode_batch(tokenizer, list(read_records(args.data, "chat")), False)  # the same labels as ours
-    dataset = Dataset.from_dict({"input_ids": [e.input_ids for e in examples], "labels": [e.labels for e in examples]})
-    if mode == "default":
-        shape = {"per_device_train_batch_size": 8, "packing": False, "max_length": None}
-    else:
-        shape = {"per_device_train_batch_size": 2, "packing": True, "packing_strategy": "bfd", "max_length": 512}
-    config = SFTConfig(
-        output_dir=str(Path(args.work) / "out"), num_train_epochs=1, learning_rate=HYPER["lr"],
-        lr_scheduler_type="cosine", warmup_steps=0, seed=HYPER["seed"], logging_steps=1, save_strategy="no",
-        report_to="none", bf16=False, fp16=False, gradient_checkpointing=False,
-        model_init_kwargs={"dtype": "float32", "attn_implementation": "sdpa"}, **shape,
-    )
-    peft_config = LoraConfig(r=HYPER["lora_r"], lora_alpha=HYPER["lora_alpha"], lora_dropout=HYPER["lora_dropout"],
-                             target_modules=ATTENTION, target_parameters=EXPERTS, task_type="CAUSAL_LM")
-    return SFTTrainer(model=args.model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
-                      peft_config=peft_config)
+    return bench_train_vs_trl.worker_finetune(args, {"lora_target_modules": ATTENTION,
+                                                     "lora_target_parameters": EXPERTS, "lora_dropout": 0.0})
 
 
 def worker_trl(args) -> dict:
-    trainer = trl_trainer(args, args.trl_mode)
-    counter = Counter(trainer.data_collator)
-    trainer.data_collator = counter
-    result = trainer.train()
-    trainer.save_model(str(Path(args.work) / "out"))
-    logs = [e for e in trainer.state.log_history if "loss" in e]
-    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    return {"steps": trainer.state.global_step, "final_loss": logs[-1]["loss"], "mean_loss": result.training_loss,
-            "train_runtime_s": result.metrics["train_runtime"], "slots": counter.slots, "real": counter.real,
-            "supervised": counter.supervised, "trainable": trainable, "aux": logs[-1].get("aux_loss")}
+    return bench_train_vs_trl.worker_trl(args, LORA)
 
 
 def run_side(side: str, model_path: str, data: Path, cache_dir: str) -> dict:
