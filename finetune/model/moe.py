@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from finetune.compat import parameter_count
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.targets import linear_features, matches
@@ -126,13 +127,13 @@ def breakdown(model, rank: int, target_modules, target_parameters=None, modules_
     for name, param in model.named_parameters():
         if id(param) not in seen:
             seen.add(id(param))
-            rows[kinds.get(name) or _dense_kind(name)].parameters += param.numel()
+            rows[kinds.get(name) or _dense_kind(name)].parameters += parameter_count(param)
     excluded = [] if train_router else router_suffixes(layout)
     reached = []
     for name, module in _linear_modules(model, targets.modules, excluded):
         features = linear_features(module)
         row = rows[kinds.get(f"{name}.weight") or _dense_kind(name)]
-        row.adapted += module.weight.numel()
+        row.adapted += parameter_count(module.weight)
         row.lora += rank * (features[0] + features[1]) + (features[1] if dora else 0)
         reached.append(row.kind)
     for name, shape in targeted_parameters(model, targets.parameters):
@@ -168,8 +169,8 @@ def _count_saved(model, saved: list[str], rows: dict, kinds: dict) -> None:
                 continue
             counted.add(id(param))
             row = rows[kinds.get(f"{name}.{pname}") or _dense_kind(name)]
-            row.adapted += param.numel()
-            row.saved += param.numel()
+            row.adapted += parameter_count(param)
+            row.saved += parameter_count(param)
 
 
 def expert_warning(report: Breakdown, target_modules, target_parameters) -> str | None:
@@ -287,7 +288,7 @@ def freeze_routers(model, layout: MoeLayout | None) -> int:
     for name, param in model.named_parameters():
         if layout.kinds.get(name) == "router":
             param.requires_grad_(False)
-            frozen += param.numel()
+            frozen += parameter_count(param)
     return frozen
 
 
