@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from finetune.compat import set_router_aux_loss_coef
 from finetune.contract import IGNORE_INDEX
 from finetune.log import get_logger
+from finetune.train.callbacks.throughput import add_to_log
 
 log = get_logger(__name__)
 
@@ -117,10 +118,7 @@ class ExpertMonitor(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs:
             return
-        extra = self.metrics()
-        logs.update(extra)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(extra)
+        add_to_log(state, logs, self.metrics())
 
     def detach(self) -> None:
         for handle in self.handles:

@@ -166,10 +166,7 @@ class ThroughputCallback(TrainerCallback):
             return
         # The dataloader fetches a batch ahead, so counts lead the steps by one micro-batch; over the run
         # (and the steady window, whose two ends both lead by one) that batch does not matter.
-        extra = self.metrics()
-        logs.update(extra)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(extra)
+        add_to_log(state, logs, self.metrics())
 
     def summary(self) -> dict:
         """run.json's `throughput`: the rates at the end, the warm-up excluded, and plan vs real memory."""
@@ -177,6 +174,14 @@ class ThroughputCallback(TrainerCallback):
         out["steady_state_after_steps"] = self.warmup_steps
         out["planned_memory_gib"] = self.planned_memory
         return out
+
+
+def add_to_log(state, logs: dict, extra: dict) -> None:
+    """Metrics a callback adds to the training log being written, and to the entry the Trainer just appended to
+    log_history (on_log runs after it appended), so run.json and the curves see them too."""
+    logs.update(extra)
+    if state.log_history and state.log_history[-1].get("step") == state.global_step:
+        state.log_history[-1].update(extra)
 
 
 def peak_memory() -> dict:
