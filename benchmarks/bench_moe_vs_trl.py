@@ -46,7 +46,8 @@ def build_model(out: Path) -> str:
     from tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
-    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512, moe_intermediate_size=256,
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), hidden_size=256, intermediate_size=512,
+                            moe_intermediate_size=256,
                             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, head_dim=32,
                             num_experts=8, num_experts_per_tok=2, max_position_embeddings=1024,
                             tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id,

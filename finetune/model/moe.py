@@ -202,7 +202,8 @@ def dropout_problem(targets: LoraTargets | None, dropout: float) -> str | None:
         return None
     how = ("peft 0.21.2 maps the recipe's module targets onto this model's fused expert weights "
            f"({', '.join(targets.parameters)}; gate_up_proj at twice the rank, as transformers 4's separate gate "
-           "and up adapters)" if targets.converted else f"`lora_target_parameters` adapt {', '.join(targets.parameters)}")
+           "and up adapters)" if targets.converted
+           else f"`lora_target_parameters` adapt {', '.join(targets.parameters)}")
     return (f"{how}, and an adapter on a parameter adds its update to the weight itself: there is no input to drop "
             f"out. Set `lora_dropout: 0` (now {dropout}), or target attention modules only")
 

@@ -134,8 +134,8 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
         # full checkpointing). Measured: 65% of this bound held on a 2-layer qwen3_moe (gate_up kept, most of down)
         e = 4 if mode == "fp32" else 2
         rebuilt = trainable.rebuilt_weight_elements * e
-        extra += rebuilt // inputs.shape.num_layers if checkpointing_mode(inputs.gradient_checkpointing) == "full" \
-            else rebuilt
+        full = checkpointing_mode(inputs.gradient_checkpointing) == "full"
+        extra += rebuilt // inputs.shape.num_layers if full else rebuilt
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
     generation = inputs.generation()

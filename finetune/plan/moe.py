@@ -126,7 +126,8 @@ def _per_expert_containers(model) -> dict[str, int]:
         if not isinstance(module, torch.nn.ModuleList) or len(module) < 2 or "." not in name:
             continue
         children = list(module)
-        if len({type(c) for c in children}) != 1 or not any(isinstance(m, torch.nn.Linear) for m in children[0].modules()):
+        linear = any(isinstance(m, torch.nn.Linear) for m in children[0].modules())
+        if len({type(c) for c in children}) != 1 or not linear:
             continue
         parent = model.get_submodule(name.rsplit(".", 1)[0])
         if any(_leading_dim(m) == len(children) for m in parent.children() if m is not module):
