@@ -166,14 +166,21 @@ def test_lm_eval_load_yaml_merges_an_include_relative_to_the_file(tmp_path):
     assert config == {"output_type": "multiple_choice", "doc_to_text": "{{question}}", "task": "mine"}
 
 
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "mixtral", "olmoe"])
-def test_moe_forward_weighs_its_aux_loss_by_the_instance_coefficient(family):
+def test_moe_forward_weighs_its_aux_loss_by_the_instance_coefficient(family, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from tiny_moe import moe_config
+    from tiny import family_config
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(moe_config(family), attn_implementation="eager")
+    model = AutoModelForCausalLM.from_config(family_config(family, tokenizer), attn_implementation="eager")
     ids = torch.randint(1, 100, (1, 8))
     compat.set_router_aux_loss_coef(model, 0.0)
     plain = model(input_ids=ids, labels=ids, output_router_logits=True)
@@ -182,13 +189,13 @@ def test_moe_forward_weighs_its_aux_loss_by_the_instance_coefficient(family):
     torch.testing.assert_close(weighted.loss, plain.loss + 2.0 * plain.aux_loss)
 
 
-def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once():
+def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once(tokenizer):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from tiny_moe import moe_config
+    from tiny import family_config
 
-    model = AutoModelForCausalLM.from_config(moe_config("qwen3_moe"))
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_moe", tokenizer))
     config = LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")
     compat.peft_moe_conversion(config, model)
     assert {"gate_up_proj", "down_proj", "gate.weight"} <= set(config.target_parameters)

@@ -1,7 +1,7 @@
 """Mixture-of-experts: the layout found from structure, LoRA on fused experts (peft's target_parameters) with the
 sizes `finetune targets` prints, routers frozen, the router's aux loss and expert load in the logs, active FLOPs,
-merge. Tiny models (hidden 32, 4 experts, top-2, 2 layers): qwen3_moe and gpt_oss trained; mixtral, olmoe,
-qwen2_moe, deepseek_v3 and a per-expert-Linear toy for structure only."""
+merge. The family matrix's tiny models (tests/tiny.py: hidden 32, 4 experts, top-2, 2 layers): qwen3_moe and
+gpt_oss trained; mixtral, olmoe, qwen2_moe, deepseek_v3 and a per-expert-Linear toy for structure only."""
 
 from __future__ import annotations
 
@@ -14,9 +14,20 @@ import yaml
 from conftest import make_records, write_jsonl
 from finetune.cli import main as cli_main
 from finetune.errors import ModelError, RecipeError
-from tiny_moe import build_tiny_moe, moe_config
+from tiny import build_family_model, build_tokenizer, family_config
 
 TRAINED = ("qwen3_moe", "gpt_oss")
+_TOKENIZER = []
+
+
+def moe_config(family: str, **changes):
+    """The family matrix's tiny config of `family`, with `changes` set on it."""
+    if not _TOKENIZER:
+        _TOKENIZER.append(build_tokenizer())
+    config = family_config(family, _TOKENIZER[0])
+    for key, value in changes.items():
+        setattr(config, key, value)
+    return config
 EXPERTS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
 
 
@@ -51,12 +62,12 @@ class Toy(torch.nn.Module):
                                                                 "moe": ToyBlock()}) for _ in range(2)])
 
 
-@pytest.mark.parametrize("family, shared, routers", [
-    ("qwen3_moe", 0, ["mlp.gate"]), ("gpt_oss", 0, ["mlp.router"]), ("mixtral", 0, ["mlp.gate"]),
-    ("olmoe", 0, ["mlp.gate"]), ("qwen2_moe", 2 * 3 * 32 * 16, ["mlp.gate", "mlp.shared_expert_gate"]),
-    ("deepseek_v3", 3 * 32 * 16, ["mlp.gate"]),  # its first layer is dense: one MoE layer
+@pytest.mark.parametrize("family, width, shared, routers", [  # width: one expert's intermediate size
+    ("qwen3_moe", 32, 0, ["mlp.gate"]), ("gpt_oss", 64, 0, ["mlp.router"]), ("mixtral", 64, 0, ["mlp.gate"]),
+    ("olmoe", 64, 0, ["mlp.gate"]), ("qwen2_moe", 32, 2 * 3 * 32 * 32, ["mlp.gate", "mlp.shared_expert_gate"]),
+    ("deepseek_v3", 32, 3 * 32 * 32, ["mlp.gate"]),  # its first layer is dense: one MoE layer
 ])
-def test_layout_is_found_from_structure(family, shared, routers):
+def test_layout_is_found_from_structure(family, width, shared, routers):
     from finetune.model.moe import router_suffixes
     from finetune.plan.moe import moe_layout
 
@@ -65,8 +76,9 @@ def test_layout_is_found_from_structure(family, shared, routers):
     assert router_suffixes(layout) == routers
     assert [e.suffix for e in layout.experts] == EXPERTS
     layers = 1 if family == "deepseek_v3" else 2
-    # gate_up (4 x 2I x H) + down (4 x H x I) with H = 32, I = 16
-    assert layout.expert_params == layers * 4 * 3 * 32 * 16 and layout.active_expert_params == layout.expert_params // 2
+    # gate_up (4 x 2I x H) + down (4 x H x I) with H = 32, I = width
+    assert layout.expert_params == layers * 4 * 3 * 32 * width
+    assert layout.active_expert_params == layout.expert_params // 2
     assert layout.parameters("shared expert") == shared
     assert layout.parameters("attention") > 0 and layout.parameters("router") > 0
 
@@ -136,7 +148,7 @@ def trained(tmp_path_factory):
     runs = {}
     for family in TRAINED:
         root = tmp_path_factory.mktemp(family)
-        model_dir = build_tiny_moe(root / "base", family)
+        model_dir = build_family_model(family, root / "base", _TOKENIZER[0] if _TOKENIZER else None)
         # gpt_oss has no SDPA path in transformers 5.23 (its attention sinks): eager
         _recipe(root, family, model_dir, **({"attn_implementation": "eager"} if family == "gpt_oss" else {}))
         runs[family] = {"root": root, "base": model_dir}
@@ -172,10 +184,13 @@ def test_adapter_bytes_and_trainable_count_equal_what_targets_printed(runs, fami
     assert record["trainable_parameters"] == printed["trainable_parameters"] == sum(
         t.numel() for t in tensors.values())
     rows = {r["kind"]: r for r in printed["rows"]}
-    assert rows["expert"]["adapted"] == rows["expert"]["parameters"] - (512 if family == "gpt_oss" else 0)  # biases
+    # gpt_oss's expert biases: gate_up (4 x 128) and down (4 x 32) in each layer
+    assert rows["expert"]["adapted"] == rows["expert"]["parameters"] - (2 * 4 * 160 if family == "gpt_oss" else 0)
     assert rows["router"]["adapted"] == 0
-    # one rank-4 adapter per expert on each fused weight: 4 experts x 4 x (a + b), in both layers
-    assert rows["expert"]["lora"] == 2 * 4 * 4 * ((32 + 32) + (32 + 16))
+    # one rank-4 adapter per expert on each fused weight: 4 experts x 4 x (a + b), in both layers; qwen3_moe's
+    # gate_up 64 x 32 and down 32 x 32, gpt_oss's (stored in x out) 32 x 128 and 64 x 32
+    sides = {"qwen3_moe": (64 + 32) + (32 + 32), "gpt_oss": (32 + 128) + (64 + 32)}[family]
+    assert rows["expert"]["lora"] == 2 * 4 * 4 * sides
     assert any("experts" in k and "lora_B" in k and t.abs().sum() > 0 for k, t in tensors.items())  # trained
 
 
@@ -283,7 +298,7 @@ def test_all_linear_on_a_family_peft_converts_reaches_the_experts_and_leaves_the
     assert any("experts" in n for n in names) and not any("mlp.gate" in n for n in names)
     rows = {r["kind"]: r for r in printed["recipe"]["rows"]}
     # rank 2 x 4 on gate_up_proj (transformers 4's gate and up adapters, fused), 4 on down_proj
-    assert rows["expert"]["lora"] == 2 * 4 * (8 * (32 + 32) + 4 * (32 + 16)) and rows["router"]["adapted"] == 0
+    assert rows["expert"]["lora"] == 2 * 4 * (8 * (64 + 32) + 4 * (32 + 32)) and rows["router"]["adapted"] == 0
     assert printed["warning"] is None
 
 
@@ -358,7 +373,7 @@ def test_planner_counts_the_adapters_peft_builds_and_their_active_share(trained)
     config = moe_config("gpt_oss")
     shape, _, lora = count_model(config, 4, ["q_proj", "v_proj"], None, target_parameters=EXPERTS)
     assert lora.trainable_params == breakdown(_meta(config), 4, ["q_proj", "v_proj"], EXPERTS).trainable
-    expert_lora = 2 * 4 * 4 * ((32 + 32) + (16 + 32))
+    expert_lora = 2 * 4 * 4 * ((32 + 128) + (64 + 32))
     assert lora.inactive_adapter_params == expert_lora // 2  # top-2 of 4
     assert lora.rebuilt_weight_elements == shape.expert_params
 
@@ -394,7 +409,7 @@ def test_plan_prints_active_flops_and_counts_the_rebuilt_expert_weights(trained,
 
     _recipe(tmp_path, "qwen3_moe", trained["qwen3_moe"]["base"])
     assert cli_main(["plan", str(tmp_path / "recipe.yml"), "--no-data"]) == 0
-    assert "of the experts' 12,288 weights the token's top-k use 6,144" in capsys.readouterr().out
+    assert "of the experts' 24,576 weights the token's top-k use 12,288" in capsys.readouterr().out
     shape, full, lora = count_model(moe_config("qwen3_moe"), 4, ["q_proj"], None, target_parameters=EXPERTS)
     _, _, attention_only = count_model(moe_config("qwen3_moe"), 4, ["q_proj"], None)
 
