@@ -164,3 +164,44 @@ def test_lm_eval_load_yaml_merges_an_include_relative_to_the_file(tmp_path):
     (tmp_path / "task.yaml").write_text("include: base.yaml\ntask: mine\ndoc_to_text: '{{question}}'\n")
     config = compat.lm_eval_load_yaml(tmp_path / "task.yaml")
     assert config == {"output_type": "multiple_choice", "doc_to_text": "{{question}}", "task": "mine"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "mixtral", "olmoe"])
+def test_moe_forward_weighs_its_aux_loss_by_the_instance_coefficient(family, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from tiny import family_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config(family, tokenizer), attn_implementation="eager")
+    ids = torch.randint(1, 100, (1, 8))
+    compat.set_router_aux_loss_coef(model, 0.0)
+    plain = model(input_ids=ids, labels=ids, output_router_logits=True)
+    compat.set_router_aux_loss_coef(model, torch.tensor(2.0))
+    weighted = model(input_ids=ids, labels=ids, output_router_logits=True)
+    torch.testing.assert_close(weighted.loss, plain.loss + 2.0 * plain.aux_loss)
+
+
+def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once(tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tiny import family_config
+
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_moe", tokenizer))
+    config = LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")
+    compat.peft_moe_conversion(config, model)
+    assert {"gate_up_proj", "down_proj", "gate.weight"} <= set(config.target_parameters)
+    assert config.rank_pattern == {r".*\.gate_up_proj": 8}
+    once = (sorted(config.target_modules), sorted(config.target_parameters), dict(config.rank_pattern))
+    compat.peft_moe_conversion(config, model)
+    assert (sorted(config.target_modules), sorted(config.target_parameters), dict(config.rank_pattern)) == once
+    built = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")).peft_config
+    assert (sorted(built["default"].target_modules), sorted(built["default"].target_parameters)) == once[:2]

@@ -164,6 +164,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
     from finetune.recipe.adapter import mutates_base, uses_eva
+    from finetune.train.callbacks.experts import prepare_experts_for_training
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
@@ -212,9 +213,11 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
             eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
+    # mixture-of-experts: router_aux_loss and expert load in the logs, ZeRO-3 leaves (train/callbacks/experts.py)
+    experts = prepare_experts_for_training(model, recipe, settings.deepspeed)
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
-                 initial)
+    return Built(model, tokenizer, collator, [*at_train_begin, *experts, *compile_model(model, settings)],
+                 full_logits, initial)
 
 
 def compile_model(model, settings: Resolved) -> list:
