@@ -95,10 +95,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
 
 
 def _report_machine(recipe, settings: Resolved) -> None:
-    from finetune.plan.lr_lora import lora_variant_lines
+    from finetune.plan.lr_lora import as_sentence, lora_variant_lines
 
     for line in lora_variant_lines(recipe, settings.learning_rate):  # rsLoRA's scale, LoRA+'s B rate (plan/lr_lora.py)
-        log.info(" ".join(line.split()))
+        log.info(as_sentence(line))
     say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
