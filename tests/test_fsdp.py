@@ -325,6 +325,23 @@ def test_axolotl_fsdp1_recipe_maps_its_settings_and_notes_the_fsdp1_only_ones(tm
     assert "fsdp_config.state_dict_type: LOCAL_STATE_DICT: FSDP1-only" in text
 
 
+def test_every_fsdp_setting_is_said_and_the_dropped_count_counts_them(tmp_path, capsys):
+    """Issue 43, item 13: `auto_wrap_policy` and `activation_checkpointing` vanished without a comment (the latter
+    when `gradient_checkpointing: true` had already set `full`), and the count left out fsdp_config's drops."""
+    code, text, ported = _port(tmp_path, AXOLOTL_FSDP1.replace("adapter: lora", "adapter: lora\ngradient_checkpointing: "
+                                                                "true\nbogus_key: 1") + "  fsdp_auto_wrap_policy: "
+                               "TRANSFORMER_BASED_WRAP\n  fsdp_activation_checkpointing: true\n")
+    assert code == 0
+    assert "fsdp_config.auto_wrap_policy: TRANSFORMER_BASED_WRAP: finetune's behaviour already" in text
+    comments = text.split("gradient_checkpointing: full")[0].rsplit("\nadapter: lora", 1)[1]
+    assert "axolotl `gradient_checkpointing: true` is written `full`" in comments
+    assert "from axolotl `fsdp_config.activation_checkpointing: true`" in comments
+    assert ported["gradient_checkpointing"] == "full"
+    # dropped: bogus_key (top level), use_orig_params, backward_prefetch_policy, sync_module_states (fsdp_config)
+    assert text.count("dropped") - text.count("was dropped") == 4
+    assert "4 axolotl settings dropped" in capsys.readouterr().out
+
+
 def test_axolotl_no_shard_is_plain_data_parallelism(tmp_path):
     code, text, ported = _port(tmp_path, "base_model: m\ndatasets:\n  - path: chat.jsonl\n    type: chat_template\n"
                                          "fsdp: [no_shard]\nfsdp_config:\n  fsdp_offload_params: false\n")
