@@ -225,6 +225,28 @@ def test_finetune_plan_prints_fsdp_lines(recipe_path, capsys):
     assert "a run uses one" in capsys.readouterr().err
 
 
+def test_plan_fsdp_refuses_what_train_refuses_in_the_same_words(recipe_path, make_recipe, capsys):
+    """Issue 43, item 9: `finetune plan --fsdp` said FITS for DPO (and GRPO, QLoRA...), which train refuses."""
+    import random
+
+    from test_preference_data import chat_pair
+    from tests.conftest import write_jsonl
+
+    pairs = write_jsonl(recipe_path.parent / "pairs.jsonl", [chat_pair(random.Random(0)) for _ in range(8)])
+    cases = [(recipe_path, ["compile=true"]),
+             (recipe_path, ["method=dpo", "datasets=[{path: pairs.jsonl, type: preference}]"])]
+    for path, overrides in cases:
+        with pytest.raises(RecipeError) as caught:  # train: the recipe with `fsdp` does not load
+            load_recipe(path, [*overrides, "fsdp=true"])
+        refused = [p for p in caught.value.problems if "fsdp" in p]
+        assert refused and pairs.is_file()
+        sets = [a for o in overrides for a in ("--set", o)]
+        assert main(["plan", str(path), *sets, "--fsdp", "--no-data", "--gpu-memory-gib", "80"]) == 2
+        out = capsys.readouterr()
+        assert "FITS" not in out.out and all(p in out.err for p in refused) and "Traceback" not in out.err
+    assert main(["plan", str(recipe_path), "--fsdp", "--no-data", "--gpu-memory-gib", "80"]) == 0  # SFT LoRA plans
+
+
 # --- axolotl recipes ----------------------------------------------------------------------------------------
 
 AXOLOTL_FSDP2 = """
