@@ -31,6 +31,7 @@ from finetune.log import get_logger
 from finetune.train.fast_paths import say
 from finetune.train.arguments import training_arguments
 from finetune.train.record import save_and_record
+from finetune.train.stop_record import recording_stops
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
 
 log = get_logger(__name__)
@@ -263,13 +264,33 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
     built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
-    return save_and_record(recipe, settings, layout, prepared, run, started)
+    with recording_stops(layout, lambda: run["trainer"].state.global_step, main=state.is_main_process):
+        return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
 def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from,
           reference=None) -> dict:
-    """The Trainer: eval loss before, training, the final eval loss. output_dir is created here, the first
-    thing the run writes."""
+    """Claim output_dir (created here, the first thing the run writes), then fit: whatever stops the run from here
+    (an error, Ctrl-C) leaves its reason in output_dir/stopped.json (train/stop_record.py)."""
+    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
+    from finetune.train.record import write_resolved_recipe
+    from finetune.train.stop_record import clear_stop
+
+    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
+    main = args.process_index == 0
+    if main:  # what this run trains with (also when it stops early), and no earlier run's stop record
+        clear_stop(layout)
+        write_resolved_recipe(recipe, layout.output_dir)
+    for stale in remove_stale_staging(layout):
+        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
+    made: list = []  # fit() puts its Trainer here: the step a stop happened at
+    with recording_stops(layout, lambda: made[0].state.global_step if made else 0, main=main):
+        return fit(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference, made)
+
+
+def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from, reference,
+        made: list) -> dict:
+    """The Trainer (appended to `made`): eval loss before, training, the final eval loss."""
     from transformers import Trainer
 
     from finetune.model import base_causal_lm, count_parameters
@@ -279,15 +300,11 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
     from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
-    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
     from finetune.train.fast_paths import kernel_failures
     from finetune.train.loraplus import optimizer_cls_and_kwargs as loraplus_optimizer
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
-    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
-    for stale in remove_stale_staging(layout):
-        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
     # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
     planned = planned_memory(recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation,
@@ -318,6 +335,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         data_collator=collator,
         processing_class=tokenizer,
     )
+    made.append(trainer)
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
         before = trainer.evaluate() if settings.has_eval else {}
