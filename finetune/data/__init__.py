@@ -313,6 +313,7 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
+        "plain_text_prompts": outcome.get("plain_text", 0),  # no chat template (data/grpo/prompts.template_note)
         "train": prompt_stats(train),
         "eval": prompt_stats(held),
         "packing": {},

@@ -53,9 +53,14 @@ def count_data(recipe, state):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
     if recipe.method == "grpo":
+        from finetune.data.grpo.prompts import template_note
+
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
                  f"{' (cached)' if prepared.reused else ''}")
+        note = template_note(stats, tokenizer)
+        if note:
+            log.warning(note)
         return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"

@@ -63,6 +63,7 @@ def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[l
                 "({\"prompt\": ..., and the columns your rewards read}: docs/grpo.md). Point the dataset at "
                 "prompts, or set the method this file is for")
         outcome["records"] += 1
+        outcome["plain_text"] += isinstance(record["prompt"], str)
         ids, what = fit_prompt(prompt_ids(tokenizer, record["prompt"]), room, recipe.excess_length_strategy,
                                tokenizer.bos_token_id)
         if what:
@@ -75,6 +76,21 @@ def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[l
         raise DataError(f"no usable prompts: {outcome['records']} records, {outcome['too_long']} longer than the "
                         f"{room} tokens sequence_len leaves them; raise `sequence_len` or lower `max_completion_length`")
     return items, {**outcome, "dropped_listed": listed}
+
+
+def template_note(stats: dict, tokenizer) -> str | None:
+    """What to say when plain-text prompts meet a tokenizer with a chat template: they reach the model as written,
+    without it. Not applied for them: a string prompt is TRL's "standard" format, sent as written (the oracle
+    finetune's GRPO is held equal to), and a base model's tokenizer may carry a template it was never trained on;
+    an instruct model wants its turns, which a conversation prompt gets."""
+    plain = stats.get("plain_text_prompts") or 0
+    if not plain or not getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"{plain:,} of {stats.get('records', plain):,} prompts are plain text: they reach the model as written "
+            "(its BOS, no chat template), as TRL sends a string prompt. This tokenizer has a chat template: an "
+            "instruct model answers a prompt in its own turns, so give `prompt` as a conversation, "
+            "[{\"role\": \"user\", \"content\": ...}], to have it rendered through the template with the assistant "
+            "header (docs/grpo.md)")
 
 
 def prompt_stats(items: list[Prompt]) -> dict:
