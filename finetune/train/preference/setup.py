@@ -159,7 +159,8 @@ def preference_record(recipe, trainer) -> dict:
         "train_tokens_in_rows": sum(store.length(i) - (len(store.prompts[i]) if shared else 0)
                                     for i in store.split_ids("train")),
         "reference_pass_s": getattr(trainer, "reference_seconds", None),
-        # the items the run reads (the eval split's, its steps' train items) and those its pass scored (not cached)
+        # the items the run reads (the eval split's, its steps' train items) and those its pass scored (not cached);
+        # None: no reference, or a cached table that held every item
         "reference_items": getattr(trainer, "reference_items", None),
         "reference_table": str(trainer.reference_path) if getattr(trainer, "reference_path", None) else None,
         "train_metrics": {k: v for k, v in last_train.items() if "/" in k},
