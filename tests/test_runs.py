@@ -95,7 +95,8 @@ def test_a_run_stopped_by_an_error_or_ctrl_c_says_why_and_where_it_resumes(runs,
     assert "stopped on an error at step 4: RuntimeError: simulated crash (out of memory)" in crashed["status_reason"]
     assert f"last complete checkpoint at step {CRASH_STEP - 1}" in crashed["status_reason"]
     assert stopped["summary"]["steps"] == stopped["summary"]["checkpoint_step"] == INTERRUPT_STEP
-    assert [p[0] for p in stopped["curves"]["loss"]] == [1]  # what the old page took the step from
+    # every step's loss up to the checkpoint is in it (logged at step 1 only: the old page's step)
+    assert [p[0] for p in stopped["curves"]["loss"]] == list(range(1, INTERRUPT_STEP + 1))
     assert stopped["status_reason"].startswith(f"interrupted at step {INTERRUPT_STEP}: checkpoint saved")
     # what it trains with, from recipe.resolved.yml (written when a run starts): plain values, paths, max_steps
     settings = crashed["settings"]

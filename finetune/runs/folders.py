@@ -78,9 +78,11 @@ def status(folder: Path, has_run_json: bool, stop: dict | None = None) -> tuple[
     if stop is not None:
         at = f" at step {stop['step']}" if isinstance(stop.get("step"), int) else ""
         state = INTERRUPTED if stop.get("kind") in ("interrupted", "aborted") else CRASHED  # Ctrl-C: the user's stop
-        said = stop["message"] if state == INTERRUPTED else f"stopped on an error{at}: {stop['message']}"
+        said = stop["message"].rstrip(". ") if state == INTERRUPTED else f"stopped on an error{at}: {stop['message']}"
         earlier = "; run.json is an earlier run's" if has_run_json else ""
-        return state, f"{said}{earlier}; {_resume(folder)}"
+        # Ctrl-C's own line names the checkpoint it saved and how to resume: nothing to add
+        resume = "" if "checkpoint saved at" in said else f"; {_resume(folder)}"
+        return state, f"{said}{earlier}{resume}"
     if has_run_json:
         return FINISHED, "finished: run.json written"
     return CRASHED, ("no run.json and no stop record: the run was killed (SIGKILL, out of host memory, the machine "

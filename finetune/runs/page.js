@@ -165,13 +165,15 @@
     return String(Number(value.toPrecision(digits)));
   }
 
-  function tickLabels(splits) {  // the fewest significant digits that tell every tick apart (0.0002 0.0004, not 0 0)
-    var wanted = new Set(splits.map(String)).size;
+  function tickLabels(splits) {  // the fewest significant digits that give every tick its value (2e-4, not 0; 0.25, not 0.3)
+    var values = splits.filter(function (v) { return typeof v === "number"; });
+    var spacing = values.length > 1 ? Math.abs(values[1] - values[0]) : Math.abs(values[0] || 1);
     for (var digits = 1; digits < 8; digits++) {
-      var labels = splits.map(function (v) { return v === null ? "" : tick(v, digits); });
-      if (new Set(labels).size === wanted) return labels;
+      var labels = splits.map(function (v) { return typeof v === "number" ? tick(v, digits) : ""; });
+      var exact = splits.every(function (v, i) { return typeof v !== "number" || Math.abs(Number(labels[i]) - v) <= spacing * 1e-3; });
+      if (exact) return labels;
     }
-    return splits.map(function (v) { return v === null ? "" : tick(v, 8); });
+    return splits.map(function (v) { return typeof v === "number" ? tick(v, 8) : ""; });
   }
 
   function yRange(u, min, max) {  // uPlot gives a flat series 0-100; a flat series here sits mid-axis around its value
@@ -214,9 +216,11 @@
         series.push({label: member[1] ? run.name + " \u00b7 " + member[1] : run.name, stroke: color(i), width: 1.5,
                      dash: DASHES[k % DASHES.length] || undefined, spanGaps: true, points: {show: xy[0].length < 3}});
         var steps = run.summary.steps, every = run.summary.logging_steps;
-        if (xy[0].length <= 2 && typeof steps === "number" && steps > xy[0].length && k === 0) {
+        // a training metric logged every logging_steps: one or two values in a longer run, and why (eval_*: eval_steps)
+        if (xy[0].length <= 2 && typeof steps === "number" && steps > xy[0].length && every > 1 && k === 0 &&
+            metric.indexOf("eval_") !== 0) {
           sparse.push(run.name + ": " + xy[0].length + " value" + (xy[0].length === 1 ? "" : "s") + " in " + steps +
-                      " steps" + (every > 1 ? ": logged every " + every + " steps (logging_steps; the loss is kept at every step)" : ""));
+                      " steps: logged every " + every + " steps (logging_steps; the loss is kept at every step)");
         }
       });
     });
