@@ -17,7 +17,8 @@ from finetune.errors import FinetuneError
 
 # verb -> (module, one-line help). Order is the order shown in --help.
 VERBS: dict[str, tuple[str, str]] = {
-    "validate": ("finetune.commands.validate", "check a recipe; print it resolved or every problem (exit 2)"),
+    "validate": ("finetune.commands.validate",
+                 "check a recipe; print it resolved or every problem (exit 2); GRPO: run each reward on a few records"),
     "schema": ("finetune.commands.schema", "print the recipe's JSON schema (or --markdown for docs/recipe.md)"),
     "ingest": ("finetune.commands.ingest", "turn HTML / CSV / SQL / record files into clean JSONL records"),
     "preprocess": ("finetune.commands.preprocess", "tokenize and cache a recipe's datasets; print counts"),
@@ -25,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "lr": ("finetune.commands.lr", "learning rate from supervised tokens per step"),
     "plan": ("finetune.commands.plan", "memory and steps plan for a recipe or a model config"),
     "targets": ("finetune.commands.targets", "list a model's modules LoRA can target, with parameter counts"),
+    "models": ("finetune.commands.models", "the model families finetune knows: packing, attention, GGUF, MoE"),
     "merge": ("finetune.commands.merge", "merge a trained LoRA adapter into its base model"),
     "eval": ("finetune.commands.eval", "evaluate a trained run: base vs tuned held-out loss, answers, lm-eval tasks"),
     "chat": ("finetune.commands.chat", "chat with the trained model"),

@@ -17,6 +17,7 @@ loads and checks with it in its own process; the GRPO run loads in reward worker
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import importlib.util
@@ -188,7 +189,9 @@ def check_reward(func, spec: str, columns=None) -> None:
                             "remove the `/`")
         elif (p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) and required
               and columns is not None and p.name not in known):
-            problems.append(f"`{p.name}` is required but is neither one of {', '.join(BATCH_ARGUMENTS)}, "
+            close = difflib.get_close_matches(p.name, sorted(known), n=1, cutoff=0.8)  # `completion` for completions
+            meant = f" (did you mean `{close[0]}`?)" if close else ""
+            problems.append(f"`{p.name}`{meant} is required but is neither one of {', '.join(BATCH_ARGUMENTS)}, "
                             f"{', '.join(TRL_EXTRAS)} nor a column of the records "
                             f"({', '.join(sorted(columns)) or 'they have none besides prompt'}); give it a default, "
                             "or add the column to the records")

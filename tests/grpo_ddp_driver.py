@@ -40,8 +40,12 @@ def train(recipe_path: str, overrides: list[str]) -> dict:
     from finetune.recipe import load_recipe
     from finetune.train import run_training
 
+    real = generation.generate_completions
     generation.generate_completions = fixed_completions
-    summary = run_training(load_recipe(recipe_path, overrides))
+    try:
+        summary = run_training(load_recipe(recipe_path, overrides))
+    finally:  # in-process (the one-process side of the test): later tests in this worker generate for real
+        generation.generate_completions = real
     return {"rewards": [e["reward"] for e in summary["log_history"] if "reward" in e], "steps": summary["steps"],
             "world_size": summary["plan"]["world_size"]}
 

@@ -1,5 +1,7 @@
 """The bad-input sweep: every malformed recipe or data file under tests/bad_inputs/ goes through the real CLI
 in a subprocess and must give a clear message, exit code 2, no traceback, and nothing in output_dir.
+Bad records that a run trains without (a case with `rejects:`, e.g. bad images) are counted rejects instead: each
+one has its reason in the records report and the rejects file, every other record is kept, nothing is lost.
 
 Recipe problems are instant (`validate` never imports torch); data problems are found before the model loads,
 but each `train` subprocess pays the torch/transformers import, so three data cases go through the CLI (at the same
@@ -7,6 +9,7 @@ time) and the others through run_training in this process: same loader, same err
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +27,7 @@ CLI_DATA_CASES = ("binary_data", "empty_data", "chat_without_assistant")
 RUNS = [(case, verb) for case, spec in EXPECTED.items() for verb in spec["verbs"]
         if spec["verbs"] != ["train"] or case in CLI_DATA_CASES]
 IN_PROCESS = [case for case, spec in EXPECTED.items() if spec["verbs"] == ["train"] and case not in CLI_DATA_CASES]
+REJECT_CASES = [case for case, spec in EXPECTED.items() if "rejects" in spec]
 
 
 def test_every_case_in_the_corpus_is_listed():
@@ -81,3 +85,37 @@ def test_bad_data_is_refused_before_the_model_loads(case, tmp_path, tiny_model_d
         train.run_training(load_recipe(folder / "recipe.yml"))
     assert err.value.exit_code == 2 and EXPECTED[case]["message"] in str(err.value)
     assert not (folder / "out").exists()
+
+
+@pytest.mark.parametrize("case", REJECT_CASES)
+def test_bad_records_are_counted_rejects_and_nothing_is_lost(case, tmp_path):
+    """Read as the data stage reads them (finetune.data.record_files): each record ends where its `expect` says,
+    every kept record's images load (RGB, inside the pixel budget) or are rejected by decoding as `on_load` says."""
+    from PIL import Image
+
+    from finetune.data import record_files
+    from finetune.data.vision.images import ImageRejected, image_parts, load_image
+    from finetune.recipe import load_recipe
+
+    folder = copy_case(case, tmp_path / case, tmp_path / "no-model")
+    for name, size in EXPECTED[case].get("generated", {}).items():
+        Image.new("RGB", size, (200, 30, 30)).save(folder / name, quality=90)
+    [(_, path)] = record_files(load_recipe(folder / "recipe.yml"))
+    report = json.loads(Path(path).with_suffix(".report.json").read_text())
+    rows = [json.loads(line) for line in (folder / "data.jsonl").read_text().splitlines()]
+    rejects = {r["where"].rsplit(" line ", 1)[1]: r for r in map(json.loads, open(report["rejects"]))}
+    assert report["dropped"] == EXPECTED[case]["rejects"]
+    assert report["records_read"] == len(rows) == report["records_mapped"] + sum(report["dropped"].values())
+    kept = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert [r["expect"] for r in kept] == ["kept"] * report["records_mapped"]
+    for lineno, row in enumerate(rows, start=1):
+        if row["expect"] != "kept":
+            assert rejects[str(lineno)]["reason"] == row["expect"] and rejects[str(lineno)]["detail"], lineno
+    for record in kept:
+        for part in image_parts(record):
+            try:
+                image = load_image(part, max_pixels=768 * 768)
+            except ImageRejected as rejected:
+                assert rejected.reason == record.get("on_load"), (part, rejected)
+                continue
+            assert "on_load" not in record and image.mode == "RGB" and image.width * image.height <= 768 * 768

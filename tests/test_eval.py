@@ -63,7 +63,11 @@ def test_eval_command_prints_the_verdict_and_writes_the_report(run, capsys, tmp_
                      "--compare", str(run / "out")]) == 0
     verdict = capsys.readouterr().out.splitlines()[0]
     assert verdict.startswith("tuned is better on held-out loss (")
+    assert "; tuned - base -" in verdict and "over 16 examples, 95% interval" in verdict
     report = json.loads((out / "report.json").read_text())
+    sides, difference = report["heldout"]["sides"], report["heldout"]["difference"]
+    assert difference["mean"] == pytest.approx(sides["tuned"]["loss"] - sides["base"]["loss"])  # per token
+    assert difference["high"] < 0 and "per_example" not in sides["base"]
     assert report["verdict"] == verdict and len(report["generation"]["prompts"]) == 1
     md = (out / "report.md").read_text()
     assert "other run:" in md and "| held-out loss |" in md and "**tuned**" in md
@@ -227,9 +231,16 @@ def test_a_dpo_run_reports_reward_accuracy_on_its_held_out_pairs(tmp_path, tiny_
     assert not (tmp_path / "out" / "eval").exists()  # no `eval:` section: nothing ran
     capsys.readouterr()
     assert cli_main(["eval", str(tmp_path / "recipe.yml"), "--generations", "1", "--max-new-tokens", "4"]) == 0
-    assert capsys.readouterr().out.startswith("reward accuracy 1.00 on 8 held-out pairs")
+    assert capsys.readouterr().out.startswith("reward accuracy 1.000 [1.000, 1.000] on 8 held-out pairs (95% interval; too few")
     pref = _report(tmp_path / "out")["preference"]
     assert pref["reward"]["pairs"] == 8 and pref["reward"]["beta"] == 0.5
+    md = (tmp_path / "out" / "eval" / "report.md").read_text()
+    assert "| | chosen | rejected | chosen - rejected | chosen preferred |" in md
+    tuned = pref["log_prob"]["tuned"]
+    assert f"| tuned log-prob (mean) | {tuned['chosen_logp']:.4g} | {tuned['rejected_logp']:.4g} |" in md
+    assert f"{tuned['chosen_preferred']:.3f} |" in md  # three digits: 0.625, never 0.62
+    assert "### Pair 8" in md and "**chosen** (log-prob base " in md and " yes good " in md  # the pairs, kept
+    assert "chosen preferred, tuned - base: " in md
     assert pref["reward"]["reward_accuracy"] == 1.0 and pref["reward"]["reward_margin"] > 0
     assert pref["log_prob"]["tuned"]["logp_margin"] > pref["log_prob"]["base"]["logp_margin"]
 

@@ -87,7 +87,7 @@ def test_prompts_are_the_ids_the_model_generates_after_and_keep_their_columns(tm
     # issue 43, item 14: plain text reaches a model whose tokenizer has a chat template without it, and is said so
     from finetune.data.grpo.prompts import template_note
 
-    assert tokenizer.chat_template and prepared.stats["plain_text_prompts"] == (0 if chat else 16)
+    assert tokenizer.chat_template and prepared.stats["formats"] == ({"chat": 16} if chat else {"completion": 16})
     note = template_note(prepared.stats, tokenizer)
     assert (note is None) if chat else note.startswith("16 of 16 prompts are plain text: they reach the model as "
                                                        "written (its BOS, no chat template)")

@@ -17,7 +17,8 @@ import pytest
 
 from finetune.errors import FinetuneError, RewardError
 from finetune.reward_functions import check_reward, load_reward
-from finetune.train.grpo.rewards import RewardRunner, RewardSpec, sample_check
+from finetune.train.grpo.reward_check import sample_check
+from finetune.train.grpo.rewards import RewardRunner, RewardSpec
 
 REWARDS = '''
 import os, subprocess, time

@@ -124,8 +124,16 @@ def test_finetune_eval_scores_base_and_tuned_with_the_runs_rewards_on_held_out_p
         values = grpo["sides"][side]
         assert 0.0 <= values["rewards/even_tokens"] <= 1.0 and values["reward"] == values["rewards/even_tokens"]
     assert grpo["sides"]["tuned"]["reward"] != grpo["sides"]["base"]["reward"]
-    assert "on held-out reward" in report["verdict"]
-    assert (tmp_path / "out" / "eval" / "report.md").is_file()
+    assert "on held-out reward" in report["verdict"] and "over 4 prompts, 95% interval" in report["verdict"]
+    assert grpo["differences"]["reward"]["mean"] == pytest.approx(
+        grpo["sides"]["tuned"]["reward"] - grpo["sides"]["base"]["reward"], abs=1e-9)  # every prompt scored
+    md = (tmp_path / "out" / "eval" / "report.md").read_text()
+    assert "held-out data: the recipe's eval split (val_set_size 4" in md and "None" not in md
+    assert "pairs' prompts" not in md and "prompt format: raw (a grpo run on text prompts" in md
+    assert "answers cut at max_completion_length: base " in md and "mean answer length: base " in md
+    assert "### Prompt 4" in md and "**tuned 4** (reward " in md and "even_tokens " in md  # the answers, kept
+    kept = grpo["answers"][0]["tuned"][0]
+    assert set(kept) == {"answer", "reward", "tokens", "truncated", "rewards"} and "even_tokens" in kept["rewards"]
 
 
 def test_every_reward_failing_step_after_step_stops_the_run_with_one_message(tmp_path, tiny_model_dir):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from finetune.commands.args import add_recipe_arguments
 from finetune.contract import IGNORE_INDEX
@@ -71,15 +70,11 @@ def _preference_counts(recipe, s: dict) -> None:
               f"({100 * packed['efficiency']:.0f}% filled)")
 
 
-# a record column that holds the reference answer: its text is the sample completion the rewards are tried on
-ANSWER_COLUMNS = ("answer", "solution", "output", "target", "completion", "ground_truth")
-
-
 def show_grpo(recipe, tokenizer, prepared, n: int) -> int:
     """GRPO: prompt counts, n prompts as the model sees them, and every reward function run on a few records with a
-    sample completion (the record's answer column when it has one), so a broken reward shows before a long run.
-    Exit 2 when a reward function fails there."""
-    from finetune.train.grpo.rewards import sample_check
+    sample completion (finetune/train/grpo/reward_check.py), so a broken reward shows before a long run. Exit 2
+    when a reward function fails there."""
+    from finetune.train.grpo.reward_check import SAMPLE_RECORDS, report_rewards
 
     s = prepared.stats
     print(f"records: {s['records']}; dropped: {s['dropped_too_long']} longer than sequence_len - "
@@ -88,21 +83,15 @@ def show_grpo(recipe, tokenizer, prepared, n: int) -> int:
         print(f"  dropped: {where}")
     print(f"train: {s['train']['examples']} prompts, {s['train']['tokens']:,} prompt tokens; "
           f"held out: {s['eval']['examples']} prompts")
-    records = [json.loads(prepared.train[i]["record"]) for i in range(min(max(n, 3), len(prepared.train)))]
+    records = [json.loads(prepared.train[i]["record"])
+               for i in range(min(max(n, SAMPLE_RECORDS), len(prepared.train)))]
     for i, record in enumerate(records[:n]):
         ids = prepared.train[i]["prompt_ids"]
         print(f"\n--- prompt {i} ({len(ids)} tokens; the model continues after it) ---")
         print(tokenizer.decode(ids))
         print(f"columns for the rewards: {json.dumps({k: v for k, v in record.items() if k != 'prompt'})}")
-    answer = next((c for c in ANSWER_COLUMNS if records and c in records[0]), None)
-    sample = (lambda r: str(r[answer])) if answer else "a sample completion."
-    print(f"\nrewards on {min(3, len(records))} records, completion = "
-          f"{'the record column `' + answer + '`' if answer else repr(sample)}:")
-    results = sample_check(recipe.rewards, records, sample, base_dir=Path.cwd(),
-                           encode=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
-    for result in results:
-        print(f"  {result.line()}")
-    return 0 if all(r.ok for r in results) else 2
+    print()
+    return report_rewards(recipe, records, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def run(args: argparse.Namespace) -> int:

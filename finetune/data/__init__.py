@@ -18,6 +18,7 @@ from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepar
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.errors import DataError
+from finetune.ingest.record_images import has_images
 from finetune.ingest.records import require_records_file
 from finetune.recipe.data import RECORD_TYPES
 
@@ -89,8 +90,9 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
         per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    shaped = (counted(i, _sft_record(path, item))
-              for i, path, _, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
+    text_only = getattr(tokenizer, "image_processor", None) is None  # a processor reads images; a tokenizer not
+    shaped = (counted(i, _sft_record(path, item, (recipe.datasets[i].path, number) if text_only else None))
+              for i, path, number, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
     for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
         outcome["records"] += 1
@@ -112,7 +114,15 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
     return examples, {**outcome, "formats": dict(formats), "per_file": dict(per_file)}
 
 
-def _sft_record(path: str, item: tuple[str, dict]) -> tuple[str, dict]:
+def _sft_record(path: str, item: tuple[str, dict], text_only: tuple[str, int] | None = None) -> tuple[str, dict]:
+    """The item, or DataError for a record SFT cannot train: pairs, KTO examples, and with a text-only model
+    (`text_only`: the dataset's path and the record's number in what was read from it) a record with images."""
+    if text_only is not None and item[0] == "chat" and has_images(item[1]):
+        raise DataError(
+            f"`{text_only[0]}` holds records with images (the first: record {text_only[1]}), but the model reads "
+            "text only (its tokenizer comes without an image processor); set `base_model` to a vision-language "
+            "model (e.g. HuggingFaceTB/SmolVLM-256M-Instruct), or train on records without images"
+        )
     if item[0] == "unpaired":
         raise DataError(
             f"`{path}` holds unpaired (KTO) records ({{prompt, completion, label}}: a response marked good or bad), "
@@ -313,7 +323,9 @@ def build_prompt_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
-        "plain_text_prompts": outcome.get("plain_text", 0),  # no chat template (data/grpo/prompts.template_note)
+        # the prompts' kinds, as SFT names record shapes: conversations (chat) or text (completion); a served model
+        # is prompted the same way (finetune/model/prompt_format.py)
+        "formats": dict(Counter("chat" if isinstance(p.record["prompt"], list) else "completion" for p in items)),
         "train": prompt_stats(train),
         "eval": prompt_stats(held),
         "packing": {},

@@ -5,7 +5,10 @@ The supervised span of a chat is found from the rendered text, not by guessing t
 assistant turn's characters are located by rendering the conversation up to that turn (with and without
 the generation prompt). finetune/data/encode.py then tokenizes the full text once with offsets and
 supervises every token whose first character lies inside an assistant span. This works for any chat
-template whose renderings of a growing conversation are prefixes of each other, which is checked.
+template whose renderings of a growing conversation are prefixes of each other (but for the text the template
+writes only to close a conversation, such as Phi-3's EOS: an earlier turn's span stops before it, the last turn's
+keeps it), which is checked: a template that writes a turn differently once later turns follow (Qwen3's drops the
+earlier turns' <think> blocks) is refused with where the renderings part.
 """
 
 from __future__ import annotations
@@ -43,11 +46,51 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
             continue
         before = _render(tokenizer, messages[:i], generation_prompt=True) if i else ""
         through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
-        if not (full.startswith(through) and through.startswith(before)):
-            raise DataError(
-                "the chat template does not render a growing conversation as a prefix of the whole one, "
-                "so the assistant turns cannot be located; use `chat_template: chatml` or a template "
-                "without per-position content"
-            )
-        spans.append((len(before), len(through)))
+        end = _turn_end(tokenizer, full, through, str(message.get("content") or ""), len(before))
+        if end is None or not through.startswith(before):
+            raise DataError(misaligned_turn(full, through, before, sum(m["role"] == "assistant" for m in messages[:i + 1])))
+        spans.append((len(before), end))
     return full, spans
+
+
+def _turn_end(tokenizer, full: str, through: str, content: str, start: int) -> int | None:
+    """Where the turn rendered last (`through`) ends inside the whole conversation (`full`): all of it when `full`
+    starts with it; else before the closing text, what the template writes only to close a conversation (Phi-3's
+    EOS), which `full` ends with too. The closing text starts at the first token where the two renderings part
+    (tokens, not characters: `<|endoftext|>` and `<|user|>` share their first two). None when the turn reads
+    differently once later turns follow. `start`: where the turn begins; `content`: the answer, never closing."""
+    if full.startswith(through):
+        return len(through)
+    ids = [tokenizer(text, add_special_tokens=False, return_offsets_mapping=True) for text in (full, through)]
+    same = 0
+    for a, b, place in zip(ids[0]["input_ids"], ids[1]["input_ids"], ids[1]["offset_mapping"]):
+        if a != b:
+            break
+        same = place[1]
+    closing = through[same:]
+    if same < start or (content and content in closing) or not full.endswith(closing):
+        return None
+    return same
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def misaligned_turn(full: str, through: str, before: str, turn: int) -> str:
+    """Why assistant turn `turn` (1-based) cannot be located: where its rendering as the last turn and the whole
+    conversation part, and what to do."""
+    common = len(_common_prefix(full, through if through.startswith(before) else before))
+    alone, within = through[common:common + 60], full[common:common + 60]
+    why = ("the chat template writes an assistant turn differently once later turns follow it, so the tokens it "
+           f"would be trained on are not the ones the model produces when it answers: assistant turn {turn}, "
+           f"rendered as the last turn, reads {alone!r} where the whole conversation reads {within!r}")
+    if "<think>" in through[common:] or "<think>" in full[common:]:
+        why += (" (this template drops the <think> reasoning of every assistant turn before the last user message, "
+                "and writes the last turn's, empty or not: Qwen3's, DeepSeek-R1's)")
+    return (why + ". Give each record one exchange (the conversation up to the assistant turn to train, one record "
+            "per turn), or render with `chat_template: chatml` or a `chat_template: jinja` template that writes "
+            "every turn the same wherever it stands")

@@ -3,11 +3,14 @@
 Each held-out prompt is answered SAMPLES times by each side, sampled as training sampled (the run's temperature,
 top_p, top_k and max_completion_length, seeded so both sides draw from the same seed), and every reward function
 scores the answers in worker processes (finetune/train/grpo/rewards.py). Reported per side: each function's mean,
-the weighted total's mean, the share of answers cut at max_completion_length and the mean length.
+the weighted total's mean, the share of answers cut at max_completion_length and the mean length; for each reward,
+tuned - base with its bootstrap interval over the prompts (finetune/evaluation/uncertainty.py), the answers of the
+first ANSWERS_KEPT prompts, and a word when the claim goes against the training's own verdict (its run.json).
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 from finetune.errors import DataError
@@ -16,6 +19,7 @@ from finetune.log import get_logger
 log = get_logger(__name__)
 
 SAMPLES = 4  # answers per prompt and side: a mean over a group, as training sees it
+ANSWERS_KEPT = 8  # prompts whose answers (every sample, both sides) the report keeps
 
 
 def heldout_prompts(subject, tokenizer, data_path: str | None) -> tuple[list, str]:
@@ -37,24 +41,32 @@ def heldout_prompts(subject, tokenizer, data_path: str | None) -> tuple[list, st
 
 
 def heldout_rewards(models, subject, data_path: str | None, limit: int | None = None) -> dict:
-    """{"sides": {side: {reward, rewards/<name>, clipped_ratio, mean_length}}, "prompts", "source"}."""
+    """{"sides": {side: {reward, rewards/<name>, clipped_ratio, mean_length}}, "differences": {metric: interval},
+    "answers", "prompts", "samples_per_prompt", "source", "training_verdict"}."""
     from pathlib import Path
 
+    from finetune.evaluation.uncertainty import paired_interval
     from finetune.train.grpo.rewards import RewardRunner
 
     prompts, source = heldout_prompts(subject, models.tokenizer, data_path)
     prompts = prompts[:limit] if limit else prompts
     log.info(f"GRPO rewards on {len(prompts)} held-out prompts x {SAMPLES} answers per side: {source}")
-    sides = {}
-    with RewardRunner(subject.recipe.rewards, base_dir=Path.cwd()) as runner:
+    sides, per_prompt, answers = {}, {}, {}
+    with RewardRunner(subject.recipe.rewards, base_dir=Path.cwd(), counted_in="this evaluation's log") as runner:
         for name in ("base", "tuned"):
             with models.side(name) as model:
-                sides[name] = _side(model, models, subject.recipe, prompts, runner)
+                sides[name], per_prompt[name], answers[name] = _side(model, models, subject.recipe, prompts, runner)
             log.info(f"held-out reward, {name}: {sides[name]['reward']:.4f}")
-    return {"sides": sides, "prompts": len(prompts), "samples_per_prompt": SAMPLES, "source": source}
+    differences = {metric: paired_interval(per_prompt["base"][metric], per_prompt["tuned"][metric],
+                                           subject.recipe.seed, unit="prompts") for metric in per_prompt["tuned"]}
+    kept = [{"prompt": record["prompt"], "columns": {k: v for k, v in record.items() if k != "prompt"},
+             **{side: answers[side][i] for side in answers}} for i, (_, record) in enumerate(prompts[:ANSWERS_KEPT])]
+    return {"sides": sides, "differences": differences, "prompts": len(prompts), "samples_per_prompt": SAMPLES,
+            "source": source, "answers": kept, "training_verdict": _training_verdict(subject.run)}
 
 
-def _side(model, models, recipe, prompts: list, runner) -> dict:
+def _side(model, models, recipe, prompts: list, runner) -> tuple[dict, dict, list]:
+    """(the side's means, {metric: one mean per prompt}, [each kept prompt's answers])."""
     import torch
 
     from finetune.recipe.methods import method_setting
@@ -69,16 +81,24 @@ def _side(model, models, recipe, prompts: list, runner) -> dict:
         top_p=method_setting(recipe, "top_p"), top_k=method_setting(recipe, "top_k"))
     records = [record for _, record in prompts for _ in range(SAMPLES)]
     chat = isinstance(records[0]["prompt"], list)
-    batch = runner.score(**reward_inputs(models.tokenizer, records, completions, chat))
+    inputs = reward_inputs(models.tokenizer, records, completions, chat)
+    batch = runner.score(**inputs)
     values = torch.tensor(batch.values, dtype=torch.float64)  # [F, N], NaN where missing
     weights = torch.tensor(runner.weights, dtype=torch.float64).unsqueeze(1)
     total = (values * weights).nansum(dim=0)
     total[torch.isnan(values).all(dim=0)] = float("nan")
     out = {"reward": _mean(total), "clipped_ratio": sum(completions.is_truncated) / len(completions.ids),
            "mean_length": sum(completions.lengths) / len(completions.ids)}
+    per_prompt = {"reward": [_mean(group) for group in total.view(-1, SAMPLES)]}
     for name, row in zip(runner.names, values):
         out[f"rewards/{name}"] = _mean(row)
-    return out
+        per_prompt[f"rewards/{name}"] = [_mean(group) for group in row.view(-1, SAMPLES)]
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in inputs["completions"]]
+    answers = [[{"answer": texts[i], "reward": _value(total[i]), "tokens": len(completions.ids[i]),
+                 "truncated": bool(completions.is_truncated[i]),
+                 "rewards": {name: _value(row[i]) for name, row in zip(runner.names, values)}}
+                for i in range(p * SAMPLES, (p + 1) * SAMPLES)] for p in range(min(ANSWERS_KEPT, len(prompts)))]
+    return out, per_prompt, answers
 
 
 def _mean(values) -> float:
@@ -88,14 +108,75 @@ def _mean(values) -> float:
     return float(kept.mean()) if kept.numel() else math.nan
 
 
+def _value(value) -> float | None:
+    return None if math.isnan(float(value)) else round(float(value), 6)
+
+
+def _training_verdict(run: dict) -> dict | None:
+    """The training's own verdict on its reward (run.json's curves), for the report to set the claim beside."""
+    curves = (run or {}).get("curves") or {}
+    return {k: curves[k] for k in ("verdict", "reason", "reward_first", "reward_last", "reward_verdict")
+            if k in curves} or None
+
+
 def verdict_part(grpo: dict) -> str:
+    """The claim on the weighted total, with its interval, and a word when training's verdict says otherwise."""
+    from finetune.evaluation.uncertainty import claim, compared
+
     base, tuned = grpo["sides"]["base"]["reward"], grpo["sides"]["tuned"]["reward"]
-    word = "better" if tuned > base else "worse" if tuned < base else "no different"
-    return f"tuned is {word} on held-out reward ({base:.4f} -> {tuned:.4f}, {grpo['prompts']} prompts)"
+    interval = grpo["differences"]["reward"]
+    said = claim("held-out reward", base, tuned, interval, higher_is_better=True)
+    trained = grpo.get("training_verdict") or {}
+    # "rewards failing" keeps the working functions' verdict as reward_verdict: the claim is about the reward
+    word, verdict = compared(interval, True), trained.get("reward_verdict") or trained.get("verdict")
+    if word == "too few to tell":
+        return said
+    if verdict == "reward rising" and word != "better":
+        said += (f"; training's verdict was `reward rising` ({trained['reward_first']:.3f} -> "
+                 f"{trained['reward_last']:.3f} on its own prompts), which these {grpo['prompts']} held-out prompts do "
+                 f"not show{'' if word == 'worse' else ': more prompts (--data) would tell'}")
+    elif verdict and verdict != "reward rising" and word == "better":
+        said += (f"; against training's verdict `{verdict}` ({trained.get('reason', '').split(';')[0]}): more "
+                 "held-out prompts (--data) would tell which holds")
+    return said
 
 
 def headline_rows(grpo: dict) -> list:
     names = [k for k in grpo["sides"]["tuned"] if k.startswith("rewards/") or k == "reward"]
-    return [(f"held-out {name}", {s: v[name] for s, v in grpo["sides"].items()}, True) for name in names]
+    rows = [(f"held-out {name}", {s: v[name] for s, v in grpo["sides"].items()}, True) for name in names]
+    return rows + [("held-out clipped share", {s: v["clipped_ratio"] for s, v in grpo["sides"].items()}, False)]
 
 
+def markdown_lines(grpo: dict) -> list[str]:
+    """report.md's GRPO section: the mean lengths, then the kept answers with each one's rewards."""
+    from finetune.evaluation.uncertainty import LEVEL
+
+    sides = grpo["sides"]
+    lines = ["## Held-out rewards", "",
+             f"{grpo['prompts']} prompts ({grpo['source']}), {grpo['samples_per_prompt']} answers per prompt and side, "
+             "sampled as training sampled. tuned - base: the mean over prompts, with its "
+             f"{LEVEL:.0%} bootstrap interval over the prompts; \"no difference\" when it spans 0.", "",
+             f"- answers cut at max_completion_length: base {sides['base']['clipped_ratio']:.3f}, tuned "
+             f"{sides['tuned']['clipped_ratio']:.3f}",
+             f"- mean answer length: base {sides['base']['mean_length']:.1f} tokens, tuned "
+             f"{sides['tuned']['mean_length']:.1f} tokens", ""]
+    trained = grpo.get("training_verdict")
+    if trained:
+        lines += [f"Training's own verdict: `{trained['verdict']}`: {trained.get('reason', '')}", ""]
+    if grpo.get("answers"):
+        lines += ["## Answers", ""]
+    for i, row in enumerate(grpo.get("answers") or [], 1):
+        prompt = row["prompt"] if isinstance(row["prompt"], str) else "\n".join(
+            f"{m['role']}: {m['content']}" for m in row["prompt"])
+        lines += [f"### Prompt {i}", "", "```text", prompt, "```", "", f"columns: {json.dumps(row['columns'], ensure_ascii=False)}", ""]
+        for side in ("base", "tuned"):
+            for j, answer in enumerate(row.get(side, []), 1):
+                scores = ", ".join(f"{name} {_shown(v)}" for name, v in answer["rewards"].items())
+                cut = ", cut at the limit" if answer["truncated"] else ""
+                lines += [f"**{side} {j}** (reward {_shown(answer['reward'])}: {scores}; {answer['tokens']} tokens"
+                          f"{cut}):", "", "```text", answer["answer"], "```", ""]
+    return lines
+
+
+def _shown(value) -> str:
+    return "-" if value is None else f"{value:.3g}"

@@ -87,14 +87,11 @@ def _held_indices(items: list, recipe) -> list[int]:
 def _preference(recipe, tokenizer, files, source: str, split_off: bool) -> Heldout:
     """Preference pairs (and their records) as training tokenized them."""
     from finetune.data.preference.pairs import tokenize_preferences
-    from finetune.ingest.records import read_records
 
-    items, _ = tokenize_preferences(recipe, tokenizer, files)
-    records = [item for shape, path in files for item in read_records(path, shape)]
-    if len(records) != len(items):  # drops (too long) or KTO's two items per pair: prompts cannot be paired up
-        records = []
+    records: list = []  # in step with the items: a dropped pair takes its record with it
+    items, _ = tokenize_preferences(recipe, tokenizer, files, records)
     idx = _held_indices(items, recipe) if split_off else list(range(len(items)))
-    return Heldout([items[i] for i in idx], [records[i] for i in idx] if records else [], source)
+    return Heldout([items[i] for i in idx], [records[i] for i in idx], source)
 
 
 def padded_batches(examples, pad_id: int):
@@ -116,22 +113,36 @@ def padded_batches(examples, pad_id: int):
 
 
 def heldout_loss(model, examples, pad_id: int) -> dict:
-    """{loss, perplexity, supervised_tokens, examples}: mean NLL per supervised token (next-token shifted)."""
+    """{loss, perplexity, supervised_tokens, examples, per_example}: mean NLL per supervised token (next-token
+    shifted); per_example: {"nll": each example's summed NLL, "tokens": its supervised tokens}, for the interval."""
     import torch
 
     device = next(model.parameters()).device
-    total, count = 0.0, 0
+    nll_sums, counts = [], []
     with torch.no_grad():
         for ids, mask, labels in padded_batches(examples, pad_id):
             logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
             targets = labels[:, 1:].to(device)
             nll = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                ignore_index=IGNORE_INDEX, reduction="sum")
-            total += nll.item()
-            count += int((targets != IGNORE_INDEX).sum())
+                ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+            nll_sums += nll.sum(dim=1).tolist()  # ignored positions are 0
+            counts += (targets != IGNORE_INDEX).sum(dim=1).tolist()
+    count = sum(counts)
     if count == 0:
         raise DataError("the held-out examples have no supervised tokens; check `train_on_inputs` and the data")
-    loss = total / count
+    loss = sum(nll_sums) / count
     return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "supervised_tokens": count,
-            "examples": len(examples)}
+            "examples": len(examples), "per_example": {"nll": nll_sums, "tokens": counts}}
+
+
+def loss_difference(sides: dict, seed: int) -> dict:
+    """tuned - base held-out loss with its bootstrap interval over the examples, each weighted by its supervised
+    tokens (so the mean is the per-token loss the sides report); pops each side's per_example lists."""
+    from finetune.evaluation.uncertainty import paired_interval
+
+    base, tuned = sides["base"].pop("per_example"), sides["tuned"].pop("per_example")
+    kept = [i for i, n in enumerate(base["tokens"]) if n]
+    return paired_interval([base["nll"][i] / base["tokens"][i] for i in kept],
+                           [tuned["nll"][i] / tuned["tokens"][i] for i in kept], seed,
+                           weights=[base["tokens"][i] for i in kept], unit="examples")

@@ -45,7 +45,21 @@ def headline(report: dict) -> list[tuple[str, dict, bool]]:
 
 
 def _fmt(value) -> str:
-    return f"{value:.4f}" if isinstance(value, float) else str(value)
+    """4 significant digits (0.625, 1.43, 0.8583): a table's numbers, never rounded to two places."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def differences(report: dict) -> dict[str, dict]:
+    """{headline metric: its tuned - base interval} for every base-vs-tuned claim that has one
+    (finetune/evaluation/uncertainty.py)."""
+    out = {}
+    if (report.get("heldout") or {}).get("difference"):
+        out["held-out loss"] = report["heldout"]["difference"]
+    for metric, interval in ((report.get("grpo") or {}).get("differences") or {}).items():
+        out[f"held-out {metric}"] = interval
+    if (report.get("preference") or {}).get("difference"):
+        out["chosen preferred"] = report["preference"]["difference"]
+    return out
 
 
 def verdict(report: dict) -> str:
@@ -53,17 +67,18 @@ def verdict(report: dict) -> str:
     parts = []
     sides = (report.get("heldout") or {}).get("sides") or {}
     if "base" in sides and "tuned" in sides:
+        from finetune.evaluation.uncertainty import claim
+
         before, after = sides["base"]["loss"], sides["tuned"]["loss"]
-        word = "better" if after < before else "worse" if after > before else "no different"
-        parts.append(f"tuned is {word} on held-out loss ({before:.4f} -> {after:.4f})")
+        parts.append(claim("held-out loss", before, after, report["heldout"]["difference"], higher_is_better=False))
     if report.get("grpo"):
         from finetune.evaluation.grpo import verdict_part
 
         parts.append(verdict_part(report["grpo"]))
-    reward = (report.get("preference") or {}).get("reward")
-    if reward:
-        parts.append(f"reward accuracy {reward['reward_accuracy']:.2f} on {reward['pairs']} held-out pairs "
-                     f"(margin {reward['reward_margin']:+.4f})")
+    if (report.get("preference") or {}).get("reward"):
+        from finetune.evaluation.preference import verdict_part as preference_part
+
+        parts.append(preference_part(report["preference"]))
     if "gguf" in sides and "tuned" in sides:
         prompts = (report.get("generation") or {}).get("prompts") or []
         same = sum(row["gguf"]["answer"] == row["tuned"]["answer"] for row in prompts if "gguf" in row)
@@ -85,19 +100,18 @@ def markdown(report: dict, other: dict | None = None) -> str:
     lines = [f"# Evaluation of `{report['run']}`", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"- model: {report['model']}", *([f"- base: {report['base']}"] if report.get("base") else []),
               f"- prompt format: {report['prompt_format']}",
-              f"- held-out data: {report.get('data_source', '-')}", ""]
+              *([f"- held-out data: {report['data_source']}"] if report.get("data_source") else []), ""]
     rows = headline(report)
     if rows:
-        sides = sorted({s for _, values, _ in rows for s in values}, key=["base", "tuned", "gguf"].index)
-        head = ["metric", *sides] + ([f"other run: {other['run']} (tuned)"] if other else [])
-        lines += ["## Numbers", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-        theirs = {name: values for name, values, _ in headline(other)} if other else {}
-        for name, values, _ in rows:
-            cells = [name] + [_fmt(values.get(s, "-")) for s in sides]
-            if other:
-                cells.append(_fmt(theirs.get(name, {}).get("tuned", "-")))
-            lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += _numbers(report, rows, other)
+    if report.get("grpo"):
+        from finetune.evaluation.grpo import markdown_lines as grpo_lines
+
+        lines += grpo_lines(report["grpo"])
+    if (report.get("preference") or {}).get("log_prob"):
+        from finetune.evaluation.preference import markdown_lines as preference_lines
+
+        lines += preference_lines(report["preference"])
     bench = report.get("benchmarks")
     if bench:
         limit = "all examples" if bench["limit"] is None else f"{bench['limit']} examples per task"
@@ -116,6 +130,27 @@ def markdown(report: dict, other: dict | None = None) -> str:
                                                       ("loops", c["loops"])) if on) or "ok"
                     lines += [f"**{side}** ({c['tokens']} tokens, {flags}):", "", "```text", c["answer"], "```", ""]
     return "\n".join(lines)
+
+
+def _numbers(report: dict, rows: list, other: dict | None) -> list[str]:
+    """The numbers table: a column per side, tuned - base with its interval where the claim has one, the other run."""
+    from finetune.evaluation.uncertainty import LEVEL, compared, span
+
+    sides = sorted({s for _, values, _ in rows for s in values}, key=["base", "tuned", "gguf"].index)
+    intervals = differences(report)
+    head = ["metric", *sides] + ([f"tuned - base ({LEVEL:.0%} interval)"] if intervals else []) + \
+        ([f"other run: {other['run']} (tuned)"] if other else [])
+    lines = ["## Numbers", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    theirs = {name: values for name, values, _ in headline(other)} if other else {}
+    for name, values, higher in rows:
+        cells = [name] + [_fmt(values.get(s, "-")) for s in sides]
+        if intervals:
+            interval = intervals.get(name)
+            cells.append(f"{span(interval)}: {compared(interval, higher)}" if interval else "")
+        if other:
+            cells.append(_fmt(theirs.get(name, {}).get("tuned", "-")))
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def plot(report: dict, path: Path) -> None:

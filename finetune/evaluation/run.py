@@ -49,10 +49,11 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
 
     tokenizer = saved_tokenizer(subject.folder)
     grpo = subject.recipe.method == "grpo"  # no loss to hold out: the run's rewards on held-out prompts instead
+    source = None
     if grpo:
         from finetune.evaluation.grpo import heldout_prompts
 
-        heldout_prompts(subject, tokenizer, spec.data)  # before a model loads: no held-out prompts costs nothing
+        source = heldout_prompts(subject, tokenizer, spec.data)[1]  # before a model loads: none costs nothing
     elif spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
         from finetune.evaluation.heldout import heldout_data
 
@@ -65,7 +66,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         f"{subject.base_source}", "base": subject.base_label, "checkpoint_step": subject.checkpoint_step,
         "adapter": subject.is_adapter, "method": subject.recipe.method,
         "prompt_format": f"{subject.prompt_format} ({subject.format_reason})",
-        "data_source": held.source if held else None, "gguf": str(gguf) if gguf else None,
+        "data_source": held.source if held else source, "gguf": str(gguf) if gguf else None,
     }
     sides = models.sides()
     if spec.heldout_loss and grpo:
@@ -73,10 +74,12 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
 
         report["grpo"] = heldout_rewards(models, subject, spec.data)
     elif spec.heldout_loss and is_preference(subject.recipe):
-        report["preference"] = _preference(models, held, subject.recipe)
+        from finetune.evaluation.preference import preference_report
+
+        report["preference"] = preference_report(models, held, subject.recipe)
     elif spec.heldout_loss:
-        report["heldout"] = _heldout(models, held, sides)
-    if spec.generations and held and held.records:  # (KTO's unpaired items have no records to take prompts from)
+        report["heldout"] = _heldout(models, held, sides, subject.recipe.seed)
+    if spec.generations and held and held.records:  # the held-out items' records: their prompts
         from finetune.evaluation.generation import generation_checks
 
         report["generation"] = generation_checks(
@@ -92,29 +95,22 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     return report
 
 
-def _heldout(models, held, sides) -> dict:
-    from finetune.evaluation.heldout import heldout_loss
+def _heldout(models, held, sides, seed: int) -> dict:
+    from finetune.evaluation.heldout import heldout_loss, loss_difference
 
     out = {}
     for name in sides:
         with models.side(name) as model:
             out[name] = heldout_loss(model, held.examples, models.pad_id)
         log.info(f"held-out loss, {name}: {out[name]['loss']:.4f} (perplexity {out[name]['perplexity']:.2f})")
-    return {"sides": out, "source": held.source}
+    difference = loss_difference(out, seed)  # base and tuned on the same examples, with its interval
+    for side in out.values():
+        side.pop("per_example", None)  # (a GGUF's): the report keeps the means
+    return {"sides": out, "source": held.source, "difference": difference}
 
 
-def _preference(models, held, recipe) -> dict:
-    from finetune.evaluation.preference import log_prob_preference, paired, response_logps, reward_metrics
-    from finetune.recipe.methods import method_setting
-
-    pairs = paired(held.examples)
-    logps = {}
-    for name in ("base", "tuned"):
-        with models.side(name) as model:
-            logps[name] = response_logps(model, pairs, models.pad_id)
-    beta = method_setting(recipe, "rl_beta")
-    return {"log_prob": {name: log_prob_preference(v) for name, v in logps.items()},
-            "reward": reward_metrics(logps["tuned"], logps["base"], beta), "source": held.source}
+# what run.json's `evaluation` leaves out of the report: the answers and per-item lists stay in eval/report.json
+BULKY = ("answers", "pairs")
 
 
 def evaluate_after_training(recipe) -> dict:
@@ -125,7 +121,7 @@ def evaluate_after_training(recipe) -> dict:
     summary = {key: report[key] for key in ("verdict", "report_dir") if key in report}
     for key in ("heldout", "preference", "grpo", "benchmarks"):
         if key in report:
-            summary[key] = report[key]
+            summary[key] = {k: v for k, v in report[key].items() if k not in BULKY}
     if "generation" in report:
         summary["generation"] = report["generation"]["summary"]
     run_json = Path(recipe.output_dir) / "run.json"

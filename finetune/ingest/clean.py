@@ -17,11 +17,13 @@ import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from finetune.errors import DataError
 from finetune.ingest.near_dup import NearDuplicateIndex
 from finetune.ingest.options import IngestOptions
 from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical, map_texts, sides_key, texts
+from finetune.ingest.record_images import canonical_images, has_images
 from finetune.ingest.records import a_shape, detect_shape, family, record_problem
 from finetune.ingest.slop import SlopMatcher
 
@@ -245,6 +247,11 @@ def _validated(record: object, shape: str | None) -> dict:
     problem = record_problem(record, shape)
     if problem:
         raise RecordProblem(problem)
+    if shape == "chat" and any(isinstance(m["content"], list) for m in record["messages"]):
+        if has_images(record):
+            raise RecordProblem("a chat record with images: the cleaning steps (`type: records`) read text only; "
+                                "list the file as a records dataset (`type: auto`), which reads and checks its images")
+        record = canonical_images(record, None, Path("."))  # text parts joined into each message's string
     return record
 
 

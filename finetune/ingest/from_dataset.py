@@ -115,6 +115,25 @@ def identity(spec, kind: str, revision: str | None = None) -> str:
     return f"{kind}:{local_digest(spec.path)}:{where}"
 
 
+def undecoded_images(rows) -> tuple[object, list[str]]:
+    """(the rows with their image columns left undecoded: datasets' {"bytes", "path"}, not a PIL image decoded
+    for every row, the names of those columns). An image column is an Image feature or a list of them."""
+    import dataclasses
+
+    from datasets import Image
+
+    features, columns = rows.features.copy(), []
+    for name, feature in rows.features.items():
+        if isinstance(feature, Image):
+            features[name] = Image(decode=False)
+        elif isinstance(getattr(feature, "feature", None), Image) and dataclasses.is_dataclass(feature):
+            features[name] = dataclasses.replace(feature, feature=Image(decode=False))  # List / Sequence of images
+        else:
+            continue
+        columns.append(name)
+    return (rows.cast(features) if columns else rows), columns
+
+
 def load_rows(spec, kind: str, revision: str | None = None, cache_dir: str | None = None):
     """The dataset's rows (a `datasets.Dataset`) for the spec's split; DataError naming what is missing.
 

@@ -42,6 +42,8 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     No mapping: records read as they are, sharegpt rows converted. A conversation mapping: the turns converted.
     A flat mapping (instruction/input/output, text, system/user/assistant): the raw sources' mapper, its
     columns checked up front against `columns`."""
+    mapping = {k: v for k, v in mapping.items() if k != "images"} or None if mapping else None  # images: the
+    # column read beside the record (finetune/ingest/records_source.py), not a field of it
     role_names = {**ROLE_ALIASES, **(roles or {})}
     sharegpt = SHAREGPT_FIELD in columns and not {"messages", "chosen", "rejected", "completion"} & set(columns)
     if is_conversation(mapping) or (not mapping and sharegpt):
@@ -65,6 +67,15 @@ def record_mapper(mapping: dict | None, roles: dict | None, columns: list[str], 
     if roles:
         return _conversation_mapper("messages", {}, role_names, source)
     return lambda row, where: (row, None)
+
+
+def sharegpt_record(record: dict, where: str, source: str) -> tuple[dict | None, str | None]:
+    """One sharegpt record ({conversations: [{from, value}]}, roles human/gpt) as a chat record, its `images`
+    (LLaMA-Factory's layout) kept beside the turns."""
+    mapped, why = record_mapper(None, None, list(record), source)(record, where)
+    if mapped is not None and "images" in record:
+        mapped = {**mapped, "images": record["images"]}
+    return mapped, why
 
 
 def _conversation_mapper(field: str, mapping: dict, role_names: dict, source: str) -> RecordMapper:

@@ -3,7 +3,9 @@
 JSONL, one object a line, in one of six shapes:
   completion   {"text": ...}
   instruction  {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
-  chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}
+  chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}, a content being a
+               string or a list of text and image parts (finetune/ingest/record_images.py: every layout of images
+               in, canonical parts out)
   preference   {"prompt": ..., "chosen": ..., "rejected": ...}, in any form finetune/ingest/preference.py accepts
   unpaired     {"prompt": ..., "completion": ..., "label": true | false} (KTO)
   prompt       {"prompt": "text" | [messages], ...any other columns} (GRPO: the columns go to the reward functions)
@@ -23,7 +25,9 @@ from pathlib import Path
 
 from finetune.atomic import temp_file
 from finetune.errors import DataError
+from finetune.ingest.images import ImageRejected
 from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical
+from finetune.ingest.record_images import PartProblem, canonical_images
 
 SFT_SHAPES = ("completion", "instruction", "chat")
 PROMPT_SHAPE = "prompt"
@@ -102,23 +106,56 @@ def record_problem(record: object, shape: str) -> str | None:
         if not record["output"].strip():
             return '"output" is empty: nothing to supervise'
     elif shape == "chat":
-        messages = record.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return 'a chat record needs "messages" as a non-empty list'
-        for i, msg in enumerate(messages):
-            if not isinstance(msg, dict) or not isinstance(msg.get("content"), str):
-                return f'messages[{i}] needs "role" and "content" (a string)'
-            if msg.get("role") not in ROLES:
-                return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)} (in a recipe, "
-                        f"the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
-            if msg["role"] == "assistant" and not msg["content"].strip():
-                return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
-                        "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
-        if not any(m["role"] == "assistant" for m in messages):
-            return "the conversation has no assistant turn: nothing to supervise"
+        return chat_problem(record.get("messages"))
     else:
         return f"unknown shape {shape!r}"
     return None
+
+
+def chat_problem(messages: object) -> str | None:
+    """Why a chat record's messages are unusable, or None. A content is a string or a list of text and image
+    parts (canonical: finetune/ingest/record_images.py)."""
+    if not isinstance(messages, list) or not messages:
+        return 'a chat record needs "messages" as a non-empty list'
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("content"), (str, list)):
+            return f'messages[{i}] needs "role" and "content" (a string, or a list of text and image parts)'
+        problem = parts_problem(msg["content"], i) if isinstance(msg["content"], list) else None
+        if problem:
+            return problem
+        if msg.get("role") not in ROLES:
+            return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)} (in a recipe, "
+                    f"the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
+        if msg["role"] == "assistant" and isinstance(msg["content"], list) and any(
+                p["type"] == "image" for p in msg["content"]):
+            return (f"messages[{i}] is an assistant turn with an image: the model answers in text; put the image "
+                    "in the user turn it answers")
+        if msg["role"] == "assistant" and not content_text(msg["content"]).strip():
+            return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
+                    "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
+    if not any(m["role"] == "assistant" for m in messages):
+        return "the conversation has no assistant turn: nothing to supervise"
+    return None
+
+
+def parts_problem(parts: list, i: int) -> str | None:
+    """Why a message's list of parts is not canonical text and image parts, or None."""
+    if not parts:
+        return f"messages[{i}].content is an empty list"
+    for j, part in enumerate(parts):
+        where = f"messages[{i}].content[{j}]"
+        if not isinstance(part, dict) or part.get("type") not in ("text", "image"):
+            return f'{where} is not a text part {{"type": "text", "text": ...}} or an image part'
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            return f'{where} is a text part without "text" (a string)'
+        if part["type"] == "image" and sum(isinstance(part.get(k), str) for k in ("path", "base64")) != 1:
+            return f'{where} is an image part without one "path" or "base64" (a string)'
+    return None
+
+
+def content_text(content: str | list) -> str:
+    """A message's text: the string, or its text parts joined."""
+    return content if isinstance(content, str) else "".join(p["text"] for p in content if p["type"] == "text")
 
 
 def prompt_problem(prompt: object) -> str | None:
@@ -219,6 +256,8 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
             first = first or (where, rec_shape)
             if family(rec_shape) != family(first[1]):
                 raise DataError(_mixed(path, where, rec_shape, *first))
+        if rec_shape in SFT_SHAPES and isinstance(record, dict) and (rec_shape == "chat" or "images" in record):
+            record = _with_images(path, where, record)
         checked, problem = checked_record(record, rec_shape)
         if problem:
             raise DataError(f"`{path}` {where}: {problem}")
@@ -230,12 +269,22 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
 
 def _sharegpt(path, where: str, record: dict) -> dict:
     """A sharegpt record ({conversations: [{from, value}]}, roles human/gpt) as a chat record."""
-    from finetune.ingest.record_map import record_mapper
+    from finetune.ingest.record_map import sharegpt_record
 
-    mapped, why = record_mapper(None, None, list(record), str(path))(record, where)
+    mapped, why = sharegpt_record(record, where, str(path))
     if mapped is None:
         raise DataError(f"`{path}` {where}: {why}")
     return mapped
+
+
+def _with_images(path, where: str, record: dict) -> dict:
+    """A chat record with its images in canonical parts, paths relative to the file's folder made absolute."""
+    try:
+        return canonical_images(record, record.get("images"), Path(path).absolute().parent)
+    except ImageRejected as rejected:
+        raise DataError(f"`{path}` {where}: {rejected.detail}") from None
+    except PartProblem as problem:
+        raise DataError(f"`{path}` {where}: {problem}") from None
 
 
 def _mixed(path, where: str, shape: str, first_where: str, first_shape: str) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -25,31 +26,53 @@ from pathlib import Path
 from finetune.atomic import temp_file
 from finetune.errors import DataError
 from finetune.ingest import from_dataset
-from finetune.ingest.record_map import record_mapper
-from finetune.ingest.records import checked_record, detect_shape, iter_json_objects
+from finetune.ingest.images import ImageRejected, check_image
+from finetune.ingest.record_images import PartProblem, Store, canonical_images, image_parts, image_store
+from finetune.ingest.record_map import record_mapper, sharegpt_record
+from finetune.ingest.records import SFT_SHAPES, a_shape, checked_record, detect_shape, iter_json_objects
 
-RECORDS_FORMAT = 1  # bump when the mapping changes what it writes for the same input
+RECORDS_FORMAT = 2  # bump when the mapping changes what it writes for the same input (2: images, text parts joined)
 JSON_SUFFIXES = (".jsonl", ".json")
 COLUMNS_FROM = 1000  # JSONL records whose keys are a records file's fields, for checking a mapping up front
 MAX_REJECTS = 10_000  # dropped records kept in the rejects file; past that, counted only
 
 
 def plain_records_file(spec) -> bool:
-    """A JSONL/JSON file read as it is, with no mapping and no hub options: the data stage reads it directly."""
+    """A JSONL/JSON file read as it is, with no mapping, no hub options and no images: the data stage reads it
+    directly. A file with images is read here, where each image is checked and a bad one is a counted reject."""
     p = Path(spec.path)
     return (p.suffix.lower() in JSON_SUFFIXES and not spec.map and not spec.roles
-            and not (spec.model_fields_set & {"name", "split", "revision", "data_files"}))
+            and not (spec.model_fields_set & {"name", "split", "revision", "data_files"}) and not mentions_images(p))
+
+
+IMAGE_KEY = re.compile(rb'(?<!\\)"image')  # a key or part type "image", "images", "image_url"; not an escaped quote
+
+
+def mentions_images(path: Path) -> bool:
+    """Whether a JSON/JSONL file may hold images: a `"image` anywhere in it (a byte scan, no parsing). A text
+    that merely quotes the word is read here too, to the same records."""
+    try:
+        with open(path, "rb") as fh:
+            tail = b""
+            while block := fh.read(1 << 20):
+                if IMAGE_KEY.search(tail + block):
+                    return True
+                tail = block[-8:]
+    except OSError:
+        return False
+    return False
 
 
 def _rows(spec, kind: str, revision: str | None, cache_dir: Path):
-    """(column names, iterator of (where, row))."""
+    """(column names, the columns typed as images, iterator of (where, row))."""
     if kind == "json":  # fields: those of the first records (JSONL has no schema; an optional field may be absent)
         items = iter_json_objects(spec.path)
         head = list(itertools.islice(items, COLUMNS_FROM))
         columns = list(dict.fromkeys(key for _, row in head if isinstance(row, dict) for key in row))
-        return columns, itertools.chain(head, items)
-    rows = from_dataset.load_rows(spec, kind, revision, str(cache_dir / "datasets"))
-    return list(rows.column_names), ((f"row {i}", row) for i, row in enumerate(rows, start=1))
+        return columns, [], itertools.chain(head, items)
+    rows, image_columns = from_dataset.undecoded_images(
+        from_dataset.load_rows(spec, kind, revision, str(cache_dir / "datasets")))
+    return list(rows.column_names), image_columns, ((f"row {i}", row) for i, row in enumerate(rows, start=1))
 
 
 def records_key(spec, identity: str) -> str:
@@ -79,8 +102,10 @@ def materialize_records(spec, cache_dir: str) -> Path:
 
 def _write(spec, source: tuple, out: Path, rejects_path: Path, report_path: Path) -> dict:
     """Map every row; the kept records to `out`, each dropped one to `rejects_path` with where and why."""
-    columns, rows = _rows(spec, *source)
+    columns, image_columns, rows = _rows(spec, *source)
     mapper = record_mapper(spec.map, spec.roles, columns, spec.path)
+    read = RowReader(spec, mapper, images_column(spec, columns, image_columns),
+                     image_store(source[2] / "ingested" / "images"))
     dropped, first_drop, counts = Counter(), {}, Counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = temp_file(out)
@@ -89,23 +114,20 @@ def _write(spec, source: tuple, out: Path, rejects_path: Path, report_path: Path
         with open(fd, "w", encoding="utf-8") as fh:
             for where, row in rows:
                 counts["read"] += 1
-                record, why = mapper(row, where) if isinstance(row, dict) else (None, "not an object")
-                reason = "unmapped"
-                if record is not None:
-                    shape = spec.type if spec.type != "auto" else detect_shape(record)
-                    record, why = (None, "no record shape: no text, instruction/output, messages or "
-                                   "chosen/rejected field") if shape is None else checked_record(record, shape)
-                    reason = "invalid_record"
+                record, reason, why = read(row, where)
                 if record is None:
                     dropped[reason] += 1
                     first_drop.setdefault(reason, f"{where}: {why}")
                     if len(rejects) < MAX_REJECTS:
-                        rejects.append({"where": f"{spec.path} {where}", "reason": reason, "detail": why, "record": row})
+                        rejects.append({"where": f"{spec.path} {where}", "reason": reason, "detail": why,
+                                        "record": printable(row)})
                     continue
                 counts["mapped"] += 1
+                counts["images"] += len(image_parts(record))
                 fh.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
         report = {"source": spec.path, "records_read": counts["read"], "records_mapped": counts["mapped"],
-                  "dropped": dict(dropped), "first_dropped": first_drop, "rejects": str(rejects_path)}
+                  "images": counts["images"], "dropped": dict(dropped), "first_dropped": first_drop,
+                  "rejects": str(rejects_path)}
         if not counts["mapped"]:
             raise DataError(f"`{spec.path}`: none of its {counts['read']:,} records could be used"
                             + (f" ({_reasons(report)})" if counts["read"] else "")
@@ -120,6 +142,76 @@ def _write(spec, source: tuple, out: Path, rejects_path: Path, report_path: Path
     return report
 
 
+def images_column(spec, columns: list[str], image_columns: list[str]) -> str | None:
+    """The column holding a row's images: `map: {images: ...}`, else `images`, else the one column typed as
+    images (a datasets Image feature, e.g. `image`)."""
+    named = (spec.map or {}).get("images")
+    if named:
+        if columns and named not in columns:
+            raise DataError(f"`{spec.path}`: the images column `{named}` (map: images) is not in the records; their "
+                            f"fields are: {', '.join(columns[:20])}")
+        return named
+    if "images" in columns:
+        return "images"
+    return image_columns[0] if len(image_columns) == 1 else None
+
+
+class RowReader:
+    """One row -> (canonical record, "", "") or (None, the reject's reason, why)."""
+
+    def __init__(self, spec, mapper, column: str | None, store: Store):
+        self.spec, self.mapper, self.column, self.store = spec, mapper, column, store
+        self.plain = not spec.map and not spec.roles  # records read as they are, sharegpt ones converted
+        path = Path(spec.path).absolute()
+        self.base_dir = path if path.is_dir() else path.parent  # relative image paths start here
+
+    def __call__(self, row: object, where: str) -> tuple[dict | None, str, str]:
+        record, why = self.mapper(row, where) if isinstance(row, dict) else (None, "not an object")
+        if record is None:
+            return None, "unmapped", why
+        if self.plain and "conversations" in record and detect_shape(record) is None:  # as read_records does
+            record, why = sharegpt_record(record, where, self.spec.path)
+            if record is None:
+                return None, "unmapped", why
+        shape = self.spec.type if self.spec.type != "auto" else detect_shape(record)
+        if shape is None:
+            return None, "invalid_record", ("no record shape: no text, instruction/output, messages or chosen/rejected "
+                                            "field")
+        images = row.get(self.column) if self.column else record.get("images")
+        if shape not in SFT_SHAPES and images:
+            raise DataError(f"`{self.spec.path}` {where}: {a_shape(shape)} record with images; images are read with "
+                            "supervised chat records (method: sft) so far, not with preference or prompt records")
+        try:
+            if shape in SFT_SHAPES and (shape == "chat" or images is not None):
+                record = canonical_images({k: v for k, v in record.items() if k != self.column}, images,
+                                          self.base_dir, self.store)
+            record, why = checked_record(record, shape)
+            if record is None:
+                return None, "invalid_record", why
+            for part in image_parts(record):
+                check_image(part)
+        except ImageRejected as rejected:
+            if rejected.reason == "image_url_offline":  # the whole dataset's way of giving images: one message
+                raise DataError(f"`{self.spec.path}` {where}: {rejected.detail}") from None
+            return None, rejected.reason, rejected.detail
+        except PartProblem as problem:
+            return None, "invalid_record", str(problem)
+        return record, "", ""
+
+
+def printable(value: object) -> object:
+    """A row as the rejects file shows it: image bytes and PIL images as a short note, not their contents."""
+    if isinstance(value, dict):
+        return {k: printable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value):,} bytes>"
+    if type(value).__module__.startswith("PIL."):
+        return f"<image {getattr(value, 'size', '')}>"
+    return value
+
+
 def _reasons(report: dict) -> str:
     return "; ".join(f"{n:,} {reason}, e.g. {report['first_dropped'][reason]}" for reason, n in report["dropped"].items())
 
@@ -127,6 +219,6 @@ def _reasons(report: dict) -> str:
 def records_summary(report: dict, reused: bool) -> str:
     """What reading one records dataset kept and dropped, by reason."""
     line = (f"records {report['source']}{' (cached)' if reused else ''}: {report['records_read']:,} read, "
-            f"{report['records_mapped']:,} mapped")
+            f"{report['records_mapped']:,} mapped") + (f" ({report['images']:,} images)" if report.get("images") else "")
     total = sum(report["dropped"].values())
     return line + (f", {total:,} dropped ({_reasons(report)}); rejects: {report['rejects']}" if total else "")

@@ -152,15 +152,21 @@ def add_recipe_tokens(tokenizer, recipe) -> list[str]:
     return new
 
 
+def tokenizer_source(recipe) -> str:
+    """The folder (or hub id) the recipe's tokenizer loads from."""
+    name = recipe.tokenizer_config or recipe.base_model
+    adapter = adapter_folder(name)
+    # an adapter run saved its tokenizer beside the adapter (its tokens and chat template): read that one
+    return str(adapter) if adapter is not None and (adapter / "tokenizer_config.json").is_file() else \
+        resolve_model_path(name, recipe.cache_dir)
+
+
 def load_tokenizer(recipe):
     """The tokenizer with a pad token and the recipe's chat template applied."""
     from transformers import AutoTokenizer
 
     name = recipe.tokenizer_config or recipe.base_model
-    adapter = adapter_folder(name)
-    # an adapter run saved its tokenizer beside the adapter (its tokens and chat template): read that one
-    source = str(adapter) if adapter is not None and (adapter / "tokenizer_config.json").is_file() else \
-        resolve_model_path(name, recipe.cache_dir)
+    source = tokenizer_source(recipe)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
     except (OSError, ValueError) as exc:

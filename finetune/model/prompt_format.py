@@ -30,6 +30,10 @@ def served_format(folder: str | Path) -> tuple[str, str]:
 
 def format_for(method: str, formats: set[str]) -> tuple[str, str]:
     """(format, why) for a run of `method` on records of `formats` (the record shapes it trained on)."""
+    if method == "grpo":  # data.formats: "chat" for conversation prompts, "completion" for text ones
+        if "completion" in formats and "chat" not in formats:
+            return "raw", "a grpo run on text prompts: plain continuation, as it generated in training"
+        return "chat", "a grpo run on conversation prompts: the chat template, as it generated in training"
     if method != "sft":
         return "chat", f"a {method} run: its pairs' prompts, through the chat template"
     if "chat" in formats:

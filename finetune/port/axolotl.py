@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from finetune.port import grpo
 from finetune.port.axolotl_unhonoured import UNHONOURED
+from finetune.port import chat_templates
+from finetune.port.chat_templates import SAME_CHAT_TEMPLATES
 from finetune.port.preference import method as preference, records as preference_records
 
 Settings = dict[str, Any]
@@ -320,17 +322,10 @@ def dataset_type(value) -> tuple[str | None, str]:
 
 # --- values of keys both tools have ------------------------------------------------------------------------------
 
-SAME_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "jinja")
-
-
-def chat_template(value) -> tuple[str, str]:
-    """axolotl names templates (llama3, qwen_25, gemma...); finetune renders with the tokenizer's own."""
-    if value in SAME_CHAT_TEMPLATES:
-        return value, ""
-    return "tokenizer_default", (
-        f"axolotl's `{value}` template: finetune renders with the tokenizer's own chat template (an instruct "
-        "model's tokenizer ships it; ChatML if it has none); for another one use `chat_template: jinja` with "
-        "`chat_template_jinja`")
+def chat_template(value, base_model=None, source_dir=".") -> tuple[str, str]:
+    """axolotl names templates (llama3, qwen3, gemma3, phi_3...); finetune renders with the tokenizer's own
+    (port/chat_templates.py: which family owns which name)."""
+    return chat_templates.chat_template(value, base_model, source_dir)
 
 
 def deepspeed(value: str) -> tuple[str, str]:

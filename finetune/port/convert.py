@@ -88,9 +88,7 @@ def _inline(value: Any) -> str:
 def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     """A key both tools have: the value as finetune spells it, with a comment when it changed or cannot port."""
     note, ported = "", value
-    if key == "chat_template":
-        ported, note = axolotl.chat_template(value)
-    elif key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
+    if key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
         ported, note = axolotl.gradient_checkpointing(value)
@@ -229,6 +227,11 @@ def port_axolotl(config: dict, source_dir) -> Ported:
                 out.note(name, f"from axolotl `{key}: {_inline(value)}`")
         elif value is None:
             out.drop(key, value, _EMPTY)
+        elif key == "chat_template":  # which family's template axolotl names, beside this base model
+            ported, note = axolotl.chat_template(value, config.get("base_model"), source_dir)
+            out.settings[key] = ported
+            if note:
+                out.note(key, note)
         elif key in _RECIPE_KEYS:
             _shared_value(key, value, out, source_dir)
         else:

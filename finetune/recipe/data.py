@@ -22,7 +22,9 @@ CONVERSATION_MAP_FIELDS = ("messages", "role", "content")
 PROMPT_MAP_FIELDS = ("prompt",)
 # preference pairs: the fields holding the two answers (with a conversation mapping, or alone to rename them)
 PAIR_MAP_FIELDS = ("chosen", "rejected")
-RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS + PROMPT_MAP_FIELDS + PAIR_MAP_FIELDS
+# a chat record's images: the column read beside the turns (finetune/ingest/record_images.py)
+IMAGES_MAP_FIELDS = ("images",)
+RECORDS_MAP_FIELDS = FLAT_MAP_FIELDS + CONVERSATION_MAP_FIELDS + PROMPT_MAP_FIELDS + PAIR_MAP_FIELDS + IMAGES_MAP_FIELDS
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
@@ -46,6 +48,11 @@ def records_map_problems(mapping: dict) -> list[str]:
     if set(mapping) & set(PAIR_MAP_FIELDS) and (flat or "prompt" in mapping):
         problems.append("`map` names `chosen`/`rejected` with flat fields; a pair maps them alone or with a "
                         "conversation (`messages`, `role`, `content`)")
+    not_chat = set(mapping) & {"text", "instruction", "input", "output", "chosen", "rejected"}
+    if "images" in mapping and not_chat:
+        problems.append(f"`map` names `images` with {', '.join(f'`{f}`' for f in sorted(not_chat))}; images go with "
+                        "a chat record: map them with the conversation (`messages`, `role`, `content`), with `user` "
+                        "and `assistant`, or alone beside records that hold `messages`")
     if conversation and flat:
         problems.append(f"`map` mixes a conversation ({', '.join(sorted(conversation))}) with flat fields "
                         f"({', '.join(sorted(flat))}); map one record shape")
@@ -89,7 +96,8 @@ class DatasetSpec(Strict):
             "selector (HTML). Fields: text | instruction, input, output | system, user, assistant; records also "
             "take the conversation: `messages` (the field of turns), `role` and `content` (the keys of a turn), "
             "`system` (a field that becomes a system turn; in instruction data it replaces the alpaca prompt's "
-            "opening sentence). E.g. {instruction: question, output: answer}; "
+            "opening sentence), and `images` (the column of a chat record's images: paths, bytes or an Image "
+            "feature; default `images`, or the one Image column). E.g. {instruction: question, output: answer}; "
             "{messages: conversations, role: from, content: value}. Default: fields already named like record "
             "fields; sharegpt (`conversations` of from/value turns) is read as it is."
         ),

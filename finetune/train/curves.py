@@ -142,10 +142,11 @@ def _checkpoint_near(output_dir: Path, step: int) -> str | None:
     return str(min(found, key=lambda pair: (abs(pair[0] - step), pair[0] < step))[1])
 
 
-def diagnose(log_history: list[dict], output_dir: str | Path | None = None) -> dict:
-    """The verdict on a run's curves. Keys: verdict, reason, gap, final/best losses and steps, checkpoint."""
+def diagnose(log_history: list[dict], output_dir: str | Path | None = None, reward_failures: dict | None = None) -> dict:
+    """The verdict on a run's curves. Keys: verdict, reason, gap, final/best losses and steps, checkpoint.
+    `reward_failures`: a GRPO run's (run.json's grpo.reward_failures), to name why a reward gave no value."""
     if grpo_verdict.is_grpo(log_history):  # online RL: the reward, not the loss, says whether it learns
-        return {**grpo_verdict.diagnose(log_history), "method": "grpo"}
+        return {**grpo_verdict.diagnose(log_history, reward_failures), "method": "grpo"}
     train, evals = loss_series(log_history)
     result = {"verdict": "unknown", "reason": "", "gap": None,
               "final_train_loss": train[-1][1] if train else None,
@@ -203,16 +204,11 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     from matplotlib.figure import Figure
 
     preference = is_preference(log_history)
-    grpo = grpo_verdict.is_grpo(log_history)
-    fig = Figure(figsize=(11, 7.5) if preference or grpo else (7, 4.2), dpi=110)
+    if grpo_verdict.is_grpo(log_history):
+        return _save(grpo_figure(log_history, diagnosis), path)
+    fig = Figure(figsize=(11, 7.5) if preference else (7, 4.2), dpi=110)
     FigureCanvasAgg(fig)
-    if grpo:
-        axes = fig.subplots(2, 2).flatten()
-        _plot_loss(axes[3], log_history, None)
-        grpo_verdict.plot_panels(axes, log_history)
-        if diagnosis:
-            fig.suptitle(f"{diagnosis['verdict']}: {diagnosis.get('reason', '')[:110]}", fontsize=9)
-    elif preference:
+    if preference:
         axes = fig.subplots(2, 2).flatten()
         _plot_loss(axes[0], log_history, diagnosis)
         axes[0].axhline(LOG2, color="gray", linestyle=":", linewidth=1, label="log 2 (DPO at the start)")
@@ -224,6 +220,22 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     else:
         _plot_loss(fig.add_subplot(), log_history, diagnosis)
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def grpo_figure(log_history: list[dict], diagnosis: dict | None):
+    """A GRPO run's figure: a panel per reward function (finetune/train/grpo/verdict.py); the constrained layout
+    makes room for the whole verdict in the title."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=grpo_verdict.figure_size(log_history), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    grpo_verdict.plot_figure(fig, log_history, diagnosis, lambda ax: _plot_loss(ax, log_history, None))
+    return fig
+
+
+def _save(fig, path) -> Path:
     path = Path(path)
     fig.savefig(path)
     return path
@@ -255,11 +267,11 @@ def _plot_loss(ax, log_history: list[dict], diagnosis: dict | None) -> None:
     ax.legend()
 
 
-def write_curves(output_dir, log_history: list[dict]) -> dict:
+def write_curves(output_dir, log_history: list[dict], reward_failures: dict | None = None) -> dict:
     """Write output_dir/loss_curve.png and output_dir/diagnosis.json; return the diagnosis."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    diagnosis = diagnose(log_history, output_dir)
+    diagnosis = diagnose(log_history, output_dir, reward_failures)
     plot = plot_curves(log_history, output_dir / "loss_curve.png", diagnosis)
     diagnosis["plot"] = str(plot)
     (output_dir / "diagnosis.json").write_text(json.dumps(diagnosis, indent=2))

@@ -96,7 +96,8 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "resumed_from": run["resumed_from"],
         "checkpoints_written": run["saver"].saved,
         "nonfinite_skipped_steps": run["guard"].skipped_steps,
-        "loss_spikes": run["guard"].spikes,
+        # GRPO's loss is a surrogate (0 at each generation's first step), whose spikes say nothing: not looked for
+        "loss_spikes": run["guard"].spikes if recipe.method != "grpo" else None,
         "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
         "method": recipe.method,
     }
@@ -110,18 +111,19 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         summary["preference"] = preference_record(recipe, trainer)
     if not trainer.is_world_process_zero():
         return redact(summary)
-    summary["curves"] = write_curves(output_dir, history)  # loss_curve.png + verdict
+    # loss_curve.png + verdict (a GRPO run's names why a reward gave no value)
+    summary["curves"] = write_curves(output_dir, history, summary.get("grpo", {}).get("reward_failures"))
     log.info(f"learning curve: {summary['curves'].get('verdict')}: {summary['curves'].get('reason', '')}")
     summary = redact(summary)  # no password, token or API key reaches run.json
     with clear_write_errors(layout, "run.json"):
         write_resolved_recipe(recipe, output_dir)
         write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
-    if recipe.method == "grpo":
-        grpo = summary["grpo"]
-        log.info(f"generation: {grpo['generated_tokens']:,} completion tokens in {grpo['generation_s']:.1f} s; "
-                 f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
-    else:
-        log.info(throughput_line(summary["throughput"]))
+    run["recorded"] = True  # what is raised from here is in run.json: not a stopped run (train/stop_record.py)
+    if recipe.method == "grpo":  # the reward, not the surrogate loss; no eval loss; a run that got none fails
+        from finetune.train.grpo.setup import done_grpo
+
+        return done_grpo(summary, output_dir)
+    log.info(throughput_line(summary["throughput"]))
     log.info(f"done: {summary['steps']} steps, {_train_loss_line(summary)}, eval loss "
              f"{_number(run['eval_before'])} -> {_number(run['eval_after'])}; saved to {output_dir}")
     return summary

@@ -23,6 +23,7 @@ is created, so a bad run leaves nothing half-written behind.
 from __future__ import annotations
 
 import functools
+import json
 import time
 from pathlib import Path
 from typing import NamedTuple
@@ -54,6 +55,7 @@ def count_data(recipe, state):
                  "earlier one")
     if recipe.method == "grpo":
         from finetune.data.grpo.prompts import template_note
+        from finetune.train.grpo.reward_check import check_signatures
 
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
@@ -61,6 +63,7 @@ def count_data(recipe, state):
         note = template_note(stats, tokenizer)
         if note:
             log.warning(note)
+        check_signatures(recipe, json.loads(prepared.train[0]["record"]))  # the records' columns: before the model
         return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"
@@ -248,8 +251,12 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
 
 
 def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) -> dict:
-    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint
+    from finetune.model.families import generic_path
+    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint, weights_recipe
 
+    # the family table (finetune/model/families.py): packing refused for a family that cannot isolate packed rows;
+    # a family with no row trains on the generic path, saying so once
+    recipe = generic_path(recipe)
     tokenizer, prepared = count_data(recipe, state)
     settings = resolve(recipe, prepared, state.num_processes, cuda)
     report_settings(recipe, prepared, settings)
@@ -266,10 +273,12 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
-    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
+    built = prepare_model(weights_recipe(recipe, resume_from), tokenizer, settings, args.device, prepared.store,
+                          eva_rows=prepared.train)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
-    with recording_stops(layout, lambda: run["trainer"].state.global_step, main=state.is_main_process):
+    with recording_stops(layout, lambda: run["trainer"].state.global_step, main=state.is_main_process,
+                         recorded=lambda: run.get("recorded", False)):
         return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
@@ -322,8 +331,11 @@ def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, pre
         from finetune.train.grpo.setup import grpo_trainer_kwargs, with_index
         from finetune.train.grpo.trainer import GRPOTrainer
 
+        from finetune.model.families import packs
+
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
-        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits)
+        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits,
+                                         packs(base_causal_lm(model).config))
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs

@@ -63,12 +63,15 @@ def clear_stop(layout: Layout) -> None:
 
 
 @contextmanager
-def recording_stops(layout: Layout, step: Callable[[], int | None], main: bool):
-    """Whatever stops the run inside this block is written to stopped.json (main process), then raised as it was."""
+def recording_stops(layout: Layout, step: Callable[[], int | None], main: bool,
+                    recorded: Callable[[], bool] = lambda: False):
+    """Whatever stops the run inside this block is written to stopped.json (main process), then raised as it was;
+    not once the run `recorded` itself: what is raised after its run.json (GRPO's exit for a run that got no
+    reward) is in run.json and diagnosis.json, and the folder is a finished run's."""
     try:
         yield
     except BaseException as err:
-        if main and layout.output_dir.is_dir():
+        if main and layout.output_dir.is_dir() and not recorded():
             try:
                 write_stop(layout, err, step())
             except OSError:  # a full disk: the error that stopped the run matters more than its record

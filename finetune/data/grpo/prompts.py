@@ -48,22 +48,39 @@ def fit_prompt(ids: list[int], room: int, strategy: str, bos) -> tuple[list[int]
     return ids[:keep_bos] + ids[len(ids) - (room - keep_bos):], "truncated"
 
 
-def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Prompt], dict]:
-    """Every prompt record of every file -> Prompt, fitted to its room; with the outcome counts."""
+def prompt_records(recipe, files: list[tuple[str, str]], outcome: Counter):
+    """(path, record number, record) for every prompt record of `files`; DataError at the first record of another
+    shape."""
     from finetune.data.dedup import recipe_records
     from finetune.ingest.records import PROMPT_SHAPE
-    from finetune.recipe.methods import method_setting
 
-    room = recipe.sequence_len - method_setting(recipe, "max_completion_length")
-    items, outcome, listed = [], Counter(), []
     for _, path, number, (found, record) in recipe_records(files, recipe.dataset_exact_deduplication, outcome):
         if found != PROMPT_SHAPE:
             raise DataError(
                 f"`{path}` record {number} is a {found} record; `method: grpo` trains on prompt records "
                 "({\"prompt\": ..., and the columns your rewards read}: docs/grpo.md). Point the dataset at "
                 "prompts, or set the method this file is for")
+        yield path, number, record
+
+
+def first_records(recipe, n: int) -> list[dict]:
+    """The first n prompt records of the recipe's datasets, untokenized (what `finetune validate` runs the rewards
+    on)."""
+    from itertools import islice
+
+    from finetune.data import record_files
+
+    return [record for _, _, record in islice(prompt_records(recipe, record_files(recipe), Counter()), n)]
+
+
+def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list[Prompt], dict]:
+    """Every prompt record of every file -> Prompt, fitted to its room; with the outcome counts."""
+    from finetune.recipe.methods import method_setting
+
+    room = recipe.sequence_len - method_setting(recipe, "max_completion_length")
+    items, outcome, listed = [], Counter(), []
+    for path, number, record in prompt_records(recipe, files, outcome):
         outcome["records"] += 1
-        outcome["plain_text"] += isinstance(record["prompt"], str)
         ids, what = fit_prompt(prompt_ids(tokenizer, record["prompt"]), room, recipe.excess_length_strategy,
                                tokenizer.bos_token_id)
         if what:
@@ -83,7 +100,7 @@ def template_note(stats: dict, tokenizer) -> str | None:
     without it. Not applied for them: a string prompt is TRL's "standard" format, sent as written (the oracle
     finetune's GRPO is held equal to), and a base model's tokenizer may carry a template it was never trained on;
     an instruct model wants its turns, which a conversation prompt gets."""
-    plain = stats.get("plain_text_prompts") or 0
+    plain = (stats.get("formats") or {}).get("completion", 0)  # plain-text prompts (data/__init__.py)
     if not plain or not getattr(tokenizer, "chat_template", None):
         return None
     return (f"{plain:,} of {stats.get('records', plain):,} prompts are plain text: they reach the model as written "

@@ -131,8 +131,11 @@ def _pair_texts(record: dict, method: str):
     return [(record["prompt"], [record["chosen"], record["rejected"]], None)]
 
 
-def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[list, dict]:
-    """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts."""
+def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None
+                         ) -> tuple[list, dict]:
+    """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts.
+    `records`: a list that receives the (shape, record) of each kept item, in step with the items (evaluation
+    shows the held-out pairs' texts)."""
     from finetune.data.dedup import recipe_records
     from finetune.recipe.methods import shapes_for
 
@@ -159,6 +162,8 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]]) -> tup
                     listed.append(f"{path} record {number}: {what}")
                 continue
             items.append(Pair(prompt_ids, *answers) if label is None else Unpaired(prompt_ids, answers[0], label))
+            if records is not None:
+                records.append((found, record))
     outcome_dict = dict(outcome)
     outcome_dict["dropped_listed"] = listed
     if not items:

@@ -22,7 +22,9 @@ def build_callbacks(recipe, layout: checkpoints.Layout, fingerprint: dict, preci
     from finetune.train.callbacks.interrupt import InterruptGuard
 
     interrupt = InterruptGuard(recipe.save_on_interrupt)
-    guard = NonFiniteGuard(layout, recipe.on_nonfinite, recipe.max_skipped_steps, recipe.loss_spike_factor,
+    # GRPO's loss is a surrogate (0 at each generation's first step): its spikes say nothing, so none are looked for
+    spikes = recipe.loss_spike_factor if recipe.method != "grpo" else None
+    guard = NonFiniteGuard(layout, recipe.on_nonfinite, recipe.max_skipped_steps, spikes,
                            check_grads=precision != "fp16")
     return [
         guard,

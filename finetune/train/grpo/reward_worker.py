@@ -13,14 +13,21 @@ How a hung call ends: the parent waits for the answer with the function's timeou
 whole process group (the worker calls setsid() first, so whatever the reward function started, a sandboxed
 `python` or a `sleep`, goes with it), reaps it, and starts a fresh worker. A worker whose parent disappears (the
 training process was killed) kills its group within PARENT_CHECK_S.
+
+What a call prints: the worker points its stdout and stderr (the file descriptors, so a subprocess's output too) at
+a temporary file for the call, and sends back the first OUTPUT_CAP bytes and the count of all of them; the training
+process logs that much per call and counts the rest (a reward that prints 1 MB a call does not flood the log).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
 import signal
+import sys
+import tempfile
 import threading
 import time
 from multiprocessing.connection import wait
@@ -35,6 +42,8 @@ LOAD_TIMEOUT_S = 120.0
 PARENT_CHECK_S = 1.0  # how often a worker looks whether its parent still lives
 STOP_WAIT_S = 2.0  # a worker asked to stop exits at once; after this long it is killed
 JOIN_S = 5.0  # reaping a SIGKILLed process takes milliseconds; this only bounds a wait that should never be long
+# What one call may print into the log: a traceback or a few debugging lines fit; a dump of every completion does not
+OUTPUT_CAP = 4096  # bytes
 
 
 # --- in the worker process ---------------------------------------------------------------------------------------
@@ -74,7 +83,8 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def call_one(func, spec: str, batch: dict) -> tuple:
-    """("ok", values, logs) or ("failed", kind, message, logs); logs: what log_metric / log_extra received."""
+    """("ok", values, logs) or ("failed", kind, message, logs); logs: what log_metric / log_extra received, and
+    "output": (the first OUTPUT_CAP bytes the call printed, how many it printed) when it printed anything."""
     from finetune.reward_functions import call_reward, check_reward, describe_error, reward_kwargs
 
     logs = {"metrics": {}, "extra": {}}
@@ -88,22 +98,70 @@ def call_one(func, spec: str, batch: dict) -> tuple:
     }
     try:
         check_reward(func, spec, batch["columns"])
-        out = call_reward(func, reward_kwargs(func, batch["prompts"], batch["completions"], batch["completion_ids"],
-                                              batch["columns"], extras))
-    except (Exception, SystemExit) as err:
-        return ("failed", "exception", describe_error(err), logs)
+    except RewardError as err:  # the message names the function's own file and line, not this one
+        return ("failed", "exception", str(err), logs)
+    with captured_output() as printed:
+        try:
+            out = call_reward(func, reward_kwargs(func, batch["prompts"], batch["completions"],
+                                                  batch["completion_ids"], batch["columns"], extras))
+        except (Exception, SystemExit) as err:
+            out, failure = None, describe_error(err)
+        else:
+            failure = None
+    if printed["bytes"]:
+        logs["output"] = (printed["text"], printed["bytes"])
+    if failure is not None:
+        return ("failed", "exception", failure, logs)
     values, kind, message = to_floats(out, len(batch["prompts"]))
     if kind is not None:
         return ("failed", kind, message, logs)
     return ("ok", values, logs)
 
 
+@contextlib.contextmanager
+def captured_output():
+    """stdout and stderr (file descriptors 1 and 2) into a temporary file while the block runs; then the box holds
+    "text" (its first OUTPUT_CAP bytes, decoded) and "bytes" (its size)."""
+    box = {"text": "", "bytes": 0}
+    for stream in (sys.stdout, sys.stderr):
+        _flush(stream)
+    try:
+        saved = [os.dup(1), os.dup(2)]
+    except OSError:  # a process started without stdout or stderr: nothing to catch, nothing reaches a log
+        yield box
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield box
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                _flush(stream)
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+            box["bytes"] = os.fstat(sink.fileno()).st_size
+            sink.seek(0)
+            box["text"] = sink.read(OUTPUT_CAP).decode("utf-8", errors="replace")
+
+
+def _flush(stream) -> None:
+    try:
+        stream.flush()
+    except (AttributeError, OSError, ValueError):  # closed or replaced by the reward function: nothing to flush
+        pass
+
+
 def to_floats(out, expected: int) -> tuple[list[float] | None, str | None, str | None]:
-    """(values, None, None), None -> NaN; or (None, "wrong_length" | "non_numeric", message)."""
+    """(values, None, None), None -> NaN; or (None, "not_a_list" | "wrong_length" | "non_numeric", message)."""
     if hasattr(out, "tolist"):  # a numpy array or a torch tensor
         out = out.tolist()
+    if out is None:
+        return None, "not_a_list", ("returned None, not a list of one value per completion (a missing `return`? "
+                                    "None per completion, [None] * len(completions), means \"does not apply\")")
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__iter__"):
-        return None, "wrong_length", f"returned a {type(out).__name__}, not a list of one value per completion"
+        return None, "not_a_list", f"returned a {type(out).__name__}, not a list of one value per completion"
     out = list(out)
     if len(out) != expected:
         return None, "wrong_length", f"returned {len(out)} values for {expected} completions"

@@ -4,13 +4,16 @@
         batch = runner.score(prompts, completions, completion_ids, columns={"answer": [...]})
         batch.values[f][i]        # function f's reward for completion i; NaN where missing
         runner.failure_summary()  # for run.json
+    (finetune/train/grpo/reward_check.py runs each function once on a few records, before a run: validate, preprocess)
 
 Each function runs in a worker process (finetune/train/grpo/reward_worker.py: why spawn, how a hang is killed)
 with its own `timeout_s`. A call that raises, takes longer than its timeout, returns the wrong number of values
-or a value that is not a number leaves THAT function's values of that batch missing (NaN), is counted and logged
-once per kind, and the run goes on; a hung worker is killed and replaced. A None value means "does not apply"
-(NaN, left out of the rewards, as TRL does). Only when every function gives no value at all for
-`max_failed_steps` batches in a row does score() raise a RewardError, which stops the run with what failed.
+or a value that is not a number (or not a list: None, a string) leaves THAT function's values of that batch missing
+(NaN), is counted and logged once per kind, and the run goes on; a hung worker is killed and replaced. A None value
+means "does not apply" (NaN, left out of the rewards, as TRL does). Only when every function gives no value at all
+for `max_failed_steps` batches in a row does score() raise a RewardError, which stops the run with what failed; a
+shorter run learns at its end which functions never gave a value (`never_valued()`, finetune/train/grpo/setup.py).
+What a call prints is logged up to OUTPUT_CAP bytes a call, and counted (reward_worker.py).
 
 The functions of one batch run concurrently when `workers` > 1 (they are independent); each worker loads every
 function, so any worker can run any of them.
@@ -30,15 +33,14 @@ from pathlib import Path
 from finetune.errors import RewardError
 from finetune.log import get_logger
 from finetune.reward_functions import RESERVED, reward_name
-from finetune.train.grpo.reward_worker import START_METHOD, WorkerProcess, stop_all
+from finetune.train.grpo.reward_worker import OUTPUT_CAP, START_METHOD, WorkerProcess, stop_all
 
 log = get_logger(__name__)
 
-FAILURE_KINDS = ("exception", "timeout", "wrong_length", "non_numeric")
+FAILURE_KINDS = ("exception", "timeout", "not_a_list", "wrong_length", "non_numeric")
 # Five batches in a row with no reward at all is no accident of one batch (a flaky network judge, one odd
 # prompt): every function is broken for this data, and every further step would train on nothing.
 MAX_FAILED_STEPS = 5
-SAMPLE_RECORDS = 3  # sample_check runs each function on this many records
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,18 @@ class RewardBatch:
     names: list[str]
     values: list[list[float]]
     failures: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (kind, message), this batch
+    printed: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (first OUTPUT_CAP bytes, bytes)
     metrics: dict[str, list[float]] = field(default_factory=dict)  # what the functions passed to log_metric
     extra: dict[str, list] = field(default_factory=dict)  # what they passed to log_extra (column -> values)
 
 
 class RewardRunner:
-    """Reward functions in `workers` worker processes. Close it (or use `with`); at exit it closes itself."""
+    """Reward functions in `workers` worker processes. Close it (or use `with`); at exit it closes itself.
+    `counted_in`: where later failures are counted, for the first failure's warning (None: no warnings, no output
+    logged: the caller reports each batch's failures and output itself)."""
 
-    def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS):
+    def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS,
+                 counted_in: str | None = "run.json"):
         self.specs = [as_spec(s) for s in specs]
         if not self.specs:
             raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
@@ -87,7 +93,10 @@ class RewardRunner:
         self.weights = [s.weight for s in self.specs]
         self.base_dir = Path(base_dir)
         self.max_failed_steps = max_failed_steps
+        self.counted_in = counted_in
         self.calls: Counter = Counter()  # name -> calls made
+        self.valued: Counter = Counter()  # name -> calls that gave at least one value (not failed, not all None)
+        self.printed: dict[str, Counter] = {name: Counter() for name in self.names}  # calls, bytes, cut (over the cap)
         self.failures = {name: Counter() for name in self.names}  # name -> kind -> batches it failed
         self.first_messages: dict[str, dict[str, str]] = {name: {} for name in self.names}
         self.failed_steps = 0  # consecutive batches in which no function gave any value
@@ -205,8 +214,11 @@ class RewardRunner:
                 result.metrics.setdefault(key, []).extend(values)
             for key, values in logs.get("extra", {}).items():
                 result.extra.setdefault(key, []).extend(values)
+            if logs.get("output"):
+                self._printed(name, *logs["output"], result)
             if outcome[0] == "ok":
                 result.values.append(outcome[1])
+                self.valued[name] += any(not math.isnan(v) for v in outcome[1])
                 continue
             kind, message = outcome[1], outcome[2]
             result.values.append([math.nan] * n)
@@ -214,10 +226,26 @@ class RewardRunner:
             self.failures[name][kind] += 1
             if kind not in self.first_messages[name]:
                 self.first_messages[name][kind] = message
-                log.warning(f"reward `{name}` failed ({kind}): {message}. Its values of this batch are left out; "
-                            "later failures of this kind are counted in run.json")
+                if self.counted_in:
+                    log.warning(f"reward `{name}` failed ({kind}): {message}. Its values of this batch are left out; "
+                                f"later failures of this kind are counted in {self.counted_in}")
         self._count_failed_step(result)
         return result
+
+    def _printed(self, name: str, text: str, size: int, result: RewardBatch) -> None:
+        """What one call printed: counted, and logged up to OUTPUT_CAP bytes."""
+        counts = self.printed[name]
+        counts["calls"] += 1
+        counts["bytes"] += size
+        counts["cut"] += size > OUTPUT_CAP
+        result.printed[name] = (text, size)
+        if self.counted_in:
+            cut = f", the first {OUTPUT_CAP:,} shown" if size > OUTPUT_CAP else ""
+            log.info(f"reward `{name}` printed {size:,} bytes in call {self.calls[name]}{cut}:\n{text.rstrip()}")
+
+    def never_valued(self) -> list[str]:
+        """The functions called at least once that never gave a single value (every call failed or returned None)."""
+        return [name for name in self.names if self.calls[name] and not self.valued[name]]
 
     def _count_failed_step(self, result: RewardBatch) -> None:
         if any(not math.isnan(v) for values in result.values for v in values):
@@ -233,73 +261,10 @@ class RewardRunner:
                           "(`finetune validate` runs each on a few records)")
 
     def failure_summary(self) -> dict:
-        """For run.json: per function, its spec, calls, failures by kind and the first message of each kind."""
-        return {name: {"function": spec.function, "calls": self.calls[name],
+        """For run.json: per function, its spec, calls, the calls that gave a value, failures by kind and the first
+        message of each kind, and what it printed (calls, bytes, calls over the cap)."""
+        return {name: {"function": spec.function, "calls": self.calls[name], "calls_with_a_value": self.valued[name],
                        "failures": {k: self.failures[name][k] for k in FAILURE_KINDS if self.failures[name][k]},
-                       "first_messages": dict(self.first_messages[name])}
+                       "first_messages": dict(self.first_messages[name]),
+                       **({"printed": dict(self.printed[name])} if self.printed[name] else {})}
                 for name, spec in zip(self.names, self.specs)}
-
-
-# --- before a long run -------------------------------------------------------------------------------------------
-@dataclass
-class SampleResult:
-    """One function on a few records: ok, its values (None where NaN), or the error."""
-
-    name: str
-    function: str
-    ok: bool
-    values: list[float | None]
-    error: str | None = None
-
-    def line(self) -> str:
-        if not self.ok:
-            return f"reward {self.name}: FAILED: {self.error}"
-        shown = ", ".join("None" if v is None else f"{v:g}" for v in self.values)
-        note = " (None for every record: it applies to none of them)" if all(v is None for v in self.values) else ""
-        return f"reward {self.name}: ok [{shown}]{note}"
-
-
-def sample_check(runner_or_specs, records: list[dict], sample_completion, base_dir=None, encode=None,
-                 n_records: int = SAMPLE_RECORDS) -> list[SampleResult]:
-    """Run each reward function on the first `n_records` prompt records ({"prompt": ..., columns}) with a sample
-    completion (a string, or a function of the record returning one; sent as [{"role": "assistant", ...}] for chat
-    prompts). `encode(text) -> ids` gives completion_ids ([] without it). Specs are loaded and their signatures
-    checked against the records' columns here first, so one broken function does not hide the others."""
-    from finetune.reward_functions import check_reward, load_reward
-
-    records = list(records)[:n_records]
-    columns = {k: [r.get(k) for r in records] for k in (records[0] if records else {}) if k != "prompt"}
-    texts = [sample_completion(r) if callable(sample_completion) else str(sample_completion) for r in records]
-    completions = [[{"role": "assistant", "content": t}] if isinstance(r.get("prompt"), list) else t
-                   for r, t in zip(records, texts)]
-    ids = [list(encode(t)) if encode is not None else [] for t in texts]
-    prompts = [r.get("prompt") for r in records]
-    if isinstance(runner_or_specs, RewardRunner):
-        return _sample_results(runner_or_specs, runner_or_specs.score(prompts, completions, ids, columns))
-    specs = [as_spec(s) for s in runner_or_specs]
-    names = unique_names([s.function for s in specs])
-    broken = {}
-    for name, spec in zip(names, specs):
-        try:
-            check_reward(load_reward(spec.function, base_dir), spec.function, list(columns))
-        except RewardError as err:
-            broken[name] = SampleResult(name, spec.function, False, [], str(err))
-    good = [s for n, s in zip(names, specs) if n not in broken]
-    if not good:
-        return [broken[n] for n in names]
-    with RewardRunner(good, base_dir, workers=min(len(good), 2)) as runner:
-        ran = {r.function: r for r in _sample_results(runner, runner.score(prompts, completions, ids, columns))}
-    return [broken.get(n) or SampleResult(n, s.function, ran[s.function].ok, ran[s.function].values,
-                                          ran[s.function].error) for n, s in zip(names, specs)]
-
-
-def _sample_results(runner: RewardRunner, batch: RewardBatch) -> list[SampleResult]:
-    out = []
-    for i, (name, spec) in enumerate(zip(runner.names, runner.specs)):
-        if name in batch.failures:
-            kind, message = batch.failures[name]
-            out.append(SampleResult(name, spec.function, False, [], f"{kind}: {message}"))
-        else:
-            out.append(SampleResult(name, spec.function, True,
-                                    [None if math.isnan(v) else v for v in batch.values[i]]))
-    return out

@@ -48,7 +48,9 @@ def completion_slots(recipe, prompts: int, world_size: int) -> int:
     return len(GroupSampler(prompts, shape, recipe.seed))
 
 
-def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
+def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool, packs: bool = True):
+    """`packs`: the model's family trains on packed rows (finetune/model/families.py); where it does not (its
+    packed examples would read each other), each completion is scored in a row of its own."""
     from finetune.recipe.methods import method_setting
     from finetune.train.grpo.step import GRPOSettings
 
@@ -65,7 +67,12 @@ def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
         mask_truncated=method_setting(recipe, "mask_truncated_completions"),
         micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
         chat=isinstance(json.loads(first)["prompt"], list), share_prompt=bool(share_prompt),
-        capacity=recipe.sequence_len)
+        capacity=scoring_capacity(recipe.sequence_len, packs))
+
+
+def scoring_capacity(sequence_len: int, packs: bool) -> int:
+    """Tokens per scoring row: sequence_len; 0 where the model's family does not pack (each completion alone)."""
+    return sequence_len if packs else 0
 
 
 def eos_ids(tokenizer) -> tuple:
@@ -78,13 +85,16 @@ def eos_ids(tokenizer) -> tuple:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool) -> dict:
+def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool, packs: bool = True) -> dict:
     from finetune.train.grpo.rewards import RewardRunner
     from finetune.train.grpo.sampler import GroupSampler
 
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
     runner = RewardRunner(recipe.rewards, base_dir=Path.cwd())
-    return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt), "rewards": runner,
+    if not packs:
+        log.info("GRPO scoring: each completion in a row of its own (this model family's packed rows are not "
+                 "isolated: docs/models.md)")
+    return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt and packs, packs), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
             "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
 
@@ -106,6 +116,42 @@ def grpo_record(recipe, trainer) -> dict:
             "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
                                                                              "entropy", "clip_ratio"))},
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
+
+
+def done_grpo(summary: dict, output_dir) -> dict:
+    """The run's closing lines: generation speed, then `done:` with the reward (the verdict's first and last thirds)
+    and the functions that failed. A run in which no function ever gave a value raises RewardError (exit 2), its
+    run.json and diagnosis written: however short, it learned nothing."""
+    from finetune.errors import RewardError
+
+    grpo, curves = summary["grpo"], summary.get("curves") or {}
+    log.info(f"generation: {grpo['generated_tokens']:,} completion tokens in {grpo['generation_s']:.1f} s; "
+             f"{grpo['seconds_per_generated_token']:.4f} s per generated token, whole loop")
+    if curves.get("verdict") == "no reward":
+        raise RewardError(f"the run ended after {summary['steps']} steps without a single reward: "
+                          f"{curves['reason']}. run.json and diagnosis.json are in {output_dir}; the model saved "
+                          "there learned nothing from a reward")
+    log.info(f"done: {summary['steps']} steps, {reward_words(summary)}; saved to {output_dir}")
+    return summary
+
+
+def reward_words(summary: dict) -> str:
+    """`reward 0.21 -> 0.48 (means of the first and last third of 12 logged steps)`, then each function that failed
+    (`boom` failed 3 of 12 calls: exception), and those that never gave a value."""
+    curves = summary.get("curves") or {}
+    if "reward_first" in curves:
+        words = (f"reward {curves['reward_first']:.4f} -> {curves['reward_last']:.4f} (means of the first and last "
+                 f"third of {curves['logged_steps']} logged steps)")
+    else:
+        words = "reward - (none was logged)"
+    never = curves.get("never_valued") or []
+    if never:
+        words += f"; {len(never)} of {len(summary['grpo']['reward_failures'])} reward functions never gave a value: "
+        words += ", ".join(f"`{n}`" for n in never)
+    failed = [f"`{name}` failed {sum(entry['failures'].values())} of {entry['calls']} calls "
+              f"({', '.join(entry['failures'])})" for name, entry in summary["grpo"]["reward_failures"].items()
+              if entry["failures"] and name not in never]
+    return words + (f"; {'; '.join(failed)}" if failed else "")
 
 
 def probe_grpo(model) -> bool:

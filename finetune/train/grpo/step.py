@@ -94,7 +94,8 @@ def build_step(trainer, slots: list[dict], step: int):
     _add_logps(trainer, model, micro, settings)
     normalizer = step_normalizer_all(trainer, micro, settings)
     metrics = step_metrics(adv, completions, batch, trainer.rewards.names)
-    return micro, normalizer, metrics, samples(prompts, completions, adv, settings.group, trainer.processing_class)
+    return micro, normalizer, metrics, samples(prompts, completions, adv, settings.group, trainer.processing_class,
+                                               dict(zip(trainer.rewards.names, batch.values)))
 
 
 def reward_inputs(tokenizer, records: list[dict], completions, chat: bool) -> dict:
@@ -176,13 +177,22 @@ def step_metrics(adv, completions, batch, names: list[str]) -> dict:
     return {k: (float(v), 1.0) for k, v in metrics.items() if not (isinstance(v, float) and math.isnan(v))}
 
 
-def samples(prompts: list[dict], completions, adv, group: int, tokenizer) -> list[dict]:
+def samples(prompts: list[dict], completions, adv, group: int, tokenizer, by_function: dict[str, list[float]]
+            ) -> list[dict]:
+    """completions.jsonl's entries: a few prompts with every completion, its total reward (weighted), each reward
+    function's value (`by_function`: name -> one value per completion, NaN where missing; None in the file),
+    its advantage and whether it was cut at max_completion_length."""
+    def value(v) -> float | None:
+        return None if math.isnan(float(v)) else float(v)
+
     out = []
     for g, prompt in enumerate(prompts[:SAMPLES_PER_LOG]):
         members = range(g * group, (g + 1) * group)
         out.append({"prompt": prompt["record"]["prompt"],
                     "completions": tokenizer.batch_decode([completions.ids[i] for i in members], skip_special_tokens=True),
-                    "rewards": [None if math.isnan(float(adv.rewards[i])) else float(adv.rewards[i]) for i in members],
+                    "rewards": [value(adv.rewards[i]) for i in members],
+                    "rewards_by_function": {name: [value(values[i]) for i in members]
+                                            for name, values in by_function.items()},
                     "advantages": [round(float(adv.advantages[i]), 4) for i in members],
                     "truncated": [bool(completions.is_truncated[i]) for i in members]})
     return out

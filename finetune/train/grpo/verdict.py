@@ -2,6 +2,12 @@
 limit) / collapsed (entropy near 0) / length hacking (the reward rising only with the length), each with the numbers
 behind it; and the same look at the first generation, before the first step.
 
+Before any of those, whether the rewards gave values at all, however short the run: "no reward" when no function
+gave a single value in any logged step (every call failed or returned None: nothing was learned), "rewards failing"
+when some did not (the run learned from the others only; the others' verdict is kept as `reward_verdict`). They
+read each function's logged `rewards/NAME/missing`, and name the first failure of each from run.json's
+`grpo.reward_failures` when given.
+
 A GRPO loss says little (with one update per generation it starts at 0 every step: TRL #2703): the verdict reads
 the logged reward and completion metrics instead (TRL's names, finetune/train/grpo/step.py).
 """
@@ -16,7 +22,50 @@ LENGTH_CORRELATION = 0.9
 
 
 def is_grpo(log_history: list[dict]) -> bool:
-    return any("reward" in e and "frac_reward_zero_std" in e for e in log_history)
+    # frac_reward_zero_std is logged even when no function gave a value (then `reward` is not)
+    return any("frac_reward_zero_std" in e for e in log_history)
+
+
+def missing_rewards(log_history: list[dict]) -> tuple[list[str], list[str]]:
+    """(every reward function's name, those that gave no value in any logged step: missing share 1.0 throughout)."""
+    names = list(dict.fromkeys(k[len("rewards/"):-len("/missing")] for e in log_history for k in e
+                               if k.startswith("rewards/") and k.endswith("/missing")))
+    never = [n for n in names if all(e[f"rewards/{n}/missing"] >= 1.0 for e in log_history
+                                     if f"rewards/{n}/missing" in e)]
+    return names, never
+
+
+def _causes(names: list[str], reward_failures: dict | None) -> str:
+    """`a` (exception: ValueError ... at FILE line N), `b` (returned None every time): why each gave no value."""
+    parts = []
+    for name in names:
+        entry = (reward_failures or {}).get(name) or {}
+        kinds = entry.get("failures") or {}
+        if kinds:
+            kind = max(kinds, key=kinds.get)
+            message = (entry.get("first_messages") or {}).get(kind, "")
+            message = message if len(message) <= 160 else message[:157] + "..."
+            parts.append(f"`{name}` ({kind}: {message})" if message else f"`{name}` ({kind})")
+        elif reward_failures is not None:
+            parts.append(f"`{name}` (returned None for every completion)")
+        else:
+            parts.append(f"`{name}` (failed or returned None: run.json's grpo.reward_failures says which)")
+    return "; ".join(parts)
+
+
+def _no_value(log_history: list[dict], reward_failures: dict | None) -> dict | None:
+    names, never = missing_rewards(log_history)
+    if not never:
+        return None
+    steps = len({e["step"] for e in log_history if f"rewards/{never[0]}/missing" in e and "step" in e})
+    fix = "fix them (`finetune validate` runs each reward on a few records)"
+    if len(never) == len(names):
+        return {"verdict": "no reward", "never_valued": never, "logged_steps": steps, "reason": (
+            f"no reward function gave a single value in {steps} logged step(s): {_causes(never, reward_failures)}; "
+            f"every advantage was 0, so nothing was learned: {fix}")}
+    return {"verdict": "rewards failing", "never_valued": never, "reason": (
+        f"{len(never)} of {len(names)} reward functions gave no value in any call: "
+        f"{_causes(never, reward_failures)}; the run learned from the other {len(names) - len(never)} only: {fix}")}
 
 
 def series(log_history: list[dict], key: str) -> list[tuple[int, float]]:
@@ -41,9 +90,23 @@ def _correlation(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) ** 0.5 if va > 0 and vb > 0 else 0.0
 
 
-def diagnose(log_history: list[dict]) -> dict:
-    """{verdict, reason, reward_first, reward_last, ...}: the first matching verdict of no signal, collapsed,
-    length hacking, reward rising (noting truncation), truncated, flat."""
+def diagnose(log_history: list[dict], reward_failures: dict | None = None) -> dict:
+    """{verdict, reason, reward_first, reward_last, ...}: no reward / rewards failing (with the others' verdict as
+    reward_verdict), else the first matching verdict of no signal, collapsed, length hacking, reward rising (noting
+    truncation), truncated, flat. `reward_failures`: run.json's grpo.reward_failures, to name why a function gave
+    no value."""
+    failing = _no_value(log_history, reward_failures)
+    if failing and failing["verdict"] == "no reward":
+        return failing
+    result = _learning(log_history)
+    if failing:
+        inner = f"{result['verdict']}: {result['reason']}"
+        return {**result, **failing, "reward_verdict": result["verdict"],
+                "reason": f"{failing['reason']}. Their reward: {inner}"}
+    return result
+
+
+def _learning(log_history: list[dict]) -> dict:
     reward = series(log_history, "reward")
     if not reward:
         return {"verdict": "unknown", "reason": "no reward was logged (set logging_steps lower than the step count)"}
@@ -99,27 +162,68 @@ def first_generation(rewards_tied: float, truncated: float, group: int, limit: i
     return None
 
 
-def plot_panels(axes, log_history: list[dict]) -> None:
-    """Reward (with its std), completion length and the tied / truncated shares against step."""
-    reward, std = series(log_history, "reward"), dict(series(log_history, "reward_std"))
-    if reward:
-        steps, values = zip(*reward)
-        axes[0].plot(steps, values, color="tab:green", label="reward (mean)")
-        lo = [v - std.get(s, 0.0) for s, v in reward]
-        hi = [v + std.get(s, 0.0) for s, v in reward]
-        axes[0].fill_between(steps, lo, hi, color="tab:green", alpha=0.15, label="+- reward std")
-    axes[0].set(xlabel="optimizer step", ylabel="reward", title="reward")
+PANEL_INCHES = (5.5, 3.6)  # width, height of one panel
+TITLE_CHARS_PER_INCH = 13  # 9-point text: about this many characters fit in an inch of the title's width
+
+
+def _panels(log_history: list[dict]) -> tuple[list[str], int, int]:
+    """(the reward functions drawn one panel each: none when there is only one, whose panel is the total's; rows,
+    columns): the total reward, each function, length, tied / truncated shares, the loss."""
+    names = missing_rewards(log_history)[0]
+    names = names if len(names) > 1 else []
+    count = 4 + len(names)
+    cols = 2 if count <= 4 else 3
+    return names, -(-count // cols), cols
+
+
+def figure_size(log_history: list[dict]) -> tuple[float, float]:
+    _, rows, cols = _panels(log_history)
+    return PANEL_INCHES[0] * cols, PANEL_INCHES[1] * rows + 0.6
+
+
+def plot_figure(fig, log_history: list[dict], diagnosis: dict | None, plot_loss) -> None:
+    """Every panel, on a figure of figure_size() with the constrained layout (the title is wrapped whole, never cut
+    at the edge); `plot_loss(ax)` draws the surrogate loss."""
+    import textwrap
+
+    names, rows, cols = _panels(log_history)
+    axes = list(fig.subplots(rows, cols, squeeze=False).flatten())
+    _reward_panel(axes[0], log_history, "reward", "reward_std", "reward (weighted total)" if names else "reward")
+    for ax, name in zip(axes[1:], names):
+        _reward_panel(ax, log_history, f"rewards/{name}/mean", f"rewards/{name}/std", f"reward: {name}")
+    rest = axes[1 + len(names):]
     for key, color in (("completions/mean_length", "tab:purple"),):
         points = series(log_history, key)
         if points:
-            axes[1].plot(*zip(*points), color=color, label=key)
-    axes[1].set(xlabel="optimizer step", ylabel="tokens", title="completion length")
+            rest[0].plot(*zip(*points), color=color, label=key)
+    rest[0].set(xlabel="optimizer step", ylabel="tokens", title="completion length")
     for key, color in (("frac_reward_zero_std", "tab:gray"), ("completions/clipped_ratio", "tab:red")):
         points = series(log_history, key)
         if points:
-            axes[2].plot(*zip(*points), color=color, label=key)
-    axes[2].set(xlabel="optimizer step", ylabel="share", title="tied groups, truncated completions", ylim=(-0.05, 1.05))
-    for ax in axes[:3]:
+            rest[1].plot(*zip(*points), color=color, label=key)
+    rest[1].set(xlabel="optimizer step", ylabel="share", title="tied groups, truncated completions",
+                ylim=(-0.05, 1.05))
+    plot_loss(rest[2])
+    rest[2].set_title("surrogate loss (says little: the reward is the measure)")
+    for ax in rest[3:]:
+        ax.set_visible(False)
+    for ax in axes[:1 + len(names)] + rest[:2]:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend()
+            ax.legend(fontsize=8)
+    if diagnosis:
+        width = int(fig.get_size_inches()[0] * TITLE_CHARS_PER_INCH)
+        fig.suptitle(textwrap.fill(f"{diagnosis['verdict']}: {diagnosis.get('reason', '')}", width), fontsize=9)
+
+
+def _reward_panel(ax, log_history: list[dict], key: str, std_key: str, title: str) -> None:
+    """A reward's mean with its std band; a word on the panel when it was never logged (no value in any step)."""
+    points, std = series(log_history, key), dict(series(log_history, std_key))
+    if points:
+        steps, values = zip(*points)
+        ax.plot(steps, values, color="tab:green", label="mean")
+        ax.fill_between(steps, [v - std.get(s, 0.0) for s, v in points], [v + std.get(s, 0.0) for s, v in points],
+                        color="tab:green", alpha=0.15, label="+- std")
+    else:
+        ax.text(0.5, 0.5, "no value in any step", ha="center", va="center", transform=ax.transAxes, color="tab:red")
+    ax.set(xlabel="optimizer step", ylabel="reward", title=title)

@@ -1,0 +1,1 @@
+"""Vision-language data: images decoded for the processor (images.py)."""
