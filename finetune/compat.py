@@ -11,6 +11,8 @@ never imports torch).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 # --- transformers ----------------------------------------------------------------------------------------
 
@@ -69,6 +71,23 @@ def peft_moe_conversion(lora_config, model) -> None:
     from transformers.conversion_mapping import get_model_conversion_mapping
 
     convert_peft_config_for_transformers(lora_config, model=model, conversions=get_model_conversion_mapping(model))
+
+
+PEFT_READS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"  # transformers 5.23's FutureWarning, peft's read
+
+
+@contextmanager
+def peft_wrapping():
+    """A context for building or loading a PeftModel without transformers' FutureWarning about peft's own code:
+    peft 0.21.2's `PeftModel.__init__` reads `model.is_gradient_checkpointing`, which transformers 5.23 deprecated
+    for `is_activation_checkpointing` ("will be removed in v6"), so every verb that builds or loads an adapter (train,
+    eval, generate, chat, merge) printed it. Only that message, only while peft wraps the model; what peft reads is
+    unchanged (the alias returns is_activation_checkpointing). Drop this when peft reads the new name."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_READS_DEPRECATED, category=FutureWarning)
+        yield
 
 
 def save_new_token_rows_only(peft_model) -> None:

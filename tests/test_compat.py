@@ -205,3 +205,39 @@ def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once(tokenizer
     assert (sorted(config.target_modules), sorted(config.target_parameters), dict(config.rank_pattern)) == once
     built = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")).peft_config
     assert (sorted(built["default"].target_modules), sorted(built["default"].target_parameters)) == once[:2]
+
+
+def test_peft_reads_the_deprecated_checkpointing_alias_and_peft_wrapping_silences_only_that(tiny_llama):
+    """Issue 43, item 14: a transformers FutureWarning on every command that builds or loads an adapter."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    def built(wrap: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if wrap:
+                with compat.peft_wrapping():
+                    get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+                warnings.warn("still shown", FutureWarning)  # the filter ends with the context
+            else:
+                get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+        return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+    assert any("is_gradient_checkpointing" in m for m in built(wrap=False))  # gone from peft: drop peft_wrapping
+    assert built(wrap=True) == ["still shown"]
+
+
+def test_building_and_loading_an_adapter_prints_no_future_warning(tmp_path, make_recipe):
+    import warnings
+
+    from finetune.model import build_model
+    from finetune.model.loader import load_tokenizer
+    from finetune.recipe import load_recipe
+
+    recipe = load_recipe(make_recipe(adapter="lora", lora_r=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = build_model(recipe, load_tokenizer(recipe), "fp32", "sdpa")
+        model.save_pretrained(tmp_path / "adapter")
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]

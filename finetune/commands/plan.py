@@ -310,10 +310,21 @@ def _fsdp_knobs(args: argparse.Namespace, recipe) -> dict:
     if args.fsdp and not knobs:
         knobs = {"fsdp": True}
     if knobs and args.zero_stage:
-        from finetune.errors import FinetuneError
-
         raise FinetuneError("--zero-stage plans DeepSpeed ZeRO and `fsdp` plans FSDP2: a run uses one; drop one")
+    if args.fsdp and recipe is not None and recipe.fsdp is None:  # a recipe with `fsdp:` was checked as it loaded
+        _refuse_what_train_refuses(recipe)
     return knobs
+
+
+def _refuse_what_train_refuses(recipe) -> None:
+    """`--fsdp` on a recipe without `fsdp:`: what `finetune train` would refuse with `fsdp: true`, in its words
+    (recipe/distributed.py's fsdp_problems, the one source for both), instead of a plan for a run that never starts."""
+    from finetune.recipe.distributed import FSDPSpec, fsdp_problems
+
+    problems = fsdp_problems(recipe.model_copy(update={"fsdp": FSDPSpec()}))
+    if problems:
+        raise FinetuneError("--fsdp: `finetune train` refuses this recipe under `fsdp`, so there is no FSDP plan "
+                            "for it:\n" + "\n".join(f"  - {problem}" for problem in problems))
 
 
 def run(args: argparse.Namespace) -> int:

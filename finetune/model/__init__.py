@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import os
 
-from finetune.compat import parameter_count, save_new_token_rows_only
+from finetune.compat import parameter_count, peft_wrapping, save_new_token_rows_only
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
@@ -193,7 +193,8 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
                              "rows (trainable_token_indices): peft's conversion for the original base "
                              "keeps only A and B; use the default init, or add no tokens")
         try:
-            model = get_peft_model(model, lora)
+            with peft_wrapping():
+                model = get_peft_model(model, lora)
         except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
             raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
                              "Drop the LoRA variant key it names (docs/lora.md), or use another base") from None
@@ -226,8 +227,10 @@ def continue_adapter(model, folder, recipe):
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
         # peft froze the base's weights when it put the adapter on: after merging, every weight trains again
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
-    model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+        with peft_wrapping():
+            return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
+    with peft_wrapping():
+        model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
              f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own "
