@@ -2,6 +2,8 @@
 
     finetune export recipe.yml --gguf                       # output_dir/gguf/<run>.f16.gguf
     finetune export outputs/run --gguf --quant q8_0 -o run.q8_0.gguf
+
+A vision-language run also gets llama.cpp's mmproj file (its vision tower and projector): mmproj-<run>.<quant>.gguf.
 """
 
 from __future__ import annotations
@@ -39,5 +41,8 @@ def run(args: argparse.Namespace) -> int:
     mib = done.size_bytes / 2**20
     print(f"[finetune] wrote {done.gguf_path} ({mib:,.1f} MiB, {done.tensor_count} tensors, {args.quant}, "
           f"pre-tokenizer {done.pre_tokenizer}) and {done.modelfile_path}", file=sys.stderr)
+    if done.mmproj_path is not None:  # a vision-language run: llama.cpp's --mmproj file beside the model
+        print(f"[finetune] the vision tower and projector: {done.mmproj_path} (llama-mtmd-cli -m {done.gguf_path.name} "
+              f"--mmproj {done.mmproj_path.name})", file=sys.stderr)
     print(done.gguf_path)
     return 0

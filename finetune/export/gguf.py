@@ -24,6 +24,7 @@ class Exported:
     size_bytes: int
     tensor_count: int
     pre_tokenizer: str
+    mmproj_path: Path | None = None  # a vision-language run's tower and projector (export/gguf_mmproj.py)
 
 
 def _log(message: str) -> None:
@@ -49,11 +50,10 @@ def load_model(trained, tokenizer):
 
         _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
         return load_adapter_model(trained, "fp32", tokenizer=tokenizer)[0].merge_and_unload()
-    import torch
-    from transformers import AutoModelForCausalLM
+    from finetune.model.trained import load_full_model
 
     _log(f"loading the model in {trained.folder}")
-    return AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32)
+    return load_full_model(trained, "fp32")
 
 
 def check_family(folder: Path):
@@ -125,6 +125,8 @@ def export(trained, out: Path, quant: str) -> Exported:
 
     check_output(out)
     check_quant(quant)
+    if trained.vision:  # the language model's GGUF + llama.cpp's mmproj file (export/gguf_mmproj.py)
+        return _export_vision(trained, out, quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
     check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
@@ -132,3 +134,16 @@ def export(trained, out: Path, quant: str) -> Exported:
 
     model = load_model(trained, tokenizer)
     return write_gguf(model, tokenizer, out, quant, name=out.stem, prompt_format=served_format(trained.folder)[0])
+
+
+def _export_vision(trained, out: Path, quant: str) -> Exported:
+    from transformers import AutoConfig
+
+    from finetune.export.gguf_mmproj import check_vision_export, export_vision
+    from finetune.export.gguf_vocab import check_tokenizer
+    from finetune.model.trained import saved_tokenizer
+
+    check_vision_export(AutoConfig.from_pretrained(trained.base_source if trained.is_adapter else trained.folder), out)
+    tokenizer = saved_tokenizer(trained.folder)
+    check_tokenizer(tokenizer)
+    return export_vision(trained, out, quant, tokenizer, load_model)
