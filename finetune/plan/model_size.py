@@ -1,5 +1,9 @@
 """Exact parameter counts from a model config: the model is built on torch's `meta` device (no memory,
-no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions."""
+no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions.
+
+A vision-language model is counted whole (finetune/model/vision_budget.py builds it): `frozen(name)` says which
+weights its freeze keys leave out of training (no gradients, no adapters), `unquantized(name)` which stay out of
+QLoRA's 4-bit storage (its tower and projector)."""
 
 from __future__ import annotations
 
@@ -42,7 +46,7 @@ def _blocks_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_emb]
 
 
-def model_shape(model) -> ModelShape:
+def model_shape(model, unquantized=None) -> ModelShape:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     params = {id(p): p for p in model.parameters()}  # tied weights once
     # parameter_count, not numel: a loaded 4-bit base packs 2 weights a byte, a ZeRO-3 shard holds a
@@ -61,13 +65,14 @@ def model_shape(model) -> ModelShape:
         vocab_size=cfg.vocab_size,
         total_params=total,
         embedding_params=parameter_count(emb),
-        quantizable_params=sum(parameter_count(m.weight) for _, m in _blocks_linears(model)),
+        quantizable_params=sum(parameter_count(m.weight) for n, m in _blocks_linears(model)
+                               if unquantized is None or not unquantized(n)),
         tied_embeddings=tied,
     )
 
 
-def full_trainable(model) -> Trainable:
-    params = {id(p): p for p in model.parameters()}
+def full_trainable(model, frozen=None) -> Trainable:
+    params = {id(p): p for n, p in model.named_parameters() if frozen is None or not frozen(n)}
     return Trainable(trainable_params=sum(p.numel() for p in params.values()), trainable_tensors=len(params))
 
 
@@ -77,11 +82,13 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False) -> Trainable:
+def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                   frozen=None) -> Trainable:
     """LoRA counts as peft builds them: A (r x in) and B (out x r) per adapted Linear, no bias; `all-linear`
     means every Linear but the output layer; DoRA adds one magnitude per output feature (a tensor per layer).
     modules_to_save are trained as full copies."""
-    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules)]
+    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules)
+               and (frozen is None or not frozen(n))]
     if not linears:
         raise FinetuneError(
             f"lora_target_modules {target_modules} match no Linear module of this model; "
@@ -101,8 +108,9 @@ def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=N
                      dora_weight_elements=max(m.in_features * m.out_features for _, m in linears) if dora else 0)
 
 
-def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False):
-    """(ModelShape, full Trainable, LoRA Trainable) for a config."""
-    model = meta_model(config)
-    return (model_shape(model), full_trainable(model),
-            lora_trainable(model, lora_r, target_modules, modules_to_save, dora))
+def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                model=None, frozen=None, unquantized=None):
+    """(ModelShape, full Trainable, LoRA Trainable) for a config (or its meta `model`, already built)."""
+    model = model if model is not None else meta_model(config)
+    return (model_shape(model, unquantized), full_trainable(model, frozen),
+            lora_trainable(model, lora_r, target_modules, modules_to_save, dora, frozen))
