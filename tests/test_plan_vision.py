@@ -121,3 +121,40 @@ def test_plan_of_a_vision_recipe_counts_what_training_trains(tiny, tmp_path, cap
     adapted = [model.get_submodule(n) for n in lora_target_names(model, load_recipe(recipe, ["adapter=lora"]))]
     assert training(out) == sum(4 * (m.in_features + m.out_features) for m in adapted)
     assert "tower" in out and "(frozen), projector" in out and "projector" in out and "(lora)" in out
+
+
+def test_targets_says_what_trains_in_each_part_under_the_recipe(tiny, tmp_path, capsys):
+    """`finetune targets RECIPE`: per part, frozen, trained in full (its weights) or LoRA (its adapted layers and the
+    adapter parameters training adds there), as training builds them."""
+    import json
+
+    from transformers import AutoModelForImageTextToText
+
+    from finetune.cli import main
+    from finetune.model.vision import lora_target_names, vision_parts
+    from finetune.recipe import load_recipe
+
+    folder = tiny("llava")
+    recipe = tmp_path / "recipe.yml"
+    recipe.write_text(yaml.safe_dump({"base_model": str(folder), "datasets": [{"path": "d.jsonl", "type": "chat"}],
+                                      "adapter": "lora", "lora_r": 4, "lora_target_modules": ["q_proj", "linear_2",
+                                                                                              "fc1"],
+                                      "freeze_vision_tower": False, "output_dir": str(tmp_path / "out")}))
+    model = AutoModelForImageTextToText.from_pretrained(folder)
+    parts = vision_parts(model)
+
+    def trains(*overrides) -> dict:
+        capsys.readouterr()
+        assert main(["targets", str(recipe), "--json", *[a for o in overrides for a in ("--set", o)]]) == 0
+        return {part: entry["trains"] for part, entry in json.loads(capsys.readouterr().out)["parts"].items()}
+
+    adapted = lora_target_names(model, load_recipe(recipe))
+    for part, said in trains().items():
+        layers = [model.get_submodule(n) for n in adapted if parts.part_of(n) == part]
+        assert said.startswith(f"LoRA on {len(layers)} of its ") and \
+            f": {sum(4 * (m.in_features + m.out_features) for m in layers):,} adapter parameters" in said, said
+    said = trains("adapter=none", "freeze_vision_tower=true")
+    assert said["vision_tower"].startswith("frozen: no gradients, no adapters")
+    for part in ("multi_modal_projector", "language_model"):
+        weights = sum(p.numel() for n, p in model.named_parameters() if parts.part_of(n) == part)
+        assert said[part] == f"trains in full: {weights:,} weights"

@@ -226,13 +226,15 @@ class Report:
     presets: list[Preset]
     dora: bool = False  # the counts include DoRA's magnitude vectors
     parts: dict = field(default_factory=dict)  # a vision-language model's parts: name -> (module prefixes, frozen)
+    training: dict = field(default_factory=dict)  # ... and what trains in each under the recipe: part -> words
 
     def to_json(self) -> dict:
         modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
         return {
             "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
             "rank": self.rank, "dora": self.dora, "total_parameters": self.total_parameters, "modules": modules,
-            "parts": {part: {"modules": prefixes, "frozen": frozen} for part, (prefixes, frozen) in self.parts.items()},
+            "parts": {part: {"modules": prefixes, "frozen": frozen, "trains": self.training.get(part)}
+                      for part, (prefixes, frozen) in self.parts.items()},
             "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
         }
 
