@@ -33,11 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from finetune.export.gguf import export
+    from finetune.export.gguf_mmproj import export_vision
     from finetune.model.trained import locate
 
     trained = locate(args.target, args.overrides)
     out = Path(args.output) if args.output else trained.folder / "gguf" / f"{trained.folder.name}.{args.quant}.gguf"
-    done = export(trained, out, args.quant)
+    # a vision-language run: its language model, and its tower and projector as llama.cpp's mmproj file beside it
+    done = (export_vision if trained.vision else export)(trained, out, args.quant)
     mib = done.size_bytes / 2**20
     print(f"[finetune] wrote {done.gguf_path} ({mib:,.1f} MiB, {done.tensor_count} tensors, {args.quant}, "
           f"pre-tokenizer {done.pre_tokenizer}) and {done.modelfile_path}", file=sys.stderr)

@@ -125,8 +125,6 @@ def export(trained, out: Path, quant: str) -> Exported:
 
     check_output(out)
     check_quant(quant)
-    if trained.vision:  # the language model's GGUF + llama.cpp's mmproj file (export/gguf_mmproj.py)
-        return _export_vision(trained, out, quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
     check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
@@ -134,16 +132,3 @@ def export(trained, out: Path, quant: str) -> Exported:
 
     model = load_model(trained, tokenizer)
     return write_gguf(model, tokenizer, out, quant, name=out.stem, prompt_format=served_format(trained.folder)[0])
-
-
-def _export_vision(trained, out: Path, quant: str) -> Exported:
-    from transformers import AutoConfig
-
-    from finetune.export.gguf_mmproj import check_vision_export, export_vision
-    from finetune.export.gguf_vocab import check_tokenizer
-    from finetune.model.trained import saved_tokenizer
-
-    check_vision_export(AutoConfig.from_pretrained(trained.base_source if trained.is_adapter else trained.folder), out)
-    tokenizer = saved_tokenizer(trained.folder)
-    check_tokenizer(tokenizer)
-    return export_vision(trained, out, quant, tokenizer, load_model)

@@ -203,15 +203,24 @@ def add_projector_to_modelfile(modelfile: Path, projector: Path) -> None:
     write_text_atomic(modelfile, "\n".join(lines) + "\n")
 
 
-def export_vision(trained, out: Path, quant: str, tokenizer, load_model):
-    """A located vision-language run -> the language model's GGUF + Modelfile at `out` and the mmproj beside it.
-    `load_model`: export/gguf.py's (the adapter merged in fp32). Either both files are written or neither."""
+def export_vision(trained, out: Path, quant: str):
+    """A located vision-language run -> the language model's GGUF + Modelfile at `out` (export/gguf.py, as for a
+    text run) and the mmproj beside it. Everything is checked before the merge; either both files are written or
+    neither."""
     from dataclasses import replace
 
-    from finetune.export.gguf import write_gguf
-    from finetune.model.prompt_format import served_format
-    from finetune.model.trained import saved_processor
+    from transformers import AutoConfig
 
+    from finetune.export.gguf import check_output, check_quant, load_model, write_gguf
+    from finetune.export.gguf_vocab import check_tokenizer
+    from finetune.model.prompt_format import served_format
+    from finetune.model.trained import saved_processor, saved_tokenizer
+
+    check_output(out)
+    check_quant(quant)
+    check_vision_export(AutoConfig.from_pretrained(trained.base_source if trained.is_adapter else trained.folder), out)
+    tokenizer = saved_tokenizer(trained.folder)
+    check_tokenizer(tokenizer)
     processor = saved_processor(trained)
     model = load_model(trained, tokenizer)
     tensors = encoded_tensors(model, quant)
