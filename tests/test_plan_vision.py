@@ -12,25 +12,10 @@ import pytest
 import torch
 import yaml
 
+from test_plan_activations import saved_bytes
 from tiny_vision import tiny_vlm
 
 BUDGET = 48 * 48  # pixels: a 48 x 48 image (Idefics3's processor tiles it: 2 x 2 tiles + the global image)
-
-
-def _saved_bytes(fn, params) -> int:
-    """Bytes of distinct storages autograd saves for backward while `fn` runs, parameters excluded."""
-    ptrs = {p.untyped_storage().data_ptr() for p in params}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in ptrs:
-            seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    return sum(seen.values())
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +58,11 @@ def test_vision_side_of_the_plan_counted_against_the_tiny_model(tiny, family):
     assert shape.features_per_image == sum(f.reshape(-1, f.shape[-1]).shape[0] for f in features) > 0
     assert shape.tokens_per_image >= shape.features_per_image and shape.image_size == image.size
     # activations: what autograd keeps when tower and projector train (fp32), and when only the projector does
-    saved = _saved_bytes(lambda: model.model.get_image_features(**inputs), model.parameters())
+    saved = saved_bytes(lambda: model.model.get_image_features(**inputs), model.parameters())
     assert activation_bytes(shape, 1, 4) == pytest.approx(saved, rel=0.06)  # measured: LLaVA 1%, Idefics3 5%
     for name, param in model.named_parameters():
         param.requires_grad_(parts.part_of(name) != "vision_tower")
-    saved = _saved_bytes(lambda: model.model.get_image_features(**inputs), model.parameters())
+    saved = saved_bytes(lambda: model.model.get_image_features(**inputs), model.parameters())
     assert activation_bytes(replace(shape, tower="frozen"), 1, 4) == saved  # the projector's input and hidden layer
     # forward FLOPs as torch counts them (eager attention: its matmuls are counted, the fused kernel's are not)
     eager = AutoModelForImageTextToText.from_pretrained(folder, attn_implementation="eager")
