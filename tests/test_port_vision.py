@@ -44,7 +44,7 @@ def test_multimodal_example_ports_with_every_key_accounted_for(name, tmp_path, c
     for key, why in VISION_DROPPED.items():  # each with what finetune does instead, not "not in the table"
         assert re.search(rf"^# {key}: .*\^ dropped, not needed: {re.escape(why)}", flat, re.M), key
     assert "a preference-tuning key" not in flat
-    assert {k for k in recipe if f"NEEDS YOUR DECISION" in "".join(_comments_of(text, k))} == decisions
+    assert {k for k in recipe if "NEEDS YOUR DECISION" in "".join(_comments_of(text, k))} == decisions
     settled = recipe_from_dict({k: v for k, v in recipe.items() if k not in decisions}, base_dir=tmp_path)
     assert settled.sample_packing is False and settled.adapter == source.get("adapter", "none")
     if settled.adapter == "none":  # axolotl's full fine-tune trains the tower too

@@ -6,7 +6,6 @@ projector) for the families llama.cpp's converter maps, each read back; other fa
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import pytest
 import torch
