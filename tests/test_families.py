@@ -274,6 +274,7 @@ def test_a_family_not_in_the_table_trains_unpacked_saying_so_once(runs, caplog):
 @pytest.mark.parametrize("model_type", ROWS)
 def test_targets_and_plan(runs, model_type, capsys):
     path, _ = runs.sft(model_type)
+    capsys.readouterr()  # what training printed, when this test is the first to ask for the run
     assert cli_main(["targets", str(runs.model(model_type)), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["model_type"] == model_type and report["presets"]

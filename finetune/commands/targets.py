@@ -63,7 +63,9 @@ def build_report(args: argparse.Namespace):
 
         parts, part_of = report_parts(model, recipe)
     recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys)
-    return inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
+    report = inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
+    report.training = part_training(report, recipe)
+    return report
 
 
 def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict):
@@ -86,6 +88,30 @@ def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dic
     return report, None
 
 
+def part_training(report, recipe) -> dict[str, str]:
+    """What trains in each part of a vision-language model under the recipe: its adapter, freeze keys and targets."""
+    from finetune.model.targets import matched_groups
+
+    out = {}
+    for part, (_, frozen) in report.parts.items():
+        groups = [g for g in report.groups if g.part == part]
+        weights = sum(g.parameters for g in groups)
+        linear = sum(g.count for g in groups if g.targetable and not g.output_layer)
+        if frozen:
+            out[part] = f"frozen: no gradients, no adapters ({weights:,} weights)"
+        elif recipe is None:
+            out[part] = f"trains: in full, or adapters on its {linear} linear layers ({weights:,} weights)"
+        elif recipe.adapter == "none":
+            out[part] = f"trains in full: {weights:,} weights"
+        else:
+            adapted = [g for g in matched_groups(groups, recipe.lora_target_modules) if not g.output_layer]
+            size = sum(g.count * (report.rank * (g.in_features + g.out_features) + (g.out_features if report.dora
+                                                                                    else 0)) for g in adapted)
+            out[part] = (f"LoRA on {sum(g.count for g in adapted)} of its {linear} linear layers: {size:,} adapter "
+                         f"parameters (its {weights:,} weights frozen)")
+    return out
+
+
 def format_report(report) -> str:
     rows = [("module pattern", "class", "shape", "count", "params", "LoRA")]
     frozen = {part for part, (_, is_frozen) in report.parts.items() if is_frozen}
@@ -96,9 +122,8 @@ def format_report(report) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{report.architecture} ({report.model_type}) from {report.source}: "
              f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
-    for part, (prefixes, is_frozen) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
-        how = "frozen: no gradients, no adapters" if is_frozen else "trains: in full, or adapters on its linear layers"
-        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {how}")
+    for part, (prefixes, _) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
+        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {report.training[part]}")
     lines += [""] if report.parts else []
     lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               .rstrip() for r in rows]

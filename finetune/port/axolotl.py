@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-from finetune.port import grpo
+from finetune.port import axolotl_vision, grpo
 from finetune.port.axolotl_unhonoured import UNHONOURED
 from finetune.port import chat_templates
 from finetune.port.chat_templates import SAME_CHAT_TEMPLATES
@@ -205,6 +205,11 @@ for _key, _what in UNHONOURED.items():
     KEYS.setdefault(_key, _unhonoured(_what))
 KEYS.setdefault("mean_resizing_embeddings", AxolotlKey("not needed: finetune always starts new token rows at the "
                                                        "mean of the others"))
+
+# --- multimodal (vision-language) keys: their table and conversion are finetune/port/axolotl_vision.py ---
+for _key, _hint in axolotl_vision.HINTS.items():
+    if _key not in grpo.HINTS:  # skip_prepare_dataset: GRPO's hint says it for prompts
+        KEYS.setdefault(_key, AxolotlKey(_hint, blocks=_key in axolotl_vision.BLOCKING))
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, fsdp, grpo
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.data import DatasetSpec
@@ -209,6 +209,8 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             out.settings["datasets"] = [s for s in specs if s is not None]
         elif key in fsdp.TOP_KEYS:
             pass  # read together once the other keys are in (_fsdp_recipe)
+        elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:
+            axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
         elif key in preference.RL_KEYS and value is not None:
@@ -237,6 +239,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         else:
             out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
     _fsdp_recipe(config, out)
+    axolotl_vision.finish(config, out)  # regex LoRA targets; what trains in a vision-language model
     if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
