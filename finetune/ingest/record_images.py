@@ -48,8 +48,12 @@ class PartProblem(ValueError):
 
 
 def image_parts(record: dict) -> list[dict]:
-    """The image parts of a record, in order (every message's list content, first to last)."""
-    return [part for message in record.get("messages") or [] if isinstance(message, dict)
+    """The image parts of a record, in order (every message's list content, first to last): a chat record's
+    messages, or a preference record's prompt."""
+    messages = record.get("messages")
+    if messages is None and isinstance(record.get("prompt"), list):
+        messages = record["prompt"]
+    return [part for message in messages or [] if isinstance(message, dict)
             and isinstance(message.get("content"), list) for part in message["content"]
             if isinstance(part, dict) and part.get("type") == "image"]
 
