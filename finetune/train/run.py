@@ -52,6 +52,9 @@ def count_data(recipe, state):
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     if recipe.method == "grpo":
         from finetune.train.grpo.reward_check import check_signatures
 
@@ -71,9 +74,6 @@ def count_data(recipe, state):
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
              f"{' (cached)' if prepared.reused else ''}")
-    if stats.get("dropped_images"):  # records left out because of their images, by reason
-        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
-                                                                  stats["dropped_images"].items()))
     return tokenizer, prepared
 
 
