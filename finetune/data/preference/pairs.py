@@ -13,10 +13,16 @@ assistant turn. BOS appears once: the template writes it (the text is tokenized 
 A plain-text record is encoded as an SFT instruction is: the prompt with the tokenizer's special tokens
 (its BOS), the response without, then EOS; the model sees at inference exactly the prompt's tokens.
 
+A vision-language model (a processor): the prompt's images (ingestion keeps them in the prompt's user turns,
+never in an answer) are expanded into the family's image tokens in the prompt and in each whole, through the
+processor (finetune/data/vision/pairs.py), and the same prefix checks hold; every response token is text, so no
+image token is ever scored. An image the processor cannot use is a counted reject (`image:` + its reason).
+
 Too long (prompt + the longer response over `sequence_len`): `drop` drops the pair, `error` stops, and
 `truncate` cuts the prompt from its START (the BOS stays), never the assistant header at its end and never
-a response; a pair whose response alone leaves no room for the header is dropped. Every drop is counted
-and the first few are listed (file and record number) in the data stats.
+a response; a pair whose response alone leaves no room for the header is dropped, and a prompt with images is
+never cut (dropped: `image:too_long_with_images`). Every drop is counted and the first few are listed (file and
+record number) in the data stats.
 """
 
 from __future__ import annotations

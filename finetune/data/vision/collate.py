@@ -41,8 +41,10 @@ class Pixels:
             types = torch.tensor(self.processor.create_mm_token_type_ids(input_ids.tolist()))
             out.update({name: types for name in wanted})
         images = [self.images(parts) for parts in rows if parts]
-        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops)
-            pixels = self.processor(images=images, return_tensors="pt")
+        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops);
+            # `padding`: Gemma 3's processor writes a text of its own per row (dropped here), ragged when rows hold
+            # different numbers of images
+            pixels = self.processor(images=images, return_tensors="pt", padding=True)
             text = {"input_ids", "attention_mask", *MODALITY_INPUTS, *self.processor.tokenizer.model_input_names}
             out.update({k: v for k, v in pixels.items() if k in self.processor.model_input_names and k not in text})
         return out
