@@ -168,9 +168,8 @@ def test_image_pairs_under_a_text_model_are_one_message(root, tiny_model_dir):
         build_dataset(recipe, load_tokenizer(recipe))
 
 
-def sequence_logps_alone(model, processor, store, item: int, side: int, images: list) -> float:
-    """A response's summed log-probs from the processor's own encoding of prompt + response, one full forward."""
-    prompt, response = store.sequences(item)[side]
+def logps_alone(model, processor, prompt: list[int], response: list[int], images: list) -> float:
+    """A response's summed log-probs after its prompt, one full forward with the processor's pixels."""
     ids = torch.tensor([prompt + response])
     pixels = processor(images=[images], return_tensors="pt") if images else {}
     text = ("input_ids", "attention_mask", "token_type_ids")  # of the text Gemma 3's processor writes for the images
@@ -195,7 +194,7 @@ def test_log_probs_read_the_pixels_in_every_layout(family, root, family_dirs):
     with torch.no_grad():
         logps = response_logps(model, head, unpacked([{UNPACKED: [i]} for i in range(3)]))
         images = [[load_image(p, max_pixels=768 * 768) for p in store.images[i]] for i in range(3)]
-        alone = [sequence_logps_alone(model, processor, store, i, s, images[i]) for s in (0, 1) for i in range(3)]
+        alone = [logps_alone(model, processor, *store.sequences(i)[s], images[i]) for s in (0, 1) for i in range(3)]
         assert logps.tolist() == pytest.approx(alone, abs=1e-4)
         swapped = [list(reversed(parts)) for parts in store.images]  # pair 1 shown its two images the other way round
         store.images, original = swapped, store.images
@@ -295,3 +294,23 @@ def test_the_reference_key_holds_the_processor_settings_and_the_image_bytes(root
         assert reference_for(recipe, prepared, "fp32", None)[1] != path
     finally:
         image.write_bytes(saved)
+
+
+def test_kto_scores_each_mismatched_completion_after_its_own_prompt_and_images(root, family_dirs):
+    """KTO's KL batch: each example's prompt, with that prompt's images, then its partner's completion."""
+    from finetune.data.preference.rows import UNPACKED
+    from finetune.data.vision.images import load_image
+    from finetune.model.sequence_logps import response_logps
+
+    model_dir = family_dirs("llava")[1]
+    _, prepared, processor = prepare(root, model_dir, method="kto")
+    store, model = prepared.store, load(model_dir).eval()
+    items = range(len(store))  # every pair is two examples: chosen desirable, rejected undesirable
+    batch = collator(prepared, processor)([{UNPACKED: [i]} for i in items])
+    assert "pixel_values" in batch["kl"]["vision_inputs"]
+    with torch.no_grad():
+        kl = response_logps(model, model.get_output_embeddings(), batch["kl"])
+        alone = [logps_alone(model, processor, *store.kl_sequences(i)[0],
+                             [load_image(p, max_pixels=768 * 768) for p in store.images[i]]) for i in items]
+    assert any(store.images[i] != store.images[store.kl_partner[i]] for i in items)  # the partner's images differ
+    assert kl.tolist() == pytest.approx(alone, abs=1e-4)
