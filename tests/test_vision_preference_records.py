@@ -13,16 +13,8 @@ import pytest
 from finetune.errors import DataError
 from finetune.ingest.preference import RecordProblem, canonical
 from finetune.ingest.records import read_records
-from test_image_records import ASK, BLUE, RED, png
+from test_image_records import ASK, BLUE, RED, folder, png  # noqa: F401 (folder: the images beside the data)
 from tests.conftest import write_jsonl
-
-
-@pytest.fixture
-def folder(tmp_path) -> Path:
-    (tmp_path / "images").mkdir()
-    (tmp_path / "images" / "red.png").write_bytes(png(RED))
-    (tmp_path / "images" / "blue.png").write_bytes(png(BLUE))
-    return tmp_path
 
 
 def read_canonical(folder: Path, method: str = "dpo", **dataset) -> tuple[list[dict], dict]:

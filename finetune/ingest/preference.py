@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from finetune.contract import alpaca_prompt
-from finetune.ingest.record_images import PartProblem, Store, canonical_images
+from finetune.ingest.record_images import PartProblem, Store, image_parts, prompt_images
 
 PREFERENCE_SHAPES = ("preference", "unpaired")
 SIDES = {"preference": ("prompt", "chosen", "rejected"), "unpaired": ("prompt", "completion")}
@@ -276,8 +276,7 @@ def _placed(out: dict, listed: object, source: ImageSource | None, answers: tupl
     column). Raises RecordProblem, or ImageRejected (a bad count of placeholders, a URL, bytes the store cannot
     read)."""
     out = {**out, **{key: _answer(out[key], key) for key in answers}}
-    prompt = out["prompt"]
-    given = listed is not None and listed != []
+    prompt, given = out["prompt"], listed is not None and listed != []
     if isinstance(prompt, str):
         if given:
             raise RecordProblem('a record with "images" needs a conversational prompt (a list of messages) to show '
@@ -285,20 +284,15 @@ def _placed(out: dict, listed: object, source: ImageSource | None, answers: tupl
         return out
     if listed is None and not any(isinstance(m["content"], list) for m in prompt):
         return out
-    if source is None:
-        if given or _image_parts(prompt):
+    if source is None:  # text parts only: joined back into each message's string
+        if given or image_parts({"prompt": prompt}):
             raise RecordProblem("a preference record with images: the cleaning steps (`type: records`) read text "
                                 "only; list the file as a records dataset (`type: auto`), which reads its images")
-        source, listed = ImageSource(Path(".")), None  # text parts only: joined back into each message's string
+        source, listed = ImageSource(Path(".")), None
     try:
-        prompt = canonical_images({"messages": prompt}, listed, source.base_dir, source.store)["messages"]
+        return {**out, "prompt": prompt_images(prompt, listed, source.base_dir, source.store)}
     except PartProblem as problem:
-        raise RecordProblem(f"prompt: {str(problem).replace('messages[', 'prompt[')}") from None
-    for i, message in enumerate(prompt):
-        if message["role"] != "user" and _image_parts([message]):
-            raise RecordProblem(f"prompt[{i}] is {_a(message['role'])} message with an image: images go in the user "
-                                "turns the answers reply to")
-    return {**out, "prompt": prompt}
+        raise RecordProblem(str(problem)) from None
 
 
 def _answer(side: str | list[dict], key: str) -> str | list[dict]:
@@ -318,11 +312,6 @@ def _answer(side: str | list[dict], key: str) -> str | list[dict]:
     return out
 
 
-def _image_parts(messages: list[dict]) -> list[dict]:
-    return [p for m in messages if isinstance(m["content"], list) for p in m["content"]
-            if isinstance(p, dict) and p.get("type") in ("image", "image_url")]
-
-
 def _text(content: str | list[dict]) -> str:
     """A message's text: the string, or its text parts joined."""
     return content if isinstance(content, str) else "".join(p.get("text", "") for p in content
@@ -337,7 +326,7 @@ def _check_prompt(prompt: str | list[dict]) -> None:
     if not prompt:
         raise RecordProblem('the prompt is empty: it needs at least one user message', "empty_side")
     for i, message in enumerate(prompt):
-        if not _text(message["content"]).strip() and not _image_parts([message]):
+        if not _text(message["content"]).strip() and not isinstance(message["content"], list):
             raise RecordProblem(f"prompt message {i} ({message['role']}) is empty", "empty_side")
     if prompt[-1]["role"] != "user":
         raise RecordProblem(f"the prompt ends with {_a(prompt[-1]['role'])} message; it must end with the user turn "

@@ -94,6 +94,21 @@ def canonical_images(record: dict, images: object, base_dir: Path, store: Store 
     return {**record, "messages": out}
 
 
+def prompt_images(prompt: list[dict], images: object, base_dir: Path, store: Store | None = None) -> list[dict]:
+    """A preference record's prompt messages with their images placed and canonical, as a chat record's are
+    (`images`: the record's `images` column). An image belongs to a user turn. Raises ImageRejected or PartProblem."""
+    try:
+        prompt = canonical_images({"messages": prompt}, images, base_dir, store)["messages"]
+    except PartProblem as problem:
+        raise PartProblem(f"prompt: {str(problem).replace('messages[', 'prompt[')}") from None
+    for i, message in enumerate(prompt):
+        if message.get("role") != "user" and image_parts({"messages": [message]}):
+            raise PartProblem(f"prompt[{i}] is {'an' if message.get('role') == 'assistant' else 'a'} "
+                              f"{message.get('role')} message with an image: images go in the user turns the answers "
+                              "reply to")
+    return prompt
+
+
 def _parts(messages: list) -> list:
     return [p for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list) for p in m["content"]]
 
