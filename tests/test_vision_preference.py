@@ -294,6 +294,12 @@ def test_the_reference_key_holds_the_processor_settings_and_the_image_bytes(root
         assert reference_for(recipe, prepared, "fp32", None)[1] != path
     finally:
         image.write_bytes(saved)
+    from finetune.data.vision.images import images_digest
+
+    # an image in the records cache's store is named by its bytes' sha256: its name is its hash, the file not read
+    stored = {"type": "image", "path": str(root / "cache" / "ingested" / "images" / f"{'ab' * 32}.png")}
+    assert images_digest([[stored]]) != images_digest([[{**stored, "path": stored["path"].replace("ab", "cd")}]])
+    assert images_digest([[{**stored, "path": str(image)}]]) != images_digest([[stored]])
 
 
 def test_kto_scores_each_mismatched_completion_after_its_own_prompt_and_images(root, family_dirs):

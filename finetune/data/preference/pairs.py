@@ -78,7 +78,7 @@ class Renderer:
     def header_tokens(self) -> int:
         """Tokens of the assistant header the template adds as the generation prompt (0 for plain text)."""
         if self._header is None:
-            probe = [{"role": "user", "content": "x"}]
+            probe = [{"role": "user", "content": "x" if self.images is None else [{"type": "text", "text": "x"}]}]
             header = _render(self.tokenizer, probe, True)[len(_render(self.tokenizer, probe, False)):]
             self._header = len(self.tokenizer(header, add_special_tokens=False)["input_ids"])
         return self._header

@@ -98,7 +98,8 @@ def budget_size(width: int, height: int, max_pixels: int | None, min_pixels: int
 
 def images_digest(items: list[list[dict]]) -> str:
     """One hash over the bytes of every item's images, in order: what a cache of numbers computed from the images
-    (the preference reference log-probs) keys on, since an image edited in place keeps its path."""
+    (the preference reference log-probs) keys on, since an image edited in place keeps its path. An image in the
+    records cache is named by its bytes' sha256 already (finetune/ingest/record_images.py image_store): not read."""
     import hashlib
 
     digest, known = hashlib.sha256(), {}
@@ -106,10 +107,24 @@ def images_digest(items: list[list[dict]]) -> str:
         for part in parts:
             where = part.get("path") or hashlib.sha256(part.get("base64", "").encode()).hexdigest()
             if where not in known:
-                try:
-                    known[where] = hashlib.sha256(image_bytes(part)).hexdigest()
-                except ImageRejected as rejected:  # the batch that needs it says so; here it only changes the key
-                    known[where] = rejected.reason
+                known[where] = _stored_name(part) or _bytes_hash(part)
             digest.update(known[where].encode())
         digest.update(b"\n")
     return digest.hexdigest()
+
+
+def _stored_name(part: dict) -> str | None:
+    """The sha256 an image in the records cache's store is named by (cache_dir/ingested/images/<sha256>.<format>)."""
+    from pathlib import Path
+
+    path = Path(part.get("path") or "")
+    return path.stem if path.parent.parts[-2:] == ("ingested", "images") and len(path.stem) == 64 else None
+
+
+def _bytes_hash(part: dict) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(image_bytes(part)).hexdigest()
+    except ImageRejected as rejected:  # the batch that needs it says so; here it only changes the key
+        return rejected.reason
