@@ -108,7 +108,8 @@ def canonical_unpaired(record: dict, images: ImageSource | None = None) -> dict:
 
 def texts(record: dict, shape: str, taught_only: bool = False) -> list[str]:
     """The strings of a canonical record, in a fixed order; with `taught_only`, only those training would
-    teach: a pair's chosen answer, an unpaired completion labelled true (never a rejected answer)."""
+    teach: a pair's chosen answer, an unpaired completion labelled true (never a rejected answer). For the cleaning
+    steps, which read records without images (canonical() refuses those without an ImageSource)."""
     return [t for key in _keys(record, shape, taught_only) for t in _side_texts(record[key])]
 
 
@@ -121,9 +122,7 @@ def map_texts(record: dict, shape: str, fn, taught_only: bool = False) -> dict:
         if isinstance(value, str):
             out[key] = _keep_edges(fn, value)
         else:
-            out[key] = [{**m, "content": fn(m["content"]) if isinstance(m["content"], str) else
-                         [{**p, "text": fn(p["text"])} if p["type"] == "text" else p for p in m["content"]]}
-                        for m in value]
+            out[key] = [{**m, "content": fn(m["content"])} for m in value]
     return out
 
 
@@ -356,19 +355,11 @@ def _comparable(side: str | list[dict]) -> tuple:
 
 
 def _side_key(side: str | list[dict]) -> str:
-    return side if isinstance(side, str) else "\n".join(f"{m['role']}: {_content_key(m['content'])}" for m in side)
-
-
-def _content_key(content: str | list[dict]) -> str:
-    """A message's content as one string: its text, each image as where it is read from."""
-    if isinstance(content, str):
-        return content
-    return "".join(p["text"] if p["type"] == "text" else f"<image {p.get('path') or p.get('base64', '')[:64]}>"
-                   for p in content)
+    return side if isinstance(side, str) else "\n".join(f"{m['role']}: {m['content']}" for m in side)
 
 
 def _side_texts(side: str | list[dict]) -> list[str]:
-    return [side] if isinstance(side, str) else [_text(m["content"]) for m in side]
+    return [side] if isinstance(side, str) else [m["content"] for m in side]
 
 
 def _keys(record: dict, shape: str, taught_only: bool) -> tuple[str, ...]:
