@@ -58,6 +58,7 @@ def test_port_of_an_axolotl_example_validates_and_accounts_for_every_key(name, t
     else:
         assert loaded.lora_target_modules == source["lora_target_modules"]
     assert loaded.gradient_checkpointing == ("full" if source["gradient_checkpointing"] else "off")
+    assert loaded.lora_target_parameters == source.get("lora_target_parameters")  # MoE experts: the same key
     assert loaded.load_in_4bit == bool(source.get("load_in_4bit"))
 
 

@@ -64,6 +64,8 @@ _WANDB_ENV = "not in finetune: wandb reads it from the environment (WANDB_ENTITY
              "WANDB_LOG_MODEL, WANDB_RUN_ID, WANDB_MODE)"
 _NO_HUB = ("not in finetune: it never uploads; push output_dir yourself (`huggingface-cli upload REPO output_dir`)")
 _ATTN = "write `attn_implementation: {}`"
+_MOE_KERNEL = ("not needed: a faster kernel for the mixture-of-experts layers, same math; finetune runs transformers' "
+               "own experts implementation (grouped matmuls on a GPU)")
 
 KEYS: dict[str, AxolotlKey] = {
     # --- precision ---
@@ -101,6 +103,14 @@ KEYS: dict[str, AxolotlKey] = {
     # peft_use_dora, peft_use_rslora, peft_init_lora_weights, loraplus_lr_ratio, loraplus_lr_embedding: same name,
     # same meaning (recipe/adapter.py; docs/lora.md)
     "lora_on_cpu": AxolotlKey("not in finetune"),
+    # --- mixture-of-experts (lora_target_parameters: same name, same meaning; docs/moe.md) ---
+    "use_scattermoe": AxolotlKey(_MOE_KERNEL),
+    "use_sonicmoe": AxolotlKey(_MOE_KERNEL),
+    "experts_implementation": AxolotlKey(_MOE_KERNEL),
+    "expert_parallel_size": AxolotlKey("not in finetune: expert parallelism; every process holds every expert "
+                                       "(DeepSpeed ZeRO-3 shards them, each MoE block gathered whole)"),
+    "quantize_moe_experts": AxolotlKey("not in finetune: under `adapter: qlora` the fused 3-D expert weights stay "
+                                       "in bf16 (bitsandbytes quantizes Linear layers only)"),
     # --- model and tokenizer loading ---
     "model_type": AxolotlKey(_NO_TYPES),
     "tokenizer_type": AxolotlKey(_NO_TYPES),
