@@ -280,7 +280,7 @@ def test_the_reference_key_holds_the_processor_settings_and_the_image_bytes(root
 
     model = family_dirs("llava")[0]
     recipe, prepared, _ = prepare(root, model)
-    _, path = reference_for(recipe, prepared, "fp32", None)
+    _, path, _ = reference_for(recipe, prepared, "fp32", None)
     assert reference_for(recipe, prepare(root, model)[1], "fp32", None)[1] == path  # the same data: the same table
     smaller = prepare(root, model, image_max_pixels=16 * 16)
     assert reference_for(smaller[0], smaller[1], "fp32", None)[1] != path  # the processor's share of the key
