@@ -72,16 +72,16 @@ def test_image_records_under_a_text_model_are_one_message(folder, tmp_path, tiny
         prepared(folder, tmp_path, tiny_model_dir)
 
 
-@pytest.mark.parametrize("method", ["dpo", "grpo"])
-def test_methods_beyond_sft_are_refused_with_one_message_naming_what_works(folder, tmp_path, method):
+def test_grpo_is_refused_with_one_message_naming_what_works(folder, tmp_path):
+    """Preference methods train a vision-language model (tests/test_vision_preference.py); GRPO does not."""
     from finetune.errors import DataError
 
     (tmp_path / "rewards.py").write_text("def short(completions, **kwargs):\n    return [0.0] * len(completions)\n")
     grpo = {"rewards": [{"function": str(tmp_path / "rewards.py") + ":short"}], "num_generations": 2,
             "micro_batch_size": 2}
-    with pytest.raises(DataError, match=f"`method: {method}` with a vision-language base model.*`method: sft`"):
-        prepared(folder, tmp_path, tiny_vlm("llava", folder), data_type=None, method=method,
-                 **(grpo if method == "grpo" else {}))
+    with pytest.raises(DataError, match="`method: grpo` with a vision-language base model.*`method: sft`.*`method: "
+                                        "dpo`"):
+        prepared(folder, tmp_path, tiny_vlm("llava", folder), data_type=None, method="grpo", **grpo)
 
 
 def test_preprocess_show_marks_image_tokens_and_supervised_ones(folder, tmp_path, capsys):

@@ -242,7 +242,7 @@ def build_dataset(recipe, tokenizer, processor=None) -> Prepared:
 
     check_vision_method(recipe, processor)
     if is_preference(recipe):
-        return build_preference_dataset(recipe, tokenizer)
+        return build_preference_dataset(recipe, tokenizer, processor)
     if is_grpo(recipe):
         return build_prompt_dataset(recipe, tokenizer)
     files, prepared = cache_entry(recipe, tokenizer, processor)
@@ -289,17 +289,21 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
     return prepared
 
 
-def build_preference_dataset(recipe, tokenizer) -> Prepared:
+def build_preference_dataset(recipe, tokenizer, processor=None) -> Prepared:
     """Preference methods: tokenized pairs (KTO: unpaired examples), cached like SFT examples; the Trainer's
-    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py)."""
+    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py). `processor`: a
+    vision-language model's, which expands the prompts' images (finetune/data/vision/pairs.py)."""
     from datasets import DatasetDict
 
     from finetune.data.preference.pairs import item_stats, to_dataset, tokenize_preferences
+    from finetune.data.vision import image_stats
 
-    files, prepared = cache_entry(recipe, tokenizer)
+    files, prepared = cache_entry(recipe, tokenizer, processor)
+    prepared.processor = processor
     if prepared.reused:
         return preference_prepared(recipe, prepared)
-    items, outcome = tokenize_preferences(recipe, tokenizer, files)
+    items, outcome = tokenize_preferences(recipe, tokenizer, files, processor=processor)
+    vision = processor is not None
     train, held = split(items, recipe)
     stats = {
         "records": outcome.get("records", 0),
@@ -308,10 +312,11 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
-        "train": item_stats(train),
-        "eval": item_stats(held),
+        "train": item_stats(train, vision),
+        "eval": item_stats(held, vision),
+        **image_stats(Counter(outcome), vision),
     }
-    dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
+    dd = DatasetDict({"train": to_dataset(train, vision), **({"eval": to_dataset(held, vision)} if held else {})})
     return preference_prepared(recipe, store_entry(prepared, dd, stats))
 
 

@@ -1,7 +1,8 @@
 """Images in the data stage: a chat record's image parts become image tokens in its row (encode.py), pixels in its
 batch (collate.py); images.py decodes one image (ingestion checked it at read time: finetune/ingest/images.py).
 What the data stage asks of them is here: which encoder a recipe's chats take, the counted rejects, the cache
-key's share, the methods a vision-language model does not train yet.
+key's share, the method a vision-language model does not train (GRPO). A preference pair's images are its prompt's
+(pairs.py: the prompt and its responses expanded by the processor).
 
 A vision-language model's rows carry an `images` column (each row's image parts, JSON); its stats count image
 tokens apart from supervised ones, and `dropped_images` counts the records left out, by reason.
@@ -65,13 +66,9 @@ def processor_fingerprint(processor) -> str:
 
 def check_vision_method(recipe, processor) -> None:
     """What a vision-language model does not train yet, refused before any tokenizing."""
-    if processor is None:
-        return
-    if recipe.method == "grpo":
-        raise DataError("`method: grpo` with a vision-language base model is not supported yet: its rollouts would "
-                        "generate from image prompts, and the generation and scoring rows carry no pixels. `method: "
-                        "sft` trains a vision-language model (docs/vision.md)")
-    if recipe.method != "sft":
-        raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet: preference "
-                        "records with image parts are not read, and pair batches carry no pixels. `method: sft` "
-                        "trains a vision-language model (docs/vision.md)")
+    if processor is not None and recipe.method == "grpo":
+        raise DataError("`method: grpo` with a vision-language base model is not supported: its rollouts would "
+                        "generate from image prompts, and the generation and scoring rows carry no pixels. A "
+                        "vision-language model trains with `method: sft` on chat records, and with `method: dpo` "
+                        "(or ipo, orpo, simpo, kto) on preference records whose prompts hold the images "
+                        "(docs/vision.md)")
