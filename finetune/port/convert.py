@@ -16,6 +16,7 @@ from finetune.errors import FinetuneError
 from finetune.port import axolotl, fsdp, grpo
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
+from finetune.recipe.axolotl import keys as axolotl_keys
 from finetune.recipe.data import DatasetSpec
 from finetune.recipe.methods import METHOD_SETTINGS
 from finetune.recipe.training import OPTIMIZERS
@@ -75,11 +76,11 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     """A key both tools have: the value as finetune spells it, with a comment when it changed or cannot port."""
     note, ported = "", value
     if key == "chat_template":
-        ported, note = axolotl.chat_template(value)
+        ported, note = axolotl_keys.chat_template(value)
     elif key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
-        ported, note = axolotl.gradient_checkpointing(value)
+        ported, note = axolotl_keys.gradient_checkpointing(value)
     elif key == "optimizer" and value not in OPTIMIZERS:
         return out.drop(key, value, f"not in finetune; it has {', '.join(OPTIMIZERS)} (default adamw_torch)")
     elif key in ("lr_scheduler", "attn_implementation"):
@@ -107,7 +108,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
             out.note("datasets", f"{where}.path: `{value}` -> `{records.path}`: the records once converted (see "
                      "BEFORE TRAINING)")
         elif key == "type":
-            ported, note = axolotl.dataset_type(value)
+            ported, note = axolotl_keys.dataset_type(value)
             if ported:
                 result["type"] = ported
                 if ported != value:
@@ -130,8 +131,8 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
                      f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
             out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
-        elif key in axolotl.DATASET_KEYS:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+        elif key in axolotl_keys.DATASET_KEYS:
+            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl_keys.DATASET_KEYS[key].hint}")
         elif key in _DATASET_KEYS:
             result[key] = value
         else:
@@ -177,7 +178,7 @@ def _preference_type(where: str, spec: dict, records: preference_records.Dataset
 
 def port_axolotl(config: dict, source_dir) -> Ported:
     """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: gdpo...)."""
-    for key, why in axolotl.UNPORTABLE.items():
+    for key, why in axolotl_keys.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
     rl = config.get("rl")
@@ -200,10 +201,10 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             _rl_key(key, value, rl_ports.get(key), out)
         elif rl and key in axolotl.RL_DIFFERENT and value is not None:
             _under_rl(key, value, out)
-        elif key in axolotl.KEYS and axolotl.KEYS[key].blocks and value not in (None, False, [], ""):
-            out.block(key, value, axolotl.KEYS[key].hint)
-        elif key in axolotl.KEYS:
-            entry = axolotl.KEYS[key]
+        elif key in axolotl_keys.KEYS and axolotl_keys.KEYS[key].blocks and value not in (None, False, [], ""):
+            out.block(key, value, axolotl_keys.KEYS[key].hint)
+        elif key in axolotl_keys.KEYS:
+            entry = axolotl_keys.KEYS[key]
             settings = entry.convert(value, config) if entry.convert and value is not None else {}
             if not settings:
                 out.drop(key, value, _EMPTY if value is None else "dropped, " + entry.hint)
