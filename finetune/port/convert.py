@@ -122,7 +122,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
                 out.hub_paths.append(value)
                 out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id: finetune loads it "
                          "from the hub with `datasets` when training; where the hub cannot be reached, download it "
-                         f"(huggingface-cli download --repo-type dataset {value} --local-dir data/) and point `path` "
+                         f"(hf download --repo-type dataset {value} --local-dir data/) and point `path` "
                          "at the folder")
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)

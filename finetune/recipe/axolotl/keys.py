@@ -58,7 +58,7 @@ _KERNEL = ("not needed: axolotl's fused Triton LoRA kernels are a speed option w
            "peft's LoRA layers")
 _WANDB_ENV = "not in finetune: wandb reads it from the environment (WANDB_ENTITY, WANDB_NAME, WANDB_WATCH, " \
              "WANDB_LOG_MODEL, WANDB_RUN_ID, WANDB_MODE)"
-_NO_HUB = ("not in finetune: it never uploads; push output_dir yourself (`huggingface-cli upload REPO output_dir`)")
+_NO_HUB = ("not in finetune: it never uploads; push output_dir yourself (`hf upload REPO output_dir`)")
 _ATTN = "write `attn_implementation: {}`"
 
 KEYS: dict[str, AxolotlKey] = {
