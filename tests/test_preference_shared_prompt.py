@@ -219,3 +219,37 @@ def test_sharing_only_where_the_attention_path_can_express_it(tmp_path, tiny_mod
         assert record["preference"]["shared_prompt"] is expected
         in_rows, counted = record["preference"]["train_tokens_in_rows"], record["data"]["train"]["tokens"]
         assert in_rows < counted if expected else in_rows == counted
+
+
+def test_a_flattened_micro_batch_scores_the_same_without_its_padding(setup):
+    """On the per-example path a micro batch of packed rows is one row (finetune/train/run.py): the rows' padding
+    to the longest went through every layer (docs/performance.md, DPO memory)."""
+    from finetune.model.sequence_logps import response_logps
+
+    store, _, shared, rows, model = setup
+    flat = dataclasses.replace(shared, flatten=True)
+    head = model.get_output_embeddings()
+    model.eval()
+    padded, flattened = shared(rows), flat(rows)
+    assert flattened["input_ids"].shape[0] == 1 and int((flattened["sequence_index"] < 0).sum()) == 0
+    assert flattened["input_ids"].numel() == int((padded["sequence_index"] >= 0).sum())  # the real tokens only
+    with torch.no_grad():
+        assert torch.allclose(response_logps(model, head, flattened), response_logps(model, head, padded),
+                              rtol=0, atol=TOLERANCE)
+
+
+def test_a_packed_preference_run_on_cpu_trains_on_flattened_micro_batches(tmp_path, tiny_model_dir):
+    from transformers import TrainerCallback
+
+    from finetune.train.run import run_training
+
+    seen = []
+
+    class FirstBatch(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+            seen.append(next(iter(train_dataloader)))
+
+    run_training(dpo_recipe(tmp_path, tiny_model_dir, n=12, val_set_size=0, max_steps=1, sample_packing=True,
+                            micro_batch_size=2), extra_callbacks=[FirstBatch()])
+    batch = seen[0]
+    assert batch["input_ids"].shape[0] == 1 and int((batch["sequence_index"] < 0).sum()) == 0

@@ -177,7 +177,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
+        # and on that path a micro batch of packed rows is one row: no padding to its longest row (padding went
+        # through every layer: a third of a SmolLM2 DPO step's activation memory, docs/performance.md)
+        collator = preference_collator(store, pad_id, collator.flatten or varlen, branches=varlen)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
