@@ -41,16 +41,20 @@ SEQUENCE_LEN, MICRO_BATCH = 1024, 2  # finetune: rows of 2 x sequence_len, two r
 
 
 class Sampler:
-    """Peak VmRSS per phase, sampled every 10 ms (ru_maxrss gives the whole process's peak only)."""
+    """Peak VmRSS per phase, sampled every 10 ms (ru_maxrss gives the whole process's peak only). Over `limit_mib`
+    the process stops (exit 3): the machine is shared, and a side that outgrows it would take others down."""
 
-    def __init__(self):
-        self.phase, self.peaks, self._stop = "start", {}, threading.Event()
+    def __init__(self, limit_mib: float):
+        self.phase, self.peaks, self._stop, self.limit = "start", {}, threading.Event(), limit_mib
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
         while not self._stop.is_set():
             rss = _rss_mib()
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), rss)
+            if rss > self.limit:
+                print(f"over the limit: {rss / 1024:.1f} GiB in phase {self.phase!r} (--max-rss-gib)", file=sys.stderr)
+                os._exit(3)
             time.sleep(0.01)
 
     def set(self, phase: str) -> None:
@@ -130,11 +134,11 @@ def worker_finetune(args, sampler) -> dict:
 
 def trl_slots(tokenizer, records, batch: int, shuffles: int = 200) -> float:
     """Mean token slots of TRL's micro batch of `batch` pairs: 2 x batch x the batch's longest prompt + response."""
-    lengths = []
-    for r in records:
-        prompt = tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True)
-        ids = lambda m: tokenizer.apply_chat_template(r["prompt"] + m, tokenize=True)  # noqa: E731
-        lengths.append(max(len(ids(r["chosen"])), len(ids(r["rejected"]))) if prompt is not None else 0)
+    def length(messages) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    lengths = [max(length(r["prompt"] + r["chosen"]), length(r["prompt"] + r["rejected"])) for r in records]
     rng, slots = random.Random(0), []
     for _ in range(shuffles):
         order = lengths[:]
@@ -188,7 +192,7 @@ def run_side(side: str, args, model_path: str, data: Path, trl_batch: int) -> di
     out = work / "result.json"
     cmd = [sys.executable, __file__, "--worker", side, "--model-path", model_path, "--data", str(data),
            "--work", str(work), "--cache-dir", args.cache_dir, "--result", str(out), "--steps", str(args.steps),
-           "--trl-batch", str(trl_batch)]
+           "--trl-batch", str(trl_batch), "--max-rss-gib", str(args.max_rss_gib)]
     env = dict(os.environ, HF_DATASETS_CACHE=str(work / "hf-datasets"))
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -216,6 +220,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--trl-batch", type=int, default=0, help="TRL's pairs a micro batch (0: matched in tokens)")
     parser.add_argument("--sides", default="finetune,trl")
+    parser.add_argument("--max-rss-gib", type=float, default=15.0, help="stop a side whose resident size passes this")
     parser.add_argument("--cache-dir", default=os.environ.get("FINETUNE_CACHE_DIR")
                         or os.path.expanduser("~/.cache/finetune"))
     parser.add_argument("--worker", choices=["finetune", "trl"])
@@ -226,7 +231,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        sampler = Sampler()
+        sampler = Sampler(args.max_rss_gib * 1024)
         result = {"finetune": worker_finetune, "trl": worker_trl}[args.worker](args, sampler)
         result["phases_mib"] = sampler.stop()
         result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -63,6 +63,24 @@ def save_new_token_rows_only(peft_model) -> None:
     peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)
 
 
+def replace_lora_dropout(model, make) -> int:
+    """Replace each LoRA layer's `nn.Dropout` by `make(dropout)`; returns the count. peft 0.21 keeps a layer's
+    dropout per adapter in the ModuleDict `lora_dropout` (nn.Identity when p is 0: left as it is) and calls it on
+    the layer's input before lora_A; DoRA's variant calls the same module."""
+    import torch
+
+    swapped = 0
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if not isinstance(dropouts, torch.nn.ModuleDict):
+            continue
+        for name, dropout in list(dropouts.items()):
+            if type(dropout) is torch.nn.Dropout:
+                dropouts[name] = make(dropout)
+                swapped += 1
+    return swapped
+
+
 # --- torch.nn.Module instances (any library's) ---------------------------------------------------------
 
 def replace_forward(module, forward) -> None:

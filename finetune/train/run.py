@@ -168,6 +168,10 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
+    if device.type == "cpu":  # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes
+        from finetune.model.mask_dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
