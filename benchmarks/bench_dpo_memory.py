@@ -14,7 +14,7 @@ sampler thread's peak per phase (before training: load, tokenization, probes; th
 a difference can be placed. Memory does not depend on the machine's load; run with OMP_NUM_THREADS=2 (threads
 keep per-thread buffers) and nothing else large running.
 
-Run: python benchmarks/bench_dpo_memory.py [--steps 2] [--trl-batch B] [--sides finetune,trl]
+Run: python benchmarks/bench_dpo_memory.py [--steps 2] [--micro-batch 2] [--trl-batch B] [--sides finetune,trl]
 Needs: pip install 'finetune[bench]' (trl).
 """
 
@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dpo_vs_trl import HYPER, make_pairs  # noqa: E402  (the same pairs and hyper-parameters)
+from bench_dpo_vs_trl import HYPER, finetune_recipe, make_pairs  # noqa: E402  (the same pairs and settings)
 from bench_train_vs_trl import model_path_for  # noqa: E402
 
 SEQUENCE_LEN, MICRO_BATCH = 1024, 2  # finetune: rows of 2 x sequence_len, two rows a micro batch
@@ -61,6 +61,20 @@ class Sampler:
         rss = _rss_mib()
         self.peaks[self.phase] = max(self.peaks.get(self.phase, 0.0), rss)
         self.phase = phase
+
+    def phase_of(self, cls, method: str, phase: str) -> None:
+        """Instrumentation only: `cls.method` runs as its own phase."""
+        original = getattr(cls, method)
+
+        def wrapped(obj, *args, **kwargs):
+            before = self.phase
+            self.set(phase)
+            try:
+                return original(obj, *args, **kwargs)
+            finally:
+                self.set(before)
+
+        setattr(cls, method, wrapped)
 
     def stop(self) -> dict:
         self._stop.set()
@@ -97,39 +111,19 @@ def worker_finetune(args, sampler) -> dict:
     from finetune.train.preference import trainer as preference_trainer
 
     work = Path(args.work)
-    recipe = {
-        "base_model": args.model_path, "method": "dpo", "rl_beta": HYPER["beta"],
-        "adapter": "lora", "lora_r": HYPER["lora_r"], "lora_alpha": HYPER["lora_alpha"],
-        "lora_dropout": HYPER["lora_dropout"], "lora_target_modules": "all-linear",
-        "datasets": [{"path": args.data, "type": "preference"}], "sequence_len": SEQUENCE_LEN,
-        "sample_packing": True, "micro_batch_size": MICRO_BATCH, "gradient_accumulation_steps": 1,
-        "max_steps": args.steps, "learning_rate": HYPER["lr"], "lr_scheduler": "cosine", "warmup_steps": 0,
-        "seed": HYPER["seed"], "precision": "fp32", "attn_implementation": "sdpa", "gradient_checkpointing": "off",
-        "logging_steps": 1, "report_to": ["none"], "output_dir": str(work / "out"),
-        "dataset_prepared_path": str(work / "prepared"), "cache_dir": args.cache_dir,
-    }
+    recipe = finetune_recipe(args, work, sequence_len=SEQUENCE_LEN, micro_batch_size=args.micro_batch,
+                             max_steps=args.steps, gradient_checkpointing="off")
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
     loaded = load_recipe(work / "recipe.yml")
     skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does
-    reference = preference_trainer.PreferenceTrainer._reference_table if hasattr(
-        preference_trainer.PreferenceTrainer, "_reference_table") else None
-    if reference is not None:  # instrumentation only: the reference pass is its own phase
-        def timed(self, *a, **kw):
-            before = sampler.phase
-            sampler.set("reference pass")
-            try:
-                return reference(self, *a, **kw)
-            finally:
-                sampler.set(before)
-
-        preference_trainer.PreferenceTrainer._reference_table = timed
+    sampler.phase_of(preference_trainer.PreferenceTrainer, "_reference_table", "reference pass")
     summary = run_training(loaded, extra_callbacks=[_phase_callback(sampler)])
     run = json.loads((work / "out" / "run.json").read_text())
     packing = summary["data"].get("packing", {}).get("train", {})
     return {"steps": summary["steps"], "rows": packing.get("rows"), "pairs": packing.get("examples"),
             "tokens": run["preference"]["train_tokens_in_rows"],
             "tokens_per_micro_batch": run["preference"]["train_tokens_in_rows"] / max(1, (packing.get("rows") or 1))
-            * MICRO_BATCH, "losses": [e["loss"] for e in summary["log_history"] if "loss" in e]}
+            * args.micro_batch, "losses": [e["loss"] for e in summary["log_history"] if "loss" in e]}
 
 
 def trl_slots(tokenizer, records, batch: int, shuffles: int = 200) -> float:
@@ -153,17 +147,7 @@ def worker_trl(args, sampler) -> dict:
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    precompute = DPOTrainer._precompute_ref_logps
-
-    def timed_precompute(self, *a, **kw):  # instrumentation only: the reference pass is its own phase
-        before = sampler.phase
-        sampler.set("reference pass")
-        try:
-            return precompute(self, *a, **kw)
-        finally:
-            sampler.set(before)
-
-    DPOTrainer._precompute_ref_logps = timed_precompute
+    sampler.phase_of(DPOTrainer, "_precompute_ref_logps", "reference pass")
     tokenizer = AutoTokenizer.from_pretrained(args.model_path)
     records = [json.loads(line) for line in Path(args.data).read_text().splitlines()]
     config = DPOConfig(
@@ -192,7 +176,8 @@ def run_side(side: str, args, model_path: str, data: Path, trl_batch: int) -> di
     out = work / "result.json"
     cmd = [sys.executable, __file__, "--worker", side, "--model-path", model_path, "--data", str(data),
            "--work", str(work), "--cache-dir", args.cache_dir, "--result", str(out), "--steps", str(args.steps),
-           "--trl-batch", str(trl_batch), "--max-rss-gib", str(args.max_rss_gib)]
+           "--trl-batch", str(trl_batch), "--max-rss-gib", str(args.max_rss_gib),
+           "--micro-batch", str(args.micro_batch)]
     env = dict(os.environ, HF_DATASETS_CACHE=str(work / "hf-datasets"))
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -218,16 +203,14 @@ def matched_trl_batch(model_path: str, data: Path, finetune_tokens: float) -> in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="finetune's packed rows a micro batch")
     parser.add_argument("--trl-batch", type=int, default=0, help="TRL's pairs a micro batch (0: matched in tokens)")
     parser.add_argument("--sides", default="finetune,trl")
     parser.add_argument("--max-rss-gib", type=float, default=15.0, help="stop a side whose resident size passes this")
     parser.add_argument("--cache-dir", default=os.environ.get("FINETUNE_CACHE_DIR")
                         or os.path.expanduser("~/.cache/finetune"))
-    parser.add_argument("--worker", choices=["finetune", "trl"])
-    parser.add_argument("--model-path")
-    parser.add_argument("--data")
-    parser.add_argument("--work")
-    parser.add_argument("--result")
+    for name in ("--worker", "--model-path", "--data", "--work", "--result"):  # a side's process (run_side)
+        parser.add_argument(name, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
