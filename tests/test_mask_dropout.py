@@ -36,3 +36,4 @@ def test_the_same_output_and_gradient_as_nn_dropout_with_a_byte_per_element_kept
     assert _saved_bytes(torch.nn.Dropout(p).train(), x) == 4 * x.numel()  # ATen's CPU dropout: the float noise
     assert _saved_bytes(MaskDropout(p).train(), x) == x.numel()
     assert torch.equal(MaskDropout(p).eval()(x), x) and torch.equal(MaskDropout(1.0).train()(x), x * 0)
+    assert isinstance(MaskDropout(p), torch.nn.Dropout)  # what recognises a dropout module still does

@@ -279,7 +279,7 @@ def test_a_packed_preference_run_on_cpu_trains_on_flattened_micro_batches(tmp_pa
     class FirstBatch(TrainerCallback):
         def on_train_begin(self, args, state, control, train_dataloader=None, model=None, **kwargs):
             seen.append(next(iter(train_dataloader)))
-            dropouts.extend(type(m) for m in model.modules() if isinstance(m, (torch.nn.Dropout, MaskDropout)))
+            dropouts.extend(type(m) for m in model.modules() if isinstance(m, torch.nn.Dropout))
 
     run_training(dpo_recipe(tmp_path, tiny_model_dir, n=12, val_set_size=0, max_steps=1, sample_packing=True,
                             micro_batch_size=2, lora_dropout=0.05), extra_callbacks=[FirstBatch()])

@@ -30,12 +30,9 @@ class _MaskDropoutFn(torch.autograd.Function):
         return grad.mul(mask).mul_(ctx.scale), None
 
 
-class MaskDropout(torch.nn.Module):
-    """`nn.Dropout(p)` for training on CPU, its backward mask kept as bool."""
-
-    def __init__(self, p: float):
-        super().__init__()
-        self.p = p
+class MaskDropout(torch.nn.Dropout):
+    """`nn.Dropout(p)` for training on CPU, its backward mask kept as bool. A subclass, so that whatever recognises a
+    dropout module (finetune's step-1 note on dropout, peft, TRL's `disable_dropout`) still does."""
 
     def forward(self, x):
         if not self.training or self.p == 0 or x.numel() == 0:
@@ -43,9 +40,6 @@ class MaskDropout(torch.nn.Module):
         if self.p == 1:  # as ATen does: no 1 / 0 scale
             return x * x.new_zeros(())
         return _MaskDropoutFn.apply(x, self.p)
-
-    def extra_repr(self) -> str:
-        return f"p={self.p}"
 
 
 def use_mask_dropout(model) -> int:
