@@ -1,0 +1,10 @@
+"""What finetune knows of axolotl's recipes: its keys, values and dataset types, each with its finetune equivalent
+or why there is none. Pure data and small functions, below the recipe's loading so both can read it:
+
+    keys.py        every recipe's keys and values (and GRPO's top-level ones), with what each becomes
+    unhonoured.py  the keys that change what is trained and that finetune cannot honour
+    preference.py  `rl:` preference recipes: their keys' hints, axolotl's preference dataset types
+    hints.py       what `finetune validate` says of an axolotl key or value (recipe/load.py)
+
+`finetune port` (finetune/port/, above the recipe: it builds a Recipe) converts whole recipes with these tables.
+"""
