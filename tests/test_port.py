@@ -263,6 +263,6 @@ def test_axolotl_template_names_map_to_the_family_whose_tokenizer_ships_them(tmp
 def test_every_family_an_axolotl_template_names_is_a_transformers_model_type():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from finetune.port.chat_templates import OWN_TEMPLATES
+    from finetune.recipe.axolotl.chat_templates import OWN_TEMPLATES
 
     assert {t for families, _ in OWN_TEMPLATES.values() for t in families} <= set(CONFIG_MAPPING_NAMES)

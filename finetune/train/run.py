@@ -192,6 +192,10 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
+    if device.type == "cpu":  # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes
+        from finetune.model.mask_dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
@@ -201,7 +205,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, flatten, branches=varlen, pixels=pixels)
+        # and on that path a micro batch of packed rows is one row: no padding to its longest row (padding went
+        # through every layer: a third of a SmolLM2 DPO step's activation memory, docs/performance.md)
+        collator = preference_collator(store, pad_id, flatten or varlen, branches=varlen, pixels=pixels)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
