@@ -68,6 +68,24 @@ def dataset_roles(value) -> tuple[dict, str]:
                  else "")
 
 
+def roles_to_train(values: list) -> tuple[list | None, str]:
+    """axolotl's per-dataset `roles_to_train` (each chat dataset's; axolotl's default ["assistant"]) -> finetune's one
+    top-level list, or (None, why) when the datasets ask for different roles or a role finetune has no turn for."""
+    aliases = {"human": "user", "gpt": "assistant"}
+    wanted = []
+    for value in values:
+        names = [aliases.get(name, name) for name in ([value] if isinstance(value, str) else list(value or []))]
+        unknown = [name for name in names if name not in _OUR_ROLES]
+        if unknown or not names:
+            return None, (f"roles {', '.join(map(str, unknown)) or '(none)'}: finetune's turns are system, user and "
+                          "assistant; write `roles_to_train` with those")
+        wanted.append(sorted(set(names), key=_OUR_ROLES.index))
+    if any(roles != wanted[0] for roles in wanted):
+        return None, ("the datasets train different roles, and finetune has one top-level `roles_to_train` for every "
+                      "chat: write one list (or port the datasets apart)")
+    return wanted[0], ""
+
+
 def deepspeed(value: str) -> tuple[str, str]:
     """axolotl's deepspeed_configs/zero3_bf16.json etc. -> finetune's shipped config of the same stage."""
     stem = PurePath(value).stem.lower()

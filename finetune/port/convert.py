@@ -158,6 +158,19 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
     return result
 
 
+def _roles_to_train(specs: list, out: Ported) -> None:
+    """axolotl sets `roles_to_train` per dataset; finetune's is one top-level key (recipe/data.py)."""
+    values = [spec.get("roles_to_train") or ["assistant"] for spec in specs if isinstance(spec, dict)]
+    if all(value == ["assistant"] for value in values):
+        return  # axolotl's default and finetune's
+    ported, why = axolotl.roles_to_train(values)
+    if ported is None:
+        out.block("roles_to_train", values, f"the datasets' roles_to_train {_inline(values)}: {why}")
+    else:
+        out.settings["roles_to_train"] = ported
+        out.note("roles_to_train", f"from the datasets' axolotl `roles_to_train` ({_inline(values)})")
+
+
 _MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system", "roles")
 
 
@@ -209,6 +222,8 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         if key == "datasets" and isinstance(value, list):
             specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+            if method == "sft":
+                _roles_to_train(value, out)
         elif key in fsdp.TOP_KEYS:
             pass  # read together once the other keys are in (_fsdp_recipe)
         elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:

@@ -246,8 +246,8 @@ DATASET_KEYS: dict[str, AxolotlKey] = {
     "system_format": AxolotlKey(_ALPACA_PROMPT),
     "format": AxolotlKey(_ALPACA_PROMPT),
     "no_input_format": AxolotlKey(_ALPACA_PROMPT),
-    "roles_to_train": AxolotlKey("not in finetune: assistant turns carry the loss (all roles with "
-                                 "`train_on_inputs: true`)"),
+    "roles_to_train": AxolotlKey("finetune's top-level `roles_to_train` (one list for every chat dataset; `finetune "
+                                 "port` writes it when the datasets agree)"),
     "train_on_eos": AxolotlKey("not in finetune: assistant turns carry the loss as the chat template renders them"),
     "train_on_eot": AxolotlKey("not in finetune: assistant turns carry the loss as the chat template renders them"),
     "chat_template": AxolotlKey("not in finetune per dataset: one top-level `chat_template` renders every chat record"),
