@@ -192,7 +192,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
-    if device.type == "cpu":  # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes
+    # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes; not under compile, where
+    # inductor generates the dropout itself (and traced MaskDropout gave a nan gradient at step 1)
+    if device.type == "cpu" and not settings.compile:
         from finetune.model.mask_dropout import use_mask_dropout
 
         use_mask_dropout(model)
