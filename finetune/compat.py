@@ -37,6 +37,39 @@ def set_loss_function(causal_lm, loss_function) -> None:
     causal_lm.loss_function = loss_function
 
 
+def quiet_head_swap_report():
+    """A context in which transformers' load report of a causal LM's checkpoint loaded into its
+    sequence-classification class (a reward model: the LM head not loaded, the score head new) is not logged.
+    transformers 5.23 logs it as one warning of the `transformers.modeling_utils` logger, a "LOAD REPORT" table of
+    `key | STATUS` rows (utils/loading_report.py); a report that names any other key is kept."""
+    import contextlib
+    import logging
+    import re
+
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+
+    def expected(record: logging.LogRecord) -> bool:
+        text = ansi.sub("", record.getMessage())
+        if "LOAD REPORT" not in text:
+            return False
+        rows = [[cell.strip() for cell in line.split("|")] for line in text.splitlines() if "|" in line]
+        keys = [(row[0], row[1]) for row in rows[1:] if len(row) > 1 and row[0] and not set(row[0]) <= set("-+")]
+        return bool(keys) and all((key.startswith("lm_head.") and status == "UNEXPECTED")
+                                  or (key.startswith("score.") and status == "MISSING") for key, status in keys)
+
+    @contextlib.contextmanager
+    def quiet():
+        logger = logging.getLogger("transformers.modeling_utils")
+        drop = lambda record: not expected(record)  # noqa: E731 - a logging filter may be any callable
+        logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            logger.removeFilter(drop)
+
+    return quiet()
+
+
 def drop_quantizer(model) -> None:
     """Mark a model dequantized (a GGUF model is dequantized to floats on load). A quantized load sets
     `model.hf_quantizer` (read by transformers 5.23's save_pretrained) and `model.is_quantized` (read by

@@ -214,9 +214,9 @@ def build_dataset(recipe, tokenizer) -> Prepared:
     """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
     from datasets import DatasetDict
 
-    from finetune.recipe.methods import is_grpo, is_preference
+    from finetune.recipe.methods import is_grpo, reads_pairs
 
-    if is_preference(recipe):
+    if reads_pairs(recipe):  # preference methods and reward models: the pairs' token store
         return build_preference_dataset(recipe, tokenizer)
     if is_grpo(recipe):
         return build_prompt_dataset(recipe, tokenizer)
@@ -277,6 +277,7 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
+        "formats": outcome["formats"],  # records per kind: conversations (chat) or plain text (completion)
         "train": item_stats(train),
         "eval": item_stats(held),
     }

@@ -97,7 +97,13 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         from finetune.train.grpo.setup import grpo_record
 
         summary["grpo"] = grpo_record(recipe, trainer)
-    if prepared.store is not None:
+    if recipe.method == "reward":
+        from finetune.train.reward.setup import reward_record
+
+        formats = set(prepared.stats.get("formats") or ())
+        conversational = None if len(formats) != 1 else formats == {"chat"}
+        summary["reward"] = reward_record(recipe, trainer, run.get("collator"), run["tokenizer"], conversational)
+    elif prepared.store is not None:
         from finetune.train.preference.setup import preference_record
 
         summary["preference"] = preference_record(recipe, trainer)

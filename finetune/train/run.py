@@ -176,17 +176,19 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
         collator, probe = PromptCollator(), probe_grpo
-    elif store is not None:  # preference methods: rows of pair ids into the token store
+    elif store is not None:  # preference methods and reward models: rows of pair ids into the token store
         from finetune.train.preference.setup import preference_collator, probe_preference
+        from finetune.train.reward.setup import probe_reward
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
         collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
-        probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
+        probe = functools.partial(probe_reward if recipe.method == "reward" else probe_preference,
+                                  collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
     at_train_begin, full_logits = [], False
-    if settings.weights_partitioned and store is not None:
+    if settings.weights_partitioned and store is not None and recipe.method != "reward":
         full_logits = probe  # ZeRO-3: the trainer probes at its first loss, before the reference pass needs the answer
     elif settings.weights_partitioned:  # ZeRO-3 / FSDP2: after the engine shards the model and gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
@@ -306,6 +308,11 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
 
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
         own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits)
+    elif recipe.method == "reward":  # a reward model: the pairs' scores, the Bradley-Terry loss, through public hooks
+        from finetune.train.reward.setup import reward_trainer_kwargs
+        from finetune.train.reward.trainer import RewardTrainer
+
+        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe)
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs
@@ -338,6 +345,6 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
-            "initial_adapter": built.initial_adapter}
+            "initial_adapter": built.initial_adapter, "collator": built.collator}
 
 

@@ -34,6 +34,7 @@ class Pair:
     prompt_ids: list[int]
     chosen_ids: list[int]
     rejected_ids: list[int]
+    margin: float | None = None  # `method: reward` with a `margin` column: how much better chosen is (else None)
 
     def responses(self) -> list[list[int]]:
         return [self.chosen_ids, self.rejected_ids]
@@ -131,6 +132,14 @@ def _pair_texts(record: dict, method: str):
     return [(record["prompt"], [record["chosen"], record["rejected"]], None)]
 
 
+def _with_margins(items: list, margins: list) -> None:
+    """`method: reward`: each pair's margin when any record has one (0 for a record without: TRL needs the column
+    whole); nothing when none has one."""
+    if any(m is not None for m in margins):
+        for item, margin in zip(items, margins):
+            item.margin = 0.0 if margin is None else float(margin)
+
+
 def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None
                          ) -> tuple[list, dict]:
     """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts.
@@ -140,7 +149,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
     from finetune.recipe.methods import shapes_for
 
     renderer = Renderer(tokenizer)
-    items, outcome, listed = [], Counter(), []
+    items, outcome, listed, margins, formats = [], Counter(), [], [], Counter()
     for _, path, number, (found, record) in recipe_records(files, recipe.dataset_exact_deduplication, outcome):
         if found not in shapes_for(recipe.method):
             raise DataError(
@@ -151,6 +160,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
                 "Point the dataset at preference data, or set `method: sft` for this file"
             )
         outcome["records"] += 1
+        formats["chat" if isinstance(record["prompt"], list) else "completion"] += 1  # conversations or plain text
         for prompt, responses, label in _pair_texts(record, recipe.method):
             prompt_ids, answers = renderer.encode(prompt, responses)
             header = renderer.header_tokens() if isinstance(prompt, list) else 0
@@ -162,10 +172,12 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
                     listed.append(f"{path} record {number}: {what}")
                 continue
             items.append(Pair(prompt_ids, *answers) if label is None else Unpaired(prompt_ids, answers[0], label))
+            margins.append(record.get("margin") if recipe.method == "reward" else None)
             if records is not None:
                 records.append((found, record))
     outcome_dict = dict(outcome)
     outcome_dict["dropped_listed"] = listed
+    outcome_dict["formats"] = dict(formats)
     if not items:
         raise DataError(
             f"no usable preference examples: {outcome['records']} records, {outcome['too_long']} over sequence_len "
@@ -174,6 +186,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
         )
     if recipe.method == "kto":
         check_labels(items)
+    _with_margins(items, margins)
     return items, outcome_dict
 
 
@@ -210,5 +223,8 @@ def to_dataset(items: list):
         return Dataset.from_dict({"prompt_ids": [i.prompt_ids for i in items],
                                   "completion_ids": [i.completion_ids for i in items],
                                   "label": [i.label for i in items]})
-    return Dataset.from_dict({"prompt_ids": [i.prompt_ids for i in items], "chosen_ids": [i.chosen_ids for i in items],
-                              "rejected_ids": [i.rejected_ids for i in items]})
+    columns = {"prompt_ids": [i.prompt_ids for i in items], "chosen_ids": [i.chosen_ids for i in items],
+               "rejected_ids": [i.rejected_ids for i in items]}
+    if items and items[0].margin is not None:
+        columns["margin"] = [i.margin for i in items]
+    return Dataset.from_dict(columns)

@@ -31,6 +31,9 @@ class PairStore:
         else:
             self.responses = [[c, r] for part in parts for c, r in zip(part["chosen_ids"], part["rejected_ids"])]
             self.labels = self.kl_partner = None
+        # `method: reward` with a `margin` column: each pair's (finetune/data/preference/pairs.py)
+        self.margins = ([float(m) for part in parts for m in part["margin"]] if "margin" in train.column_names
+                        else None)
 
     def __len__(self) -> int:
         return len(self.prompts)
