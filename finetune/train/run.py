@@ -312,7 +312,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         from finetune.train.reward.setup import reward_trainer_kwargs
         from finetune.train.reward.trainer import RewardTrainer
 
-        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe)
+        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe, tokenizer)
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs
