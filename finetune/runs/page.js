@@ -8,7 +8,8 @@
   var FIRST = ["loss", "eval_loss", "learning_rate", "grad_norm",
                "rewards/accuracies", "eval_rewards/accuracies", "rewards/margins", "eval_rewards/margins",  // preference
                "rewards/chosen", "eval_rewards/chosen", "rewards/rejected", "eval_rewards/rejected",
-               "reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "entropy"];  // GRPO
+               "reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "entropy",  // GRPO
+               "accuracy", "eval_accuracy", "margin", "eval_margin", "mean_reward", "eval_mean_reward"];  // reward models
   var X_LABELS = {step: "optimizer step", epoch: "epoch", tokens: "tokens (step x the plan's tokens per step)"};
   var state = {x: "step", logY: false, smooth: 0, showAll: false, baseline: 0, query: ""};
   var data = JSON.parse(document.getElementById("runs-data").textContent);
@@ -269,7 +270,33 @@
     body.appendChild(verdicts);
     table.appendChild(body);
     out.appendChild(table);
+    data.runs.forEach(function (run, i) {
+      var hists = (run.evaluation || {}).histograms;
+      if (hists) out.appendChild(histograms(run, i, hists));
+    });
     return out;
+  }
+
+  // a reward run's held-out scores: per side, the chosen (green) and rejected (red) answers' histograms as bars
+  function histograms(run, i, hists) {
+    var box = el("div", {cls: "histograms", "data-run": run.name},
+                 el("h3", {}, swatch(i), run.name + ": held-out scores, chosen (green) and rejected (red)"));
+    ["base", "tuned"].forEach(function (side) {
+      var h = hists[side];
+      if (!h) return;
+      var top = Math.max.apply(null, h.chosen.concat(h.rejected).concat([1]));
+      var bars = el("div", {cls: "hist", "data-side": side});
+      h.chosen.forEach(function (c, b) {
+        var r = h.rejected[b], title = fmt(h.edges[b], 3) + " … " + fmt(h.edges[b + 1], 3) + ": chosen " + c +
+          ", rejected " + r;
+        bars.appendChild(el("div", {cls: "bin", title: title},
+                            el("span", {cls: "bar chosen", style: "height:" + (100 * c / top).toFixed(1) + "%"}),
+                            el("span", {cls: "bar rejected", style: "height:" + (100 * r / top).toFixed(1) + "%"})));
+      });
+      box.appendChild(el("div", {cls: "hist-side"}, el("div", {cls: "muted", text: side + " (scores " +
+        fmt(h.edges[0], 3) + " … " + fmt(h.edges[h.edges.length - 1], 3) + ")"}), bars));
+    });
+    return box;
   }
 
   // --- sample answers ----------------------------------------------------------------------------------------
