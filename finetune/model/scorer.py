@@ -73,33 +73,6 @@ def read_scoring(folder: Path, run: dict | None = None) -> Scoring:
     return Scoring(saved.get("conversational"), saved.get("max_length"), bool(saved.get("eos_appended", True)))
 
 
-def is_reward_folder(folder: Path) -> str | None:
-    """Why `folder` is not a reward model finetune can score with, or None when it is: a reward run's output (run.json
-    `method: reward`), an HF sequence-classification model with one output, or a sequence-classification adapter."""
-    import json
-
-    folder = Path(folder)
-    try:
-        run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        run = None
-    if isinstance(run, dict) and run.get("method"):
-        return None if run["method"] == "reward" else (f"{folder} holds a `method: {run['method']}` run, not a reward "
-                                                       "model (`method: reward`)")
-    if (folder / "adapter_config.json").is_file():
-        task = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8")).get("task_type")
-        return None if task == "SEQ_CLS" else f"{folder} holds a {task or 'causal LM'} adapter, not a reward model's"
-    if not (folder / "config.json").is_file():
-        return f"{folder} holds no model (no config.json, adapter_config.json or run.json)"
-    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    heads = [a for a in config.get("architectures") or [] if a.endswith("ForSequenceClassification")]
-    labels = len(config.get("id2label") or {}) or config.get("num_labels", 2)
-    if not heads or labels != 1:
-        return (f"{folder} holds a {', '.join(config.get('architectures') or ['model'])}, not a reward model (a "
-                "*ForSequenceClassification with one output)")
-    return None
-
-
 class RewardScorer:
     """A reward model and how it reads (prompt, completion) (see the module's docstring)."""
 
@@ -119,7 +92,9 @@ class RewardScorer:
         `device`, in eval mode."""
         import dataclasses
 
-        why = is_reward_folder(Path(source))
+        from finetune.reward_models import reward_model_problem
+
+        why = reward_model_problem(source)
         if why:
             raise ModelError(f"`{source}` is not a reward model: {why}")
         model, tokenizer = load_reward_model(Path(source), dtype)

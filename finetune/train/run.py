@@ -58,7 +58,12 @@ def count_data(recipe, state):
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
                  f"{' (cached)' if prepared.reused else ''}")
-        check_signatures(recipe, json.loads(prepared.train[0]["record"]))  # the records' columns: before the model
+        first = json.loads(prepared.train[0]["record"])
+        check_signatures(recipe, first)  # the records' columns: before the model
+        if any(entry.model for entry in recipe.rewards):
+            from finetune.train.grpo.reward_models import check_model_prompts
+
+            check_model_prompts(recipe, isinstance(first["prompt"], list))
         return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"
@@ -307,7 +312,8 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         from finetune.train.grpo.trainer import GRPOTrainer
 
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
-        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits)
+        own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits,
+                                         device=args.device, precision=settings.precision)
     elif recipe.method == "reward":  # a reward model: the pairs' scores, the Bradley-Terry loss, through public hooks
         from finetune.train.reward.setup import reward_trainer_kwargs
         from finetune.train.reward.trainer import RewardTrainer
