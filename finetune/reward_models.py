@@ -53,3 +53,19 @@ def reward_model_problem(folder) -> str | None:
 def reward_model_name(folder) -> str:
     """A reward model's name in metrics and run.json: its folder's name (`runs/rm` -> `rm`)."""
     return Path(folder).name or str(folder)
+
+
+def config_source(folder) -> str:
+    """The folder (or hub id) whose config.json describes a reward model: the model's own, or its adapter's base."""
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return str(folder)
+    run = _json(folder / "run.json") or {}
+    adapter = _json(folder / "adapter_config.json") or {}
+    return run.get("base_model_path") or adapter.get("base_model_name_or_path") or str(folder)
+
+
+def trained_length(folder) -> int | None:
+    """The sequence_len a reward run trained with (run.json), or None."""
+    scoring = ((_json(Path(folder) / "run.json") or {}).get("reward") or {}).get("scoring") or {}
+    return scoring.get("max_length")

@@ -153,3 +153,15 @@ def test_validate_says_what_a_reward_model_reads(tmp_path, tiny_model_dir, model
     out = capsys.readouterr().out
     assert "reward out: a reward model" in out and "plain text, EOS appended" in out
     assert "reward names_the_word: ok" in out
+
+
+def test_plan_counts_a_grpo_runs_reward_models(tmp_path, tiny_model_dir, models, capsys):
+    from finetune.cli import main
+    from finetune.plan.run_memory import recipe_shape
+
+    path = grpo_recipe(tmp_path, tiny_model_dir, rewards=[{"model": str(models[1]), "batch_size": 4}])
+    (load,) = recipe_shape(load_recipe(path))["reward_models"]
+    assert load.tokens == 4 * 48 and load.params > 0  # batch_size x the sequence_len the reward model trained with
+    assert main(["plan", str(path), "--no-data"]) == 0
+    out = capsys.readouterr().out
+    assert "reward models" in out and "reward model scoring" in out and "held the whole run" in out

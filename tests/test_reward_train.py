@@ -190,3 +190,29 @@ def test_margins_are_read_per_pair_and_a_bad_margin_names_the_record(tmp_path, t
     write_jsonl(tmp_path / "pairs.jsonl", [{**pairs[0], "margin": "big"}])
     with pytest.raises(DataError, match='"margin" must be a finite number'):
         build_dataset(recipe, load_tokenizer(recipe))
+
+
+def test_plan_and_lr_know_the_method(tmp_path, tiny_model_dir, capsys):
+    """`finetune plan`: a reward model counts its score head (trained in full beside LoRA), no LM head and no logits
+    over the vocabulary; `finetune lr`: the method's published defaults."""
+    from finetune.cli import main
+    from finetune.plan.budget import PlanInputs, plan_memory
+    from finetune.plan.model_size import count_model, load_config
+
+    config = load_config(str(tiny_model_dir))
+    dpo_shape, _, dpo_lora = count_model(config, 8, "all-linear")
+    shape, full, lora = count_model(config, 8, "all-linear", reward=True)
+    assert lora.trainable_params == dpo_lora.trainable_params + config.hidden_size  # + the score head (64 -> 1)
+    # the whole model: the LM head's vocab x hidden gone, the score head's hidden x 1 in its place
+    assert full.trainable_params == dpo_shape.total_params - config.vocab_size * config.hidden_size + config.hidden_size
+    assert shape.head_width == 1
+    acts = {name: plan_memory(PlanInputs(s, f, lo, adapter="lora", seq_len=512, sequences_per_item=2)
+                              ).components["activations"]
+            for name, (s, f, lo) in {"dpo": count_model(config), "reward": (shape, full, lora)}.items()}
+    assert acts["reward"] < acts["dpo"]  # no 4 x vocab bytes of logits per token
+    path = reward_recipe(tmp_path, tiny_model_dir, learning_rate="auto")
+    assert main(["plan", str(path), "--no-data"]) == 0
+    assert "the score head (hidden -> 1) in place of the LM head" in capsys.readouterr().out
+    assert main(["lr", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "reward default, LoRA       1.00e-4" in out and "training uses 1.00e-4, the LoRA default" in out

@@ -19,6 +19,12 @@ class ModelShape:
     embedding_params: int  # the input embedding (a lookup, not a matmul)
     quantizable_params: int  # weights of the Linear layers inside the blocks (what bitsandbytes quantizes)
     tied_embeddings: bool = False
+    head_outputs: int | None = None  # the output layer's width per token: None, a causal LM's vocabulary; 1, a reward
+    #                                  model's score head (`method: reward`)
+
+    @property
+    def head_width(self) -> int:
+        return self.vocab_size if self.head_outputs is None else self.head_outputs
 
     @property
     def kv_dim(self) -> int:

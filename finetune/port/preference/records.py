@@ -1,5 +1,6 @@
-"""axolotl's preference dataset types -> finetune's `preference` / `unpaired` records: whether finetune reads
-the records as they are (same prompt, same answers, same chat turns), or what each record must become.
+"""axolotl's preference dataset types (and its reward models' `bradley_terry.*`) -> finetune's `preference` /
+`unpaired` records: whether finetune reads the records as they are (same prompt, same answers, same chat turns), or
+what each record must become.
 
 Checked against axolotl's prompt_strategies/{dpo,orpo,kto}/ at commit 067b021 (2026-07): the fields each
 `type:` reads and the turns it writes. finetune's reader is finetune/ingest/preference.py: {prompt, chosen,
@@ -77,6 +78,12 @@ PAIR_TYPES: dict[str, Layout] = {
     "zephyr.nectar": Layout('{"prompt", "answers": [{"answer", "rank"}...]}'),
 }
 UNPAIRED_TYPES: dict[str, Layout] = {**_unpaired("chatml"), **_unpaired("llama3")}
+# `reward_model: true` (axolotl's prompt_strategies/bradley_terry/): single-turn pairs of strings in chat turns
+REWARD_TYPES: dict[str, Layout] = {
+    "bradley_terry.chat_template": Layout('{' + _SYSTEM + '"input", "chosen", "rejected"} strings',
+                                          chat="template"),
+    "bradley_terry.llama3.icr": Layout('{' + _SYSTEM + '"input", "chosen", "rejected"} strings', chat="llama3"),
+}
 _SHORT = {"chatml": "chatml.default", "llama3": "llama3.default", "chat_template": "chat_template.default",
           "passthrough": "passthrough.default"}
 
@@ -88,7 +95,7 @@ LAYOUT_KEYS = ("field_messages", "field_chosen", "field_rejected", "message_prop
 def known(value: Any) -> bool:
     """`value` names one of axolotl's preference dataset types."""
     name = _SHORT.get(value, value) if isinstance(value, str) else None
-    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name == "chat_template.default"
+    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name in REWARD_TYPES or name == "chat_template.default"
 
 
 @dataclass
@@ -118,9 +125,10 @@ def dataset(spec: dict, method: str) -> DatasetPort:
     name = _SHORT.get(value, value)
     if name == "chat_template.default" and method != "kto":
         return _chat_template_default(spec, target)
-    layout = (UNPAIRED_TYPES if method == "kto" else PAIR_TYPES).get(name)
+    layout = (UNPAIRED_TYPES if method == "kto" else {**PAIR_TYPES, **REWARD_TYPES} if method == "reward"
+              else PAIR_TYPES).get(name)
     if layout is None:
-        kind = "KTO" if method == "kto" else "DPO/IPO/ORPO/SimPO"
+        kind = "KTO" if method == "kto" else "reward model" if method == "reward" else "DPO/IPO/ORPO/SimPO"
         return DatasetPort(shape, f"`{value}` is not one of axolotl's {kind} dataset types finetune knows",
                            convert=f"write each record as {target} (or another layout docs/preference.md lists)")
     turns = _TURNS.get(layout.chat or "template")
@@ -136,7 +144,8 @@ def dataset(spec: dict, method: str) -> DatasetPort:
     else:
         why = "finetune does not read this layout"
     system = ' (a "system" field becomes a first system message)' if _SYSTEM in layout.fields else ""
-    same = f", to train on the same {turns}" if layout.chat else ""
+    same = "" if not layout.chat else (", to train on the chat template's turns, as axolotl does" if
+                                       layout.chat == "template" else f", to train on the same {turns}")
     return DatasetPort(shape, f"{layout.fields}: {why}", chat=layout.chat,
                        convert=f"write each record as {target}{system}{same}")
 
