@@ -27,9 +27,21 @@ PAIRS_KEPT = 8  # held-out pairs whose texts and scores report.md shows
 BINS = 20  # histogram bins per side
 
 
-def reward_report(subject, held) -> dict:
-    """{"sides": {side: metrics}, "histograms", "difference", "accuracy_interval", "pairs", "source", "scores"}."""
+def refuse_generation(spec) -> None:
+    """FinetuneError when the eval asks a reward model to generate (lm-eval tasks, a GGUF export's answers)."""
+    from finetune.errors import FinetuneError
+
+    if spec.tasks or spec.tasks_dir or spec.gguf:
+        raise FinetuneError("the run is a reward model (`method: reward`): it scores answers and does not generate, "
+                            "so lm-eval tasks and a GGUF export do not apply to it; drop `tasks` / `tasks_dir` / "
+                            "`gguf` (its evaluation is the held-out pairs' accuracy: docs/reward-models.md)")
+
+
+def reward_report(subject, held) -> tuple[dict, str]:
+    """({"sides": {side: metrics}, "histograms", "difference", "accuracy_interval", "pairs", "source", "scores"},
+    how the model reads (prompt, answer): the report's prompt format)."""
     from finetune.evaluation.uncertainty import mean_interval, paired_interval
+    from finetune.model.scorer import read_scoring
 
     pairs = [item for item in held.examples if hasattr(item, "chosen_ids")]
     if not pairs:
@@ -41,13 +53,14 @@ def reward_report(subject, held) -> dict:
         log.info(f"held-out pair accuracy, {side}: {_metrics(scores[side])['accuracy']:.3f}")
     correct = {side: [float(c > r) for c, r in values] for side, values in scores.items()}
     seed = subject.recipe.seed
+    reads = f"reward model: {read_scoring(subject.folder, subject.run).describe()}"
     return {"sides": {side: _metrics(values) for side, values in scores.items()},
             "histograms": {side: histogram(values) for side, values in scores.items()},
             "difference": paired_interval(correct["base"], correct["tuned"], seed, unit="pairs"),
             "accuracy_interval": mean_interval(correct["tuned"], seed, unit="pairs"),
             "pairs": _kept(held.records, scores), "source": held.source, "pair_count": len(pairs),
             "scores": {side: {"chosen": [round(c, 6) for c, _ in v], "rejected": [round(r, 6) for _, r in v]}
-                       for side, v in scores.items()}}
+                       for side, v in scores.items()}}, reads
 
 
 @contextlib.contextmanager

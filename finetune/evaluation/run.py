@@ -38,10 +38,10 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     subject = locate_subject(target, overrides, recipe)
     spec = resolve_spec(subject.recipe, changes)
     reward = subject.recipe.method == "reward"  # a scorer: held-out pairs scored, nothing generated
-    if reward and (spec.tasks or spec.tasks_dir or spec.gguf):
-        raise FinetuneError("the run is a reward model (`method: reward`): it scores answers and does not generate, "
-                            "so lm-eval tasks and a GGUF export do not apply to it; drop `tasks` / `tasks_dir` / "
-                            "`gguf` (its evaluation is the held-out pairs' accuracy: docs/reward-models.md)")
+    if reward:
+        from finetune.evaluation.reward import refuse_generation
+
+        refuse_generation(spec)
     configs = None
     if spec.tasks or spec.tasks_dir:
         from finetune.evaluation.harness import chosen_tasks
@@ -73,10 +73,6 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         "prompt_format": f"{subject.prompt_format} ({subject.format_reason})",
         "data_source": held.source if held else source, "gguf": str(gguf) if gguf else None,
     }
-    if reward:
-        from finetune.model.scorer import read_scoring
-
-        report["prompt_format"] = f"reward model: {read_scoring(subject.folder, subject.run).describe()}"
     sides = models.sides() if models is not None else ("base", "tuned")
     if spec.heldout_loss and grpo:
         from finetune.evaluation.grpo import heldout_rewards
@@ -85,7 +81,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     elif spec.heldout_loss and reward:
         from finetune.evaluation.reward import reward_report
 
-        report["reward"] = reward_report(subject, held)
+        report["reward"], report["prompt_format"] = reward_report(subject, held)
     elif spec.heldout_loss and is_preference(subject.recipe):
         from finetune.evaluation.preference import preference_report
 

@@ -318,7 +318,8 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         from finetune.train.reward.setup import reward_trainer_kwargs
         from finetune.train.reward.trainer import RewardTrainer
 
-        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe, tokenizer)
+        plain = "completion" in (prepared.stats.get("formats") or {})  # plain-text pairs end with EOS
+        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe, tokenizer, plain)
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs

@@ -35,16 +35,16 @@ def probe_reward(model, collator, pad_id: int, attn: str, packed: bool) -> bool:
     return False
 
 
-def reward_trainer_kwargs(recipe, tokenizer) -> dict:
-    """RewardTrainer's own arguments; a note when the pad token is the EOS."""
+def reward_trainer_kwargs(recipe, tokenizer, plain_text: bool) -> dict:
+    """RewardTrainer's own arguments; a note when plain-text pairs end on an EOS that is also the pad token."""
     from finetune.recipe.methods import method_setting
 
-    if tokenizer.pad_token_id == tokenizer.eos_token_id:
-        log.warning(f"the pad token is the EOS ({tokenizer.eos_token!r}): finetune scores each sequence at its last "
-                    "token by position, so training, `finetune eval` and GRPO read the EOS it ends with; a tool that "
-                    "pools at the last token that is not the pad token (transformers' own forward, TRL) would read the "
-                    "token before it. To serve this model to such tools, give it a pad token of its own "
-                    "(`special_tokens: {pad_token: ...}`)")
+    if plain_text and tokenizer.pad_token_id == tokenizer.eos_token_id:
+        log.warning(f"the pad token is the EOS ({tokenizer.eos_token!r}), and plain-text pairs end with it: finetune "
+                    "scores each sequence at its last token by position, so training, `finetune eval` and GRPO read "
+                    "that EOS; a tool that pools at the last token that is not the pad token (transformers' own "
+                    "forward, TRL) would read the token before it. To serve this model to such tools, give it a pad "
+                    "token of its own (`special_tokens: {pad_token: ...}`)")
     return {"center_coefficient": method_setting(recipe, "center_rewards_coefficient")}
 
 
