@@ -26,6 +26,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "lr": ("finetune.commands.lr", "learning rate from supervised tokens per step"),
     "plan": ("finetune.commands.plan", "memory and steps plan for a recipe or a model config"),
     "targets": ("finetune.commands.targets", "list a model's modules LoRA can target, with parameter counts"),
+    "models": ("finetune.commands.models", "the model families finetune knows: packing, attention, GGUF, MoE"),
     "merge": ("finetune.commands.merge", "merge a trained LoRA adapter into its base model"),
     "eval": ("finetune.commands.eval", "evaluate a trained run: base vs tuned held-out loss, answers, lm-eval tasks"),
     "chat": ("finetune.commands.chat", "chat with the trained model"),

@@ -11,6 +11,8 @@ never imports torch).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 
 # --- transformers ----------------------------------------------------------------------------------------
 
@@ -70,6 +72,14 @@ def quiet_head_swap_report():
     return quiet()
 
 
+def set_router_aux_loss_coef(causal_lm, value) -> None:
+    """The weight a mixture-of-experts causal LM gives its load-balancing loss in this forward. transformers 5.23's
+    MoE `*ForCausalLM.__init__` copies `config.router_aux_loss_coef` into the instance attribute
+    `router_aux_loss_coef`, and `forward` adds `self.router_aux_loss_coef * aux_loss` to the loss when it computes
+    router logits (qwen3_moe, gpt_oss, mixtral, olmoe, qwen2_moe...). A number or a 0-dim tensor."""
+    causal_lm.router_aux_loss_coef = value
+
+
 def drop_quantizer(model) -> None:
     """Mark a model dequantized (a GGUF model is dequantized to floats on load). A quantized load sets
     `model.hf_quantizer` (read by transformers 5.23's save_pretrained) and `model.is_quantized` (read by
@@ -81,6 +91,37 @@ def drop_quantizer(model) -> None:
 
 
 # --- peft ------------------------------------------------------------------------------------------------
+
+def peft_moe_conversion(lora_config, model) -> None:
+    """Rewrite `lora_config` in place as peft will before it builds the adapters. peft 0.21.2's `inject_adapter`
+    first calls peft.utils.transformers_weight_conversion.convert_peft_config_for_transformers (for adapters trained
+    on transformers 4): for the model types transformers 5.23 maps to its mixtral / qwen2_moe weight conversions
+    (qwen3_moe, olmoe, deepseek_v3, glm4_moe, qwen3_next, minimax...), the transformers-4 names of the expert Linear
+    layers (gate_proj / up_proj / down_proj, mixtral's w1 / w3 / w2) and `all-linear` become `target_parameters`
+    on the fused 3-D weights (gate_up_proj at rank 2r and alpha 2 x alpha, down_proj) and the router `gate` becomes
+    `gate.weight`. Converting a converted config changes nothing, so finetune converts first and edits the result."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    convert_peft_config_for_transformers(lora_config, model=model, conversions=get_model_conversion_mapping(model))
+
+
+PEFT_READS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"  # transformers 5.23's FutureWarning, peft's read
+
+
+@contextmanager
+def peft_wrapping():
+    """A context for building or loading a PeftModel without transformers' FutureWarning about peft's own code:
+    peft 0.21.2's `PeftModel.__init__` reads `model.is_gradient_checkpointing`, which transformers 5.23 deprecated
+    for `is_activation_checkpointing` ("will be removed in v6"), so every verb that builds or loads an adapter (train,
+    eval, generate, chat, merge) printed it. Only that message, only while peft wraps the model; what peft reads is
+    unchanged (the alias returns is_activation_checkpointing). Drop this when peft reads the new name."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_READS_DEPRECATED, category=FutureWarning)
+        yield
+
 
 def save_new_token_rows_only(peft_model) -> None:
     """Save this adapter without whole copies of the resized embeddings and lm_head. peft 0.21.2's

@@ -76,6 +76,17 @@ def test_multi_turn_chat_supervises_every_assistant_turn(tiny_tokenizer):
     assert ex.labels[n_prefix] == ex.input_ids[n_prefix]
 
 
+def test_roles_to_train_supervises_the_whole_turns_of_those_roles(tiny_tokenizer):
+    from finetune.data.vision import chat_encoder
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is the sun"},
+                {"role": "assistant", "content": "a big star"}]
+    chat = chat_encoder(SimpleNamespace(roles_to_train=["system", "assistant"]), None)  # the recipe's key
+    ex = encode_batch(tiny_tokenizer, [("chat", {"messages": messages})], False, chat)[0]
+    supervised = tiny_tokenizer.decode([t for t, lab in zip(ex.input_ids, ex.labels) if lab != IGN])
+    assert supervised == "<|im_start|>system\nbe brief<|im_end|>\na big star<|im_end|>\n"
+
+
 def test_chat_train_on_inputs(tiny_tokenizer):
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     ex = encode(tiny_tokenizer, "chat", {"messages": msgs}, train_on_inputs=True)

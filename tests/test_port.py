@@ -58,6 +58,7 @@ def test_port_of_an_axolotl_example_validates_and_accounts_for_every_key(name, t
     else:
         assert loaded.lora_target_modules == source["lora_target_modules"]
     assert loaded.gradient_checkpointing == ("full" if source["gradient_checkpointing"] else "off")
+    assert loaded.lora_target_parameters == source.get("lora_target_parameters")  # MoE experts: the same key
     assert loaded.load_in_4bit == bool(source.get("load_in_4bit"))
 
 
@@ -231,3 +232,37 @@ def test_lora_layer_and_rank_patterns_are_kept_for_a_decision(tmp_path, tiny_mod
     assert "not in the axolotl table" not in err + out.read_text()
     assert _flat(out.read_text()).count("NEEDS YOUR DECISION") == 4
     assert "adapts only the listed layers" in err and "their own LoRA rank" in err and "listed token ids" in err
+
+
+@pytest.mark.parametrize("name, base_type, verdict", [
+    ("qwen3", "qwen3", "which this `qwen3` base's tokenizer ships"),
+    ("gemma3", "gemma3_text", "which this `gemma3_text` base's tokenizer ships"),
+    ("phi_3", "phi3", "which this `phi3` base's tokenizer ships"),
+    ("llama3", "mistral", "but this base is `mistral`"),
+    ("mistral_v7_tekken", None, "(model_type mistral, mistral3)"),
+])
+def test_axolotl_template_names_map_to_the_family_whose_tokenizer_ships_them(tmp_path, name, base_type, verdict):
+    """axolotl's template names say whose template they are: the base's own family renders the same turns with
+    `tokenizer_default`; another family's base, or one the port cannot read, is told so."""
+    import json
+
+    base = "org/some-model"
+    if base_type:
+        (tmp_path / "base").mkdir()
+        (tmp_path / "base" / "config.json").write_text(json.dumps({"model_type": base_type}))
+        base = "base"  # relative to the axolotl recipe
+    src = tmp_path / "a.yml"
+    src.write_text(yaml.safe_dump({"base_model": base, "chat_template": name,
+                                   "datasets": [{"path": "d.jsonl", "type": "chat_template"}]}))
+    out = tmp_path / "r.yml"
+    assert main(["port", str(src), "-o", str(out)]) in (0, 1)
+    assert yaml.safe_load(out.read_text())["chat_template"] == "tokenizer_default"
+    assert verdict in _flat(out.read_text())
+
+
+def test_every_family_an_axolotl_template_names_is_a_transformers_model_type():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from finetune.port.chat_templates import OWN_TEMPLATES
+
+    assert {t for families, _ in OWN_TEMPLATES.values() for t in families} <= set(CONFIG_MAPPING_NAMES)

@@ -936,7 +936,8 @@ for text, right, short in zip(replies, rewards.correct(None, replies, sums), rew
 
 `method: grpo` with its rewards (`FILE.py:NAME`, relative to the recipe), G, the completion limit and LoRA.
 `micro_batch_size` counts completions, as in TRL: 8 = 2 prompts x G 4 per optimizer step. `finetune validate`
-imports each reward function and checks that it takes TRL's keyword call, before any model loads.
+imports each reward function, checks that it takes TRL's keyword call with the records' columns, and runs it on
+3 records in a worker with its timeout, before any model loads.
 '''),
         code('''
 import yaml
@@ -987,9 +988,9 @@ print("reward per step:", " ".join(f"{e['reward']:.2f}" for e in summary["log_hi
         md('''
 ## 4. The reward curve and the verdict
 
-`loss_curve.png` holds GRPO's panels: the mean reward (with its spread), the completion length, and the shares of
-tied groups (nothing to learn from) and of cut answers. `diagnosis.json` gives one verdict with its numbers (the
-table in docs/grpo.md). Below, each reward's part, from run.json's log.
+`loss_curve.png` holds GRPO's panels: the mean reward (with its spread), one per reward function, the completion
+length, and the shares of tied groups (nothing to learn from) and of cut answers. `diagnosis.json` gives one
+verdict with its numbers (the table in docs/grpo.md). Below, each reward's part, from run.json's log.
 '''),
         code('''
 import matplotlib.pyplot as plt

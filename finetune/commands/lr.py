@@ -62,12 +62,12 @@ def _from_numbers(args: argparse.Namespace):
 def _recipe_counts(args: argparse.Namespace):
     """(recipe, training split counts, world size): the data tokenized (cached) as training will see it."""
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import tokenizer_and_processor
     from finetune.recipe import load_recipe
 
     world_size = args.num_processes or 1
     recipe = load_recipe(args.recipe, args.overrides, world_size=world_size)
-    prepared = build_dataset(recipe, load_tokenizer(recipe))
+    prepared = build_dataset(recipe, *tokenizer_and_processor(recipe))  # a vision model's image tokens apart
     return recipe, prepared.train_counts(), world_size  # packed rows with sample_packing: what steps are made of
 
 

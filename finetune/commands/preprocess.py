@@ -21,25 +21,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print N decoded training examples with the supervised spans in [[...]]")
 
 
-def marked(tokenizer, input_ids: list[int], labels: list[int]) -> str:
-    """Decode an example, wrapping each run of supervised tokens in [[ ]]."""
-    out, run, supervised = [], [], False
-    for token, label in zip(input_ids, labels):
-        now = label != IGNORE_INDEX
-        if now != supervised and run:
-            text = tokenizer.decode(run)
-            out.append(f"[[{text}]]" if supervised else text)
-            run = []
-        supervised = now
-        run.append(token)
-    if run:
-        text = tokenizer.decode(run)
-        out.append(f"[[{text}]]" if supervised else text)
+def marked(tokenizer, input_ids: list[int], labels: list[int], image_ids=frozenset()) -> str:
+    """Decode an example, wrapping each run of supervised tokens in [[ ]]; a run of one of `image_ids` (a vision
+    model's image tokens) shows as the token and its count, `<image>x64`, where it sits."""
+    from itertools import groupby
+
+    out = []
+    key = lambda pair: ("image", pair[0]) if pair[0] in image_ids else ("text", pair[1] != IGNORE_INDEX)  # noqa: E731
+    for (kind, value), run in groupby(zip(input_ids, labels), key=key):
+        tokens = [token for token, _ in run]
+        if kind == "image":
+            out.append(f"{tokenizer.convert_ids_to_tokens(value)}x{len(tokens)}")
+        else:
+            text = tokenizer.decode(tokens)
+            out.append(f"[[{text}]]" if value else text)
     return "".join(out)
 
 
-def show_preference(tokenizer, store, n: int) -> None:
-    """The first n training items of a preference store: prompt, then each response marked as supervised."""
+def show_preference(tokenizer, store, n: int, image_ids=frozenset()) -> None:
+    """The first n training items of a preference store: prompt, then each response marked as supervised; a run of
+    image tokens in a prompt (a vision-language model's) as the token and its count."""
     for item in range(min(n, store.n_train)):
         sequences = store.sequences(item)
         prompt = sequences[0][0]
@@ -48,7 +49,7 @@ def show_preference(tokenizer, store, n: int) -> None:
         sizes = ", ".join(f"{name.split(',')[0]} {len(response)}" for name, (_, response) in zip(names, sequences))
         print(f"\n--- {'example' if store.unpaired else 'pair'} {item} (prompt {len(prompt)} tokens; {sizes}; "
               "supervised in [[ ]]) ---")
-        print(f"[prompt]\n{tokenizer.decode(prompt)}")
+        print(f"[prompt]\n{marked(tokenizer, prompt, [IGNORE_INDEX] * len(prompt), image_ids)}")
         for name, (_, response) in zip(names, sequences):
             print(f"[{name}]\n{marked(tokenizer, response, response)}")
 
@@ -63,8 +64,11 @@ def _preference_counts(recipe, s: dict) -> None:
     for name in ("train", "eval"):
         part = s[name]
         labels = f" ({part['desirable']} desirable, {part['undesirable']} undesirable)" if "desirable" in part else ""
+        images = f", {part['image_tokens']:,} image tokens ({part['images']:,} images)" if "image_tokens" in part else ""
         print(f"{name}: {part['examples']} {unit}{labels}, {part['tokens']:,} tokens, "
-              f"{part['supervised_tokens']:,} response tokens (supervised)")
+              f"{part['supervised_tokens']:,} response tokens (supervised){images}")
+    if s.get("dropped_images"):  # records left out because of their images, by reason
+        print("  left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in s["dropped_images"].items()))
     for name, packed in s.get("packing", {}).items():
         print(f"{name}: packed into {packed['rows']:,} rows of {packed['sequence_len']:,} tokens "
               f"({100 * packed['efficiency']:.0f}% filled)")
@@ -94,13 +98,17 @@ def show_grpo(recipe, tokenizer, prepared, n: int) -> int:
     return report_rewards(recipe, records, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _image_ids(processor) -> frozenset:
+    return frozenset(i for i in getattr(processor, "image_token_ids", ()) if i is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import tokenizer_and_processor
 
     recipe = load_recipe(args.recipe, args.overrides)
-    tokenizer = load_tokenizer(recipe)
-    prepared = build_dataset(recipe, tokenizer)
+    tokenizer, processor = tokenizer_and_processor(recipe)
+    prepared = build_dataset(recipe, tokenizer, processor)
     s = prepared.stats
     print(f"cache: {prepared.cache_path}{' (reused)' if prepared.reused else ' (built)'}")
     if s.get("dropped_duplicates"):
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return show_grpo(recipe, tokenizer, prepared, args.show)
     if recipe.method != "sft":
         _preference_counts(recipe, s)
-        show_preference(tokenizer, prepared.store, args.show)
+        show_preference(tokenizer, prepared.store, args.show, _image_ids(processor))
         return 0
     print(f"records: {s['records']}; dropped: {s['dropped_too_long']} over sequence_len {recipe.sequence_len}, "
           f"{s['dropped_no_supervised_tokens']} with no supervised tokens; truncated: {s['truncated']}")
@@ -117,12 +125,18 @@ def run(args: argparse.Namespace) -> int:
         read = (f" (read {source['read']:,}, kept {source['kept']:,}"
                 + "".join(f", {n:,} {why}" for why, n in source["dropped"].items()) + ")") if "read" in source else ""
         print(f"  {source['path']}: {source['records']:,} records{read}")
+    if s.get("dropped_images"):  # records left out because of their images, by reason
+        print("  left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in s["dropped_images"].items()))
     for name in ("train", "eval"):
         part = s[name]
+        images = f", {part['image_tokens']:,} image tokens ({part['images']:,} images)" if "image_tokens" in part else ""
         print(f"{name}: {part['examples']} examples, {part['tokens']:,} tokens, "
-              f"{part['supervised_tokens']:,} supervised")
+              f"{part['supervised_tokens']:,} supervised{images}")
+    image_ids = _image_ids(processor)
     for i in range(min(args.show, len(prepared.train))):
         row = prepared.train[i]
-        print(f"\n--- example {i} ({len(row['input_ids'])} tokens; supervised in [[ ]]) ---")
-        print(marked(tokenizer, row["input_ids"], row["labels"]))
+        images = (f", {len(json.loads(row['images']))} image(s): each run of image tokens shows as TOKENxCOUNT"
+                  if row.get("images") not in (None, "[]") else "")
+        print(f"\n--- example {i} ({len(row['input_ids'])} tokens{images}; supervised in [[ ]]) ---")
+        print(marked(tokenizer, row["input_ids"], row["labels"], image_ids))
     return 0

@@ -17,6 +17,7 @@ from finetune.data.dedup import recipe_records
 from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
+from finetune.data.vision import IMAGE_REJECT
 from finetune.errors import DataError
 from finetune.ingest.record_images import has_images
 from finetune.ingest.records import require_records_file
@@ -33,6 +34,8 @@ class Prepared:
     cache_path: str = ""
     reused: bool = False
     store: object = None  # preference methods: the token ids the rows of pair ids point into (preference_rows.py)
+    # a vision-language model: the processor that counted the rows' image tokens; the collator makes their pixels
+    processor: object = None
 
     def train_counts(self) -> dict:
         """stats["train"] with `examples` replaced by what the Trainer iterates: the packed rows with
@@ -68,21 +71,27 @@ def fit_length(example: Example, recipe) -> tuple[Example | None, str | None]:
     """Apply excess_length_strategy. Returns (example or None, what happened)."""
     if len(example.input_ids) <= recipe.sequence_len:
         return example, None
-    if recipe.excess_length_strategy == "drop":
-        return None, "too_long"
     if recipe.excess_length_strategy == "error":
+        images = f" ({example.image_tokens} of them image tokens)" if example.images else ""
         raise DataError(
-            f"an example has {len(example.input_ids)} tokens, over sequence_len {recipe.sequence_len}; raise "
+            f"an example has {len(example.input_ids)} tokens{images}, over sequence_len {recipe.sequence_len}; raise "
             "`sequence_len`, or set `excess_length_strategy: drop` or `truncate`"
         )
+    if example.images:  # never cut: a cut inside an image's tokens leaves its features and its tokens disagreeing
+        return None, IMAGE_REJECT + "too_long_with_images"
+    if recipe.excess_length_strategy == "drop":
+        return None, "too_long"
     n = recipe.sequence_len
     return Example(example.input_ids[:n], example.labels[:n]), "truncated"
 
 
-def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None
+def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None, processor=None
                  ) -> tuple[list[Example], dict]:
     """Every record of `files` -> Examples, fitted to sequence_len. `records`: a list that receives the
-    (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split)."""
+    (shape, record) of each kept example, in step with the examples (evaluation prompts from the eval split).
+    `processor`: a vision-language model's, which encodes its chats (finetune/data/vision/encode.py)."""
+    from finetune.data.vision import chat_encoder
+
     examples, outcome, formats, per_file = [], Counter(), Counter(), Counter()
 
     def counted(index, item):
@@ -90,12 +99,15 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
         per_file[index] += 1  # by the entry's place in `datasets:`: one file listed twice is two entries
         return item
 
-    text_only = getattr(tokenizer, "image_processor", None) is None  # a processor reads images; a tokenizer not
-    shaped = (counted(i, _sft_record(path, item, (recipe.datasets[i].path, number) if text_only else None))
+    shaped = (counted(i, _sft_record(path, item, (recipe.datasets[i].path, number) if processor is None else None))
               for i, path, number, item in recipe_records(files, recipe.dataset_exact_deduplication, outcome))
+    chat = chat_encoder(recipe, processor)
     # batched tokenization, one tokenizer call per chunk of records; optionally over several processes
-    for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes):
+    for item, encoded in encode_stream(tokenizer, shaped, recipe.train_on_inputs, recipe.dataset_processes, chat):
         outcome["records"] += 1
+        if not isinstance(encoded, Example):  # a record the vision encoder could not use, counted by its reason
+            outcome[IMAGE_REJECT + encoded.reason] += 1
+            continue
         example, what = fit_length(encoded, recipe)
         if example is not None and example.supervised_tokens == 0:
             example, what = None, "no_supervised_tokens"
@@ -106,10 +118,12 @@ def tokenize_all(recipe, tokenizer, files: list[tuple[str, str]], records: list 
             if records is not None:
                 records.append(item)
     if not examples:
+        from finetune.data.vision import rejects_line
+
         raise DataError(
             f"no usable examples: {outcome['records']} records, {outcome['too_long']} over sequence_len "
-            f"{recipe.sequence_len}, {outcome['no_supervised_tokens']} with no supervised tokens; check the data "
-            "and `sequence_len` / `train_on_inputs`"
+            f"{recipe.sequence_len}, {outcome['no_supervised_tokens']} with no supervised tokens{rejects_line(outcome)}; "
+            "check the data and `sequence_len` / `train_on_inputs`"
         )
     return examples, {**outcome, "formats": dict(formats), "per_file": dict(per_file)}
 
@@ -169,28 +183,36 @@ def split(examples: list[Example], recipe) -> tuple[list[Example], list[Example]
     return train, held
 
 
-def split_stats(examples: list[Example]) -> dict:
-    return {
+def split_stats(examples: list[Example], images: bool = False) -> dict:
+    """Examples and tokens of a split; `images` (a vision-language model): its image tokens and images apart."""
+    stats = {
         "examples": len(examples),
         "tokens": sum(len(ex.input_ids) for ex in examples),
         "supervised_tokens": sum(ex.supervised_tokens for ex in examples),
     }
+    if images:
+        stats.update(image_tokens=sum(ex.image_tokens for ex in examples),
+                     images=sum(len(ex.images) for ex in examples))
+    return stats
 
 
-def _to_dataset(examples: list[Example]):
+def _to_dataset(examples: list[Example], images: bool = False):
     from datasets import Dataset
 
-    return Dataset.from_dict(
-        {"input_ids": [ex.input_ids for ex in examples], "labels": [ex.labels for ex in examples]}
-    )
+    columns = {"input_ids": [ex.input_ids for ex in examples], "labels": [ex.labels for ex in examples]}
+    if images:  # each row's image parts as JSON text: the collator loads them (finetune/data/vision/collate.py)
+        columns["images"] = [json.dumps(ex.images) for ex in examples]
+    return Dataset.from_dict(columns)
 
 
-def cache_entry(recipe, tokenizer) -> tuple[list[tuple[str, str]], Prepared]:
+def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]], Prepared]:
     """(the record files, the cache entry for them as a Prepared): filled from the cache when it holds one
-    (`reused`), else empty for store_entry to fill."""
+    (`reused`), else empty for store_entry to fill. A processor's image settings enter the key with the tokenizer."""
+    from finetune.data.vision import processor_fingerprint
+
     files = record_files(recipe)
     files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer))
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer) + processor_fingerprint(processor))
     root = prepared_root(recipe)
     prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
     cached = load_prepared(root, key)
@@ -210,21 +232,26 @@ def store_entry(prepared: Prepared, dataset_dict, stats: dict) -> Prepared:
     return prepared
 
 
-def build_dataset(recipe, tokenizer) -> Prepared:
-    """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data."""
+def build_dataset(recipe, tokenizer, processor=None) -> Prepared:
+    """Tokenize (or reuse the cache for) the recipe's datasets. Raises DataError for unusable data. `processor`:
+    a vision-language model's (finetune/model/vision.py: load_processor), None for a text model."""
     from datasets import DatasetDict
 
+    from finetune.data.vision import check_vision_method, image_stats
     from finetune.recipe.methods import is_grpo, reads_pairs
 
+    check_vision_method(recipe, processor)
     if reads_pairs(recipe):  # preference methods and reward models: the pairs' token store
-        return build_preference_dataset(recipe, tokenizer)
+        return build_preference_dataset(recipe, tokenizer, processor)
     if is_grpo(recipe):
         return build_prompt_dataset(recipe, tokenizer)
-    files, prepared = cache_entry(recipe, tokenizer)
+    files, prepared = cache_entry(recipe, tokenizer, processor)
+    prepared.processor = processor
     if prepared.reused:
         return pack_prepared(recipe, prepared)
-    examples, outcome = tokenize_all(recipe, tokenizer, files)
+    examples, outcome = tokenize_all(recipe, tokenizer, files, processor=processor)
     train, held = split(examples, recipe)
+    vision = processor is not None
     stats = {
         "records": outcome.get("records", 0),
         "dropped_too_long": outcome.get("too_long", 0),
@@ -233,12 +260,13 @@ def build_dataset(recipe, tokenizer) -> Prepared:
         "dropped_duplicates": outcome.get("duplicates", 0),
         "formats": outcome.get("formats", {}),  # records per shape: the prompt format inference must use
         "sources": source_counts(recipe, files, outcome.get("per_file", {})),
-        "train": split_stats(train),
-        "eval": split_stats(held),
+        "train": split_stats(train, vision),
+        "eval": split_stats(held, vision),
+        **image_stats(outcome, vision),
     }
-    parts = {"train": _to_dataset(train)}
+    parts = {"train": _to_dataset(train, vision)}
     if held:
-        parts["eval"] = _to_dataset(held)
+        parts["eval"] = _to_dataset(held, vision)
     return pack_prepared(recipe, store_entry(prepared, DatasetDict(parts), stats))
 
 
@@ -254,21 +282,28 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
         prepared.train = prepared.train.add_column("length", [len(ids) for ids in prepared.train["input_ids"]])
     if eval_packing and prepared.eval is not None:
         prepared.eval, packing["eval"] = pack_dataset(prepared.eval, recipe.sequence_len, recipe.seed)
+    elif recipe.group_by_length and prepared.eval is not None:  # the eval sampler groups too; with a processor as the
+        # Trainer's processing_class it could not infer lengths (it would look for its first input, pixel_values)
+        prepared.eval = prepared.eval.add_column("length", [len(ids) for ids in prepared.eval["input_ids"]])
     prepared.stats = {**prepared.stats, "packing": packing}
     return prepared
 
 
-def build_preference_dataset(recipe, tokenizer) -> Prepared:
+def build_preference_dataset(recipe, tokenizer, processor=None) -> Prepared:
     """Preference methods: tokenized pairs (KTO: unpaired examples), cached like SFT examples; the Trainer's
-    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py)."""
+    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py). `processor`: a
+    vision-language model's, which expands the prompts' images (finetune/data/vision/pairs.py)."""
     from datasets import DatasetDict
 
     from finetune.data.preference.pairs import item_stats, to_dataset, tokenize_preferences
+    from finetune.data.vision import image_stats
 
-    files, prepared = cache_entry(recipe, tokenizer)
+    files, prepared = cache_entry(recipe, tokenizer, processor)
+    prepared.processor = processor
     if prepared.reused:
         return preference_prepared(recipe, prepared)
-    items, outcome = tokenize_preferences(recipe, tokenizer, files)
+    items, outcome = tokenize_preferences(recipe, tokenizer, files, processor=processor)
+    vision = processor is not None
     train, held = split(items, recipe)
     stats = {
         "records": outcome.get("records", 0),
@@ -278,10 +313,11 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
         "formats": outcome["formats"],  # records per kind: conversations (chat) or plain text (completion)
-        "train": item_stats(train),
-        "eval": item_stats(held),
+        "train": item_stats(train, vision),
+        "eval": item_stats(held, vision),
+        **image_stats(Counter(outcome), vision),
     }
-    dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
+    dd = DatasetDict({"train": to_dataset(train, vision), **({"eval": to_dataset(held, vision)} if held else {})})
     return preference_prepared(recipe, store_entry(prepared, dd, stats))
 
 

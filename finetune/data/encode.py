@@ -58,8 +58,9 @@ def supervised_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndar
     return inside
 
 
-def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool) -> list[Example]:
-    rendered = [assistant_spans(tokenizer, r["messages"]) for r in records]
+def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool, roles=("assistant",)) -> list[Example]:
+    """Chats: the turns of `roles` (the recipe's roles_to_train) supervised, or every token with train_on_inputs."""
+    rendered = [assistant_spans(tokenizer, r["messages"], roles) for r in records]
     texts = [text for text, _ in rendered]
     if not texts:
         return []
@@ -79,10 +80,13 @@ def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool) -> list[
 BATCH_ENCODERS = {"completion": encode_completions, "instruction": encode_instructions, "chat": encode_chats}
 
 
-def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inputs: bool) -> list[Example]:
-    """Encode (shape, record) pairs, in order, one tokenizer call per shape present."""
+def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inputs: bool, chat=None) -> list[Example]:
+    """Encode (shape, record) pairs, in order, one tokenizer call per shape present. `chat`: what encodes the chats
+    (the recipe's: chat_encoder in finetune/data/vision/__init__.py; a vision-language model's ImageEncoder gives
+    back a record it cannot use as a Rejected, its reason counted); default: encode_chats."""
+    encoders = {**BATCH_ENCODERS, "chat": chat or encode_chats}
     out: list[Example | None] = [None] * len(shaped_records)
-    for shape, encoder in BATCH_ENCODERS.items():
+    for shape, encoder in encoders.items():
         where = [i for i, (s, _) in enumerate(shaped_records) if s == shape]
         if where:
             for i, example in zip(where, encoder(tokenizer, [shaped_records[i][1] for i in where], train_on_inputs)):
@@ -93,16 +97,16 @@ def encode_batch(tokenizer, shaped_records: list[tuple[str, dict]], train_on_inp
 _WORKER: dict = {}
 
 
-def _init_worker(tokenizer, train_on_inputs: bool) -> None:
+def _init_worker(tokenizer, train_on_inputs: bool, chat) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # processes already split the work
-    _WORKER.update(tokenizer=tokenizer, train_on_inputs=train_on_inputs)
+    _WORKER.update(tokenizer=tokenizer, train_on_inputs=train_on_inputs, chat=chat)
 
 
 def _encode_in_worker(chunk: list[tuple[str, dict]]) -> list[Example]:
-    return encode_batch(_WORKER["tokenizer"], chunk, _WORKER["train_on_inputs"])
+    return encode_batch(_WORKER["tokenizer"], chunk, _WORKER["train_on_inputs"], _WORKER["chat"])
 
 
-def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: int = 1):
+def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: int = 1, chat=None):
     """Yield Examples in record order, encoding chunks of CHUNK_RECORDS in up to `processes` processes."""
     def chunks():
         chunk = []
@@ -116,13 +120,13 @@ def encode_stream(tokenizer, shaped_records, train_on_inputs: bool, processes: i
 
     if processes <= 1:
         for chunk in chunks():
-            yield from zip(chunk, encode_batch(tokenizer, chunk, train_on_inputs))
+            yield from zip(chunk, encode_batch(tokenizer, chunk, train_on_inputs, chat))
         return
     import multiprocessing
 
     # spawn, not fork: the parent may hold torch / tokenizer threads, which fork does not copy safely
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(tokenizer, train_on_inputs)) as pool:
+                             initializer=_init_worker, initargs=(tokenizer, train_on_inputs, chat)) as pool:
         pending = list(chunks())
         for chunk, examples in zip(pending, pool.map(_encode_in_worker, pending)):
             yield from zip(chunk, examples)

@@ -122,6 +122,14 @@ def packed_columns(input_ids, labels, lengths, bins) -> dict[str, np.ndarray]:
             "offsets": row_offsets}
 
 
+def packed_images(images: list[str], bins: list[np.ndarray]) -> list[str]:
+    """The image parts of each packed row (JSON), in the order its examples sit in it: the order the model meets
+    their image tokens, which is the order it assigns the images' features."""
+    import json
+
+    return [json.dumps([part for i in row for part in json.loads(images[i])]) for row in bins]
+
+
 def pack_dataset(dataset, sequence_len: int, seed: int):
     """A datasets.Dataset of examples -> (packed Dataset, stats)."""
     import pyarrow as pa
@@ -134,8 +142,11 @@ def pack_dataset(dataset, sequence_len: int, seed: int):
     bins = pack_lengths(lengths, sequence_len, seed)
     cols = packed_columns(ids, labels, lengths, bins)
     offsets = pa.array(cols["offsets"].astype(np.int32))
-    packed = pa.table({name: pa.ListArray.from_arrays(offsets, pa.array(cols[name].astype(np.int32, copy=False)))
-                       for name in ("input_ids", "labels", "position_ids")})
+    columns = {name: pa.ListArray.from_arrays(offsets, pa.array(cols[name].astype(np.int32, copy=False)))
+               for name in ("input_ids", "labels", "position_ids")}
+    if "images" in table.column_names:  # a vision-language model's rows: each row's images, example after example
+        columns["images"] = pa.array(packed_images(table.column("images").to_pylist(), bins))
+    packed = pa.table(columns)
     stats = {
         "examples": int(lengths.size),
         "rows": len(bins),

@@ -80,10 +80,10 @@ def _side(subject, side: str):
             with scorer.model.disable_adapter():  # the decoder as it started and the head it started with
                 yield scorer
         return
-    from finetune.model import model_loader
+    from finetune.model import reward_loader
     from finetune.model.trained import saved_tokenizer
 
-    base = model_loader("reward")(subject.base_source)
+    base = reward_loader()(subject.base_source)
     tokenizer = saved_tokenizer(subject.folder)
     if base.config.pad_token_id is None:
         base.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else \

@@ -24,6 +24,7 @@ class Exported:
     size_bytes: int
     tensor_count: int
     pre_tokenizer: str
+    mmproj_path: Path | None = None  # a vision-language run's tower and projector (export/gguf_mmproj.py)
 
 
 def _log(message: str) -> None:
@@ -49,18 +50,17 @@ def load_model(trained, tokenizer):
 
         _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
         return load_adapter_model(trained, "fp32", tokenizer=tokenizer)[0].merge_and_unload()
-    import torch
-    from transformers import AutoModelForCausalLM
+    from finetune.model.trained import load_full_model
 
     _log(f"loading the model in {trained.folder}")
-    return AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32)
+    return load_full_model(trained, "fp32")
 
 
 def check_family(folder: Path):
     """Refuse an unsupported family or head from config.json alone, before loading any weight."""
     from transformers import AutoConfig
 
-    from finetune.export.gguf_tensors import family_of
+    from finetune.export.gguf_families import family_of
 
     try:
         config = AutoConfig.from_pretrained(str(folder))
@@ -81,25 +81,25 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
     """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
     import gguf
 
-    from finetune.export.gguf_tensors import add_hyperparameters, encode, family_of, gguf_tensors
-    from finetune.export.gguf_vocab import add_tokenizer
+    from finetune.export.gguf_families import add_hyperparameters, family_of
+    from finetune.export.gguf_tensors import add_file_type, encode, gguf_tensors
+    from finetune.export.gguf_vocab import add_tokenizer, check_tokenizer
     from finetune.export.ollama import write_modelfile
 
     check_quant(quant)
     config = model.config
     family = family_of(config)
-    # encode everything first: a weight llama.cpp cannot hold refuses here, with nothing on disk yet
-    state = model.state_dict()
-    if getattr(config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # tied: llama.cpp reuses token_embd, as the HF model does
+    check_tokenizer(tokenizer, name)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
     writer = gguf.GGUFWriter(None, family.arch)
     try:
         writer.add_name(name)
-        add_hyperparameters(writer, config, family, quant)
+        add_hyperparameters(writer, config, family)
+        add_file_type(writer, quant)
         pre = add_tokenizer(writer, tokenizer, config.vocab_size)
-        tensors = list(gguf_tensors(state, config, family))
+        # every weight named and laid out first: one llama.cpp cannot hold refuses here, with nothing on disk yet
+        tensors = list(gguf_tensors(model.state_dict(), config, family))
         for done, (tensor_name, data) in enumerate(tensors, 1):
             array, raw = encode(tensor_name, data, quant)
             writer.add_tensor(tensor_name, array, raw_dtype=raw)
@@ -127,7 +127,7 @@ def export(trained, out: Path, quant: str) -> Exported:
     check_quant(quant)
     check_family(Path(trained.base_source) if trained.is_adapter else trained.folder)
     tokenizer = saved_tokenizer(trained.folder)
-    check_tokenizer(tokenizer)  # before the merge: a refusal costs seconds, not minutes
+    check_tokenizer(tokenizer, out.stem)  # before the merge: a refusal costs seconds, not minutes
     from finetune.model.prompt_format import served_format
 
     model = load_model(trained, tokenizer)

@@ -1,5 +1,5 @@
-"""The model half of a GGUF file: which families llama.cpp runs, their hyperparameters, and each weight
-named, laid out and quantized the way llama.cpp reads it.
+"""The model half of a GGUF file: each weight named, laid out and quantized the way llama.cpp reads it, for the
+families in gguf_families.py.
 
 Names come from the `gguf` package's own maps (`gguf.TensorNameMap` for the architecture llama.cpp uses), so
 a tensor we cannot name is a tensor llama.cpp would not know what to do with: the export refuses it.
@@ -7,15 +7,12 @@ a tensor we cannot name is a tensor llama.cpp would not know what to do with: th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from finetune.errors import ModelError
+from finetune.export.gguf_families import SPECS, Family
 
-# transformers model_type -> llama.cpp architecture name. Mistral is a Llama to llama.cpp (same blocks; the
-# sliding window is ignored there, as in llama.cpp's own converter). Each needs `permute_qk`: see _to_llama_rope.
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
-# the heads a GGUF of these architectures can hold: a causal LM head (tied or not), nothing else
-CAUSAL_LM_CLASSES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+# transformers model_type -> llama.cpp architecture name: the families the export writes (gguf_families.SPECS has
+# the rest of each row). docs/models.md reads this table.
+FAMILIES = {model_type: family.arch for model_type, family in SPECS.items()}
 
 # --quant choice -> GGML type. These are the types gguf-py can *write* (gguf.quants.quantize) that llama.cpp
 # runs on every backend; the k-quants (Q4_K_M ...) exist there only as dequantizers: use llama-quantize for them.
@@ -24,59 +21,9 @@ QUANT_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "bf16": 32}
 
 
-@dataclass(frozen=True)
-class Family:
-    model_type: str  # transformers'
-    arch: str  # llama.cpp's
-    permute_qk: bool
-
-
-def family_of(config) -> Family:
-    """The supported family for a transformers config, or a ModelError naming it and what is supported."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise ModelError(
-            f"cannot export a `{model_type}` model to GGUF: supported families are "
-            f"{', '.join(sorted(FAMILIES))} (SmolLM is a llama). Export the merged HF model instead "
-            "(`finetune merge`) and convert it with llama.cpp's convert_hf_to_gguf.py if it supports the family."
-        )
-    heads = [a for a in (getattr(config, "architectures", None) or []) if a not in CAUSAL_LM_CLASSES]
-    if heads:
-        raise ModelError(
-            f"the model is a `{heads[0]}`: a GGUF holds a causal language model (a ...ForCausalLM with its "
-            "lm_head), not a classification or value head. Export the causal LM the run started from instead."
-        )
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise ModelError(f"the model uses `{rope_type}` RoPE scaling, which this exporter does not write yet; "
-                         "only plain RoPE (rope_type default) models can be exported")
-    arch = FAMILIES[model_type]
-    return Family(model_type, arch, permute_qk=arch == "llama")
-
-
-def _rope_theta(config) -> float:
-    rope = getattr(config, "rope_parameters", None) or {}
-    return float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-
-
-def add_hyperparameters(writer, config, family: Family, quant: str) -> None:
-    """The architecture keys llama.cpp reads (`{arch}.block_count`, ...), from the transformers config."""
+def add_file_type(writer, quant: str) -> None:
     import gguf
 
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads or config.num_attention_heads)
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
-    writer.add_rope_freq_base(_rope_theta(config))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(_FILE_TYPE[quant])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
@@ -89,6 +36,41 @@ def _to_llama_rope(weight, n_head: int):
     return weight.reshape(n_head, 2, rows // n_head // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
+def _split_experts(name: str, tensor, layout: str):
+    """transformers 5 fuses a layer's experts into 3-D parameters (`mlp.experts.gate_up_proj`, `down_proj`, and
+    gpt-oss's `*_bias`); llama.cpp wants gate, up and down apart, each [n_expert, out, in] (gguf's ffn_*_exps)."""
+    base, kind = name.rsplit(".", 1)
+    bias = kind.endswith("_bias")
+    kind, suffix = kind.removesuffix("_bias"), (".bias" if bias else ".weight")
+    if layout == "interleaved" and not bias:
+        tensor = tensor.transpose(-1, -2)  # gpt-oss multiplies x @ W: [E, in, out] -> [E, out, in]
+    if kind != "gate_up_proj":
+        yield f"{base}.{kind}{suffix}", tensor
+        return
+    if layout == "interleaved":  # gpt-oss: gate and up alternate along the output axis
+        gate, up = (tensor[..., 0::2], tensor[..., 1::2]) if bias else (tensor[:, 0::2], tensor[:, 1::2])
+    else:  # qwen3_moe, mixtral: gate's rows, then up's (gate_up_proj(x).chunk(2))
+        gate, up = tensor.chunk(2, dim=-1 if bias else -2)
+    yield f"{base}.gate_proj{suffix}", gate
+    yield f"{base}.up_proj{suffix}", up
+
+
+def _hf_tensors(state_dict: dict, config, family: Family):
+    """(name, tensor) in the layout gguf's TensorNameMap names: experts apart, bare parameters as `.weight`."""
+    tied = getattr(config, "tie_word_embeddings", False)
+    for name, tensor in state_dict.items():
+        if name.endswith("rotary_emb.inv_freq"):  # recomputed by every runtime from rope.freq_base
+            continue
+        if name == "lm_head.weight" and tied and family.head != "required":
+            continue  # llama.cpp reuses token_embd, as the HF model does
+        if family.experts and ".mlp.experts." in name:
+            yield from _split_experts(name, tensor, family.experts)
+        elif name.endswith((".weight", ".bias")):
+            yield name, tensor
+        else:  # gpt-oss's attention sinks: a bare parameter, a weight to llama.cpp
+            yield f"{name}.weight", tensor
+
+
 def gguf_tensors(state_dict: dict, config, family: Family):
     """Yield (gguf_name, float32 ndarray) for every weight, or raise ModelError on one llama.cpp cannot hold."""
     import gguf
@@ -97,31 +79,32 @@ def gguf_tensors(state_dict: dict, config, family: Family):
     arch = next(a for a, name in gguf.MODEL_ARCH_NAMES.items() if name == family.arch)
     names = gguf.TensorNameMap(arch, config.num_hidden_layers)
     n_head, n_kv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
-    for hf_name, tensor in state_dict.items():
-        if hf_name.endswith("rotary_emb.inv_freq"):  # recomputed by every runtime from rope.freq_base
-            continue
-        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if name is None:
+    heads = {gguf.MODEL_TENSOR.ATTN_Q: n_head, gguf.MODEL_TENSOR.ATTN_K: n_kv}
+    for hf_name, tensor in _hf_tensors(state_dict, config, family):
+        found = names.get_type_and_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if found is None:
             raise ModelError(
                 f"the model has a weight `{hf_name}` that a `{family.arch}` GGUF has no place for (an extra head "
                 "or module llama.cpp would not run); nothing was written"
             )
+        kind, name = found
         data = tensor.detach().float().cpu().numpy()
         # biases are rows of the same projection: they take the same reordering as the weights
-        if family.permute_qk and name.endswith(("attn_q.weight", "attn_q.bias")):
-            data = _to_llama_rope(data, n_head)
-        elif family.permute_qk and name.endswith(("attn_k.weight", "attn_k.bias")):
-            data = _to_llama_rope(data, n_kv)
+        if family.permute_qk and kind in heads:
+            data = _to_llama_rope(data, heads[kind])
+        if family.norm_shift and name.endswith("norm.weight"):
+            data = data + family.norm_shift
         yield name, np.ascontiguousarray(data)
 
 
 def encode(name: str, data, quant: str):
-    """(array, raw GGML type or None) for GGUFWriter.add_tensor. Norms and biases (1-D) stay F32 like llama.cpp
-    keeps them; a matrix whose rows do not split into the type's blocks falls back to F16."""
+    """(array, raw GGML type or None) for GGUFWriter.add_tensor. What llama.cpp's converter keeps F32 stays F32:
+    norms, biases, attention sinks and MoE routers; a matrix whose rows do not split into the type's blocks falls
+    back to F16."""
     import gguf
     import numpy as np
 
-    if quant == "f32" or data.ndim == 1:
+    if quant == "f32" or data.ndim == 1 or not name.endswith(".weight") or ".ffn_gate_inp." in name:
         return data.astype(np.float32), None
     if quant == "f16":
         return data.astype(np.float16), None

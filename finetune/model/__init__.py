@@ -11,14 +11,16 @@ from __future__ import annotations
 import functools
 import os
 
-from finetune.compat import parameter_count, save_new_token_rows_only
+from finetune.compat import parameter_count, peft_wrapping, save_new_token_rows_only
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
 from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
+from finetune.model.moe import MoeSetup, check_target_parameters, prepare_experts
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
+from finetune.model.vision import freeze_parts, is_vision_model, log_parts, lora_target_names
 from finetune.recipe.adapter import mutates_base, uses_eva
 
 log = get_logger(__name__)
@@ -57,16 +59,18 @@ def quantized_base(recipe) -> bool:
     return recipe.adapter == "qlora" or recipe.load_in_4bit or recipe.load_in_8bit
 
 
-def get_quantization_config(recipe, compute_dtype):
-    """BitsAndBytesConfig for a quantized base, or None."""
+def get_quantization_config(recipe, compute_dtype, keep: list[str] | None = None):
+    """BitsAndBytesConfig for a quantized base, or None. `keep`: modules left unquantized (a vision-language model's
+    tower, projector and output layer: model/vision.py); None: transformers' default (the output layer)."""
     if not quantized_base(recipe):
         return None
     require_bitsandbytes("a quantized base (`adapter: qlora`, `load_in_4bit` or `load_in_8bit`)")
     from transformers import BitsAndBytesConfig
 
     if recipe.load_in_8bit:
-        return BitsAndBytesConfig(load_in_8bit=True)
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=keep)
     return BitsAndBytesConfig(
+        llm_int8_skip_modules=keep,
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,  # quantize the quantization constants too: ~0.37 bits/param saved
@@ -81,9 +85,10 @@ def describe_quantization(recipe, precision: str) -> str:
 
 
 def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embeddings: bool = False,
-                    trainable_tokens: dict[str, list[int]] | None = None):
-    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save`: the recipe's;
-    `trainable_tokens`: the embedding (and lm_head) rows of the recipe's new tokens (fit_embeddings)."""
+                    trainable_tokens: dict[str, list[int]] | None = None, exclude_modules: list[str] | None = None):
+    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save`: the recipe's
+    (and the routers with `train_router`); `trainable_tokens`: the embedding (and lm_head) rows of the recipe's new
+    tokens (fit_embeddings); `exclude_modules`: what no adapter may reach (frozen routers, model/moe.py)."""
     if recipe.adapter == "none":
         return None
     from peft import EvaConfig, LoraConfig
@@ -93,6 +98,9 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         lora_alpha=recipe.lora_alpha,
         lora_dropout=recipe.lora_dropout,
         target_modules=recipe.lora_target_modules,
+        # mixture-of-experts: the fused 3-D expert weights, one rank-r adapter per expert (docs/moe.md)
+        target_parameters=recipe.lora_target_parameters,
+        exclude_modules=exclude_modules or None,
         modules_to_save=modules_to_save,
         trainable_token_indices=trainable_tokens,  # the rows of new tokens (finetune/model/tokens.py)
         # a tied embedding / lm_head pair stays one trained matrix instead of two diverging copies
@@ -110,14 +118,11 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
     )
 
 
-def model_loader(method: str):
-    """The from_pretrained that loads the model a method trains: a causal LM, or for `method: reward` the base's
-    sequence-classification class with one output (its score head new, the LM head not loaded; transformers' report
-    of exactly those two is expected and kept out of the log: finetune/compat.py)."""
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    if method != "reward":
-        return AutoModelForCausalLM.from_pretrained
+def reward_loader():
+    """AutoModelForSequenceClassification.from_pretrained with one output: the base's sequence-classification class, a
+    reward model (`method: reward`; its score head new, the LM head not loaded; transformers' report of exactly those
+    two is expected and kept out of the log: finetune/compat.py)."""
+    from transformers import AutoModelForSequenceClassification
 
     def load(*args, **kwargs):
         from finetune.compat import quiet_head_swap_report
@@ -131,15 +136,18 @@ def model_loader(method: str):
 def load_base_model(recipe, precision: str, attn: str):
     import torch
 
+    from finetune.model.vision import model_class, unquantized_modules
+
     dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
     # Adapters train on a base held in the compute dtype; a full fine-tune keeps fp32 master weights and
     # lets autocast run the matmuls in bf16/fp16.
     load_dtype = dtypes[precision] if recipe.adapter != "none" else torch.float32
     source = resolve_model_path(recipe.base_model, recipe.cache_dir)
-    quantization = get_quantization_config(recipe, dtypes[precision])
+    quantization = get_quantization_config(recipe, dtypes[precision], unquantized_modules(recipe))
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
-    load = functools.partial(model_loader(recipe.method), source, dtype=load_dtype,
+    loader = reward_loader() if recipe.method == "reward" else model_class(recipe).from_pretrained
+    load = functools.partial(loader, source, dtype=load_dtype,
                              quantization_config=quantization, device_map=device_map,
                              trust_remote_code=recipe.trust_remote_code)
     try:
@@ -166,9 +174,10 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     model = load_base_model(recipe, precision, attn_implementation or resolve_attn_implementation(recipe))
     # Training never reads a KV cache: it conflicts with recomputation (gradient checkpointing), and with one
     # transformers skips the packed-row mask (every packed token would see its whole row; see isolation.py).
-    model.config.use_cache = False
-    if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id
+    text_config = model.config.get_text_config()  # the config itself, or a vision-language model's language model's
+    model.config.use_cache = text_config.use_cache = False
+    if getattr(text_config, "pad_token_id", None) is None:
+        text_config.pad_token_id = tokenizer.pad_token_id
     trainable_tokens = fit_embeddings(model, tokenizer, recipe)
     if quantized_base(recipe):
         log.info(f"base quantized: {describe_quantization(recipe, precision)}")
@@ -179,20 +188,33 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
     adapter = adapter_folder(recipe.base_model)
-    lora = get_lora_config(recipe, modules_to_save(recipe, model), tie_embeddings=ties_embeddings(model),
-                           trainable_tokens=trainable_tokens)
+    moe = prepare_experts(model, recipe, precision) if adapter is None else MoeSetup()
+    lora = get_lora_config(recipe, modules_to_save(recipe, model, moe.saved),
+                           tie_embeddings=ties_embeddings(model), trainable_tokens=trainable_tokens,
+                           exclude_modules=moe.excluded)
+    if lora is not None:
+        moe.apply(lora)  # a mixture-of-experts model: peft's own conversion for fused experts, frozen routers out
+    vision = is_vision_model(model)
     if adapter is not None:
         model = continue_adapter(model, adapter, recipe)
     elif lora is not None:
         from peft import get_peft_model
 
-        check_targets(module_groups(model), recipe.lora_target_modules)
+        if vision:  # adapters only in the parts that are not frozen (finetune/model/vision.py)
+            lora.target_modules = lora_target_names(model, recipe)
+            log_parts(model, recipe, lora.target_modules)
+        else:
+            modules = moe.targets.modules if moe.targets else recipe.lora_target_modules  # after peft's conversion
+            if modules or not (recipe.lora_target_parameters or moe.targets and moe.targets.parameters):
+                check_targets(module_groups(model), modules)  # [] is fine with parameter targets only
+        check_target_parameters(model, recipe.lora_target_parameters)
         if trainable_tokens and mutates_base(recipe):
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
                              "rows (trainable_token_indices): peft's conversion for the original base "
                              "keeps only A and B; use the default init, or add no tokens")
         try:
-            model = get_peft_model(model, lora)
+            with peft_wrapping():
+                model = get_peft_model(model, lora)
         except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
             raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
                              "Drop the LoRA variant key it names (docs/lora.md), or use another base") from None
@@ -200,6 +222,9 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
             log.info(f"peft_init_lora_weights: {recipe.peft_init_lora_weights}: the adapters start from the "
                      "weights' decomposition, the base holds the rest; the saved adapter is converted to plain "
                      "LoRA for the original base")
+    elif vision:  # a full fine-tune: the frozen parts get no gradients
+        freeze_parts(model, recipe)
+        log_parts(model, recipe)
     if getattr(getattr(model, "active_peft_config", None), "trainable_token_indices", None):
         save_new_token_rows_only(model)  # the adapter holds the new rows: never whole copies of both matrices
     trainable, total = count_parameters(model)
@@ -207,10 +232,11 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     return model, tokenizer
 
 
-def modules_to_save(recipe, model) -> list[str] | None:
-    """The modules an adapter trains in full and saves: the recipe's, and a reward model's score head always (without
-    it the head stays at its random start and is not saved: the reloaded model scores at random, TRL #1379)."""
-    names = list(recipe.lora_modules_to_save or [])
+def modules_to_save(recipe, model, more: list[str] = ()) -> list[str] | None:
+    """The modules an adapter trains in full and saves: the recipe's, `more` (a mixture-of-experts model's), and a
+    reward model's score head always (without it the head stays at its random start and is not saved: the reloaded
+    model scores at random, TRL #1379)."""
+    names = list(recipe.lora_modules_to_save or []) + list(more)
     if recipe.method == "reward" and recipe.adapter != "none":
         from finetune.model.score_head import head_name
 
@@ -241,8 +267,10 @@ def continue_adapter(model, folder, recipe):
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
         # peft froze the base's weights when it put the adapter on: after merging, every weight trains again
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
-    model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+        with peft_wrapping():
+            return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
+    with peft_wrapping():
+        model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
              f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own "

@@ -49,23 +49,48 @@ def model_class(recipe):
 
 
 def flex_support(recipe) -> tuple[bool, str]:
-    """(whether the base model's class has a flex_attention path in transformers, why not in words): asked
-    before the model loads, so the attention the run logs and records is the one it trains with."""
+    """(whether `auto` may pick flex_attention for the base model, why not in words): its family's row says so
+    (finetune/model/families.py; tests hold the rows to transformers' class flags) and its class has the path.
+    Asked before the model loads, so the attention the run logs and records is the one it trains with."""
+    from finetune.model.families import family
+
     cls = model_class(recipe)
     if cls is None:
         return False, "the base model's class could not be determined from its config"
     if not getattr(cls, "_supports_flex_attn", False):
         return False, f"{cls.__name__} has no flex_attention path in transformers"
+    row = family(getattr(cls.config_class, "model_type", None))
+    if row is None or not row.flex:
+        return False, f"`{cls.config_class.model_type}` is not a family with flex_attention (docs/models.md)"
     return True, ""
 
 
-def choose_attention(recipe, device=None, supports_flex=flex_support) -> tuple[str, str]:
+def sdpa_support(recipe) -> tuple[bool, str]:
+    """(whether the base model's class has an SDPA path in transformers, why not in words): Gemma 2 (soft-capping)
+    and gpt-oss (attention sinks) have none and train with eager attention. True when the class is unknown here."""
+    cls = model_class(recipe)
+    if cls is None or getattr(cls, "_supports_sdpa", True):
+        return True, ""
+    return False, f"{cls.__name__} has no sdpa path in transformers"
+
+
+def choose_attention(recipe, device=None, supports_flex=flex_support, supports_sdpa=sdpa_support) -> tuple[str, str]:
     """(attn_implementation for from_pretrained, the reason in words) for this recipe on `device` (a
     finetune.model.device.Device; default: this process's). `supports_flex(recipe) -> (bool, why not)` is asked
-    only when flex_attention would be chosen. A flex_attention chosen here is still probed on the device before
-    the run uses it (finetune/train/fast_paths.py)."""
+    only when flex_attention would be chosen, `supports_sdpa` likewise for sdpa (eager where the class has none).
+    A flex_attention chosen here is still probed on the device before the run uses it
+    (finetune/train/fast_paths.py)."""
     if recipe.attn_implementation != "auto":
         return recipe.attn_implementation, "set in the recipe (attn_implementation)"
+    attn, why = _choose(recipe, device, supports_flex)
+    if attn == "sdpa":
+        sdpa, why_not = supports_sdpa(recipe)
+        if not sdpa:
+            return "eager", f"{why_not}: eager attention (where `auto` picks sdpa: {why})"
+    return attn, why
+
+
+def _choose(recipe, device, supports_flex) -> tuple[str, str]:
     if device is None:
         from finetune.model.device import training_device
 

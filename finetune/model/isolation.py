@@ -38,7 +38,7 @@ def packed_isolation_gap(model, collator) -> tuple[float, float]:
     """(max |packed - alone|, max |glued - alone|) over the logits of the second example."""
     import torch
 
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     a, b, c = (torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (7, 9, 5))
     n_a, n_b = len(a), len(b)
@@ -101,7 +101,7 @@ def shared_prompt_gap(model, collator) -> tuple[float, float]:
 
     from finetune.data.preference.rows import PACKED
 
-    vocab = model.config.vocab_size
+    vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     draw = [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (6, 5, 4, 7, 6, 5, 3, 4, 4)]
     a, b, c = draw[0:3], draw[3:6], draw[6:9]  # (prompt, chosen, rejected) of three pairs

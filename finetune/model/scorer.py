@@ -186,7 +186,7 @@ def padded_batch(sequences: list[list[int]], pad_id: int) -> dict:
 def load_reward_model(folder: Path, dtype: str = "fp32"):
     """(model, tokenizer): a reward run's adapter on its base's sequence-classification class (the score head from
     the adapter), or the sequence-classification model in the folder; fp32 unless asked."""
-    from finetune.model import model_loader
+    from finetune.model import reward_loader
     from finetune.model.trained import load_adapter_model, locate, saved_tokenizer, torch_dtype
 
     trained = locate(str(folder))
@@ -195,7 +195,7 @@ def load_reward_model(folder: Path, dtype: str = "fp32"):
         model, _ = load_adapter_model(trained, dtype, None, tokenizer, method="reward")
     else:
         try:
-            model = model_loader("reward")(str(trained.folder), dtype=torch_dtype(dtype))
+            model = reward_loader()(str(trained.folder), dtype=torch_dtype(dtype))
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load the reward model at `{trained.folder}`: {exc}") from None
     if model.config.pad_token_id is None:  # transformers' forward refuses a batch without one (its pooling is unused)

@@ -53,7 +53,7 @@ class SupervisedLogits:
         self.gathered = False
         self.chunk_hidden = None  # the supervised rows' hidden states when the loss runs them in chunks
         self.head = causal_lm.get_output_embeddings()
-        self.chunk_rows = chunk_rows or max(1, CHUNK_LOGITS // causal_lm.config.vocab_size)
+        self.chunk_rows = chunk_rows or max(1, CHUNK_LOGITS // causal_lm.config.get_text_config().vocab_size)
         self.handles = [
             causal_lm.register_forward_pre_hook(self._read_labels, with_kwargs=True),
             self.head.register_forward_pre_hook(self._gather),
@@ -150,7 +150,7 @@ def attach(model, seed: int = 0) -> SupervisedLogits | None:
         return None
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, model.config.vocab_size, (2, 12), generator=gen).to(device)
+    ids = torch.randint(1, model.config.get_text_config().vocab_size, (2, 12), generator=gen).to(device)
     labels = ids.clone()
     labels[:, :5] = IGNORE_INDEX  # a prompt
     labels[1, 9:] = IGNORE_INDEX  # padding at the end of the second row

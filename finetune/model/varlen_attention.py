@@ -27,10 +27,6 @@ from __future__ import annotations
 from finetune.compat import attn_implementation
 
 NAME = "finetune_sdpa_varlen"
-# Decoder families whose attention is plain causal softmax(QK^T * scaling) V: no sliding window, softcap,
-# sinks or position bias that a per-example call would have to reproduce.
-MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "granite", "olmo", "olmo2",
-                         "smollm3", "helium", "glm"})
 _registered = False
 
 
@@ -111,9 +107,11 @@ def _register() -> None:
 
 
 def supported(config) -> bool:
-    layer_types = getattr(config, "layer_types", None) or []
-    return (config.model_type in MODEL_TYPES and not getattr(config, "sliding_window", None)
-            and all(t == "full_attention" for t in layer_types))
+    """A family whose attention is plain causal softmax(QK^T * scaling) V, with no sliding window, soft-cap, sinks
+    or position bias that a per-example call would have to reproduce: its row says so (finetune/model/families.py)."""
+    from finetune.model.families import per_example_attention
+
+    return per_example_attention(config)[0]
 
 
 def use_varlen_attention(causal_lm) -> bool:

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, Callable
 
-from finetune.port import grpo
+from finetune.port import axolotl_vision, grpo
 from finetune.port.axolotl_unhonoured import UNHONOURED
+from finetune.port import chat_templates
+from finetune.port.chat_templates import SAME_CHAT_TEMPLATES
 from finetune.port.preference import method as preference, records as preference_records
 
 Settings = dict[str, Any]
@@ -62,6 +64,8 @@ _WANDB_ENV = "not in finetune: wandb reads it from the environment (WANDB_ENTITY
              "WANDB_LOG_MODEL, WANDB_RUN_ID, WANDB_MODE)"
 _NO_HUB = ("not in finetune: it never uploads; push output_dir yourself (`huggingface-cli upload REPO output_dir`)")
 _ATTN = "write `attn_implementation: {}`"
+_MOE_KERNEL = ("not needed: a faster kernel for the mixture-of-experts layers, same math; finetune runs transformers' "
+               "own experts implementation (grouped matmuls on a GPU)")
 
 KEYS: dict[str, AxolotlKey] = {
     # --- precision ---
@@ -99,6 +103,14 @@ KEYS: dict[str, AxolotlKey] = {
     # peft_use_dora, peft_use_rslora, peft_init_lora_weights, loraplus_lr_ratio, loraplus_lr_embedding: same name,
     # same meaning (recipe/adapter.py; docs/lora.md)
     "lora_on_cpu": AxolotlKey("not in finetune"),
+    # --- mixture-of-experts (lora_target_parameters: same name, same meaning; docs/moe.md) ---
+    "use_scattermoe": AxolotlKey(_MOE_KERNEL),
+    "use_sonicmoe": AxolotlKey(_MOE_KERNEL),
+    "experts_implementation": AxolotlKey(_MOE_KERNEL),
+    "expert_parallel_size": AxolotlKey("not in finetune: expert parallelism; every process holds every expert "
+                                       "(DeepSpeed ZeRO-3 shards them, each MoE block gathered whole)"),
+    "quantize_moe_experts": AxolotlKey("not in finetune: under `adapter: qlora` the fused 3-D expert weights stay "
+                                       "in bf16 (bitsandbytes quantizes Linear layers only)"),
     # --- model and tokenizer loading ---
     "model_type": AxolotlKey(_NO_TYPES),
     "tokenizer_type": AxolotlKey(_NO_TYPES),
@@ -193,6 +205,11 @@ for _key, _what in UNHONOURED.items():
     KEYS.setdefault(_key, _unhonoured(_what))
 KEYS.setdefault("mean_resizing_embeddings", AxolotlKey("not needed: finetune always starts new token rows at the "
                                                        "mean of the others"))
+
+# --- multimodal (vision-language) keys: their table and conversion are finetune/port/axolotl_vision.py ---
+for _key, _hint in axolotl_vision.HINTS.items():
+    if _key not in grpo.HINTS:  # skip_prepare_dataset: GRPO's hint says it for prompts
+        KEYS.setdefault(_key, AxolotlKey(_hint, blocks=_key in axolotl_vision.BLOCKING))
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {
@@ -319,17 +336,10 @@ def dataset_type(value) -> tuple[str | None, str]:
 
 # --- values of keys both tools have ------------------------------------------------------------------------------
 
-SAME_CHAT_TEMPLATES = ("tokenizer_default", "chatml", "jinja")
-
-
-def chat_template(value) -> tuple[str, str]:
-    """axolotl names templates (llama3, qwen_25, gemma...); finetune renders with the tokenizer's own."""
-    if value in SAME_CHAT_TEMPLATES:
-        return value, ""
-    return "tokenizer_default", (
-        f"axolotl's `{value}` template: finetune renders with the tokenizer's own chat template (an instruct "
-        "model's tokenizer ships it; ChatML if it has none); for another one use `chat_template: jinja` with "
-        "`chat_template_jinja`")
+def chat_template(value, base_model=None, source_dir=".") -> tuple[str, str]:
+    """axolotl names templates (llama3, qwen3, gemma3, phi_3...); finetune renders with the tokenizer's own
+    (port/chat_templates.py: which family owns which name)."""
+    return chat_templates.chat_template(value, base_model, source_dir)
 
 
 def deepspeed(value: str) -> tuple[str, str]:

@@ -31,7 +31,6 @@ UNHONOURED = {  # key -> what it does in axolotl
     "curriculum_sampling": "trains the records in their order (curriculum) where finetune shuffles "
                            "them each epoch",
     "min_sample_len": "drops examples shorter than this many tokens",
-    "lora_target_parameters": "adapts parameters (MoE experts) that are not Linear modules",
     "peft_layer_replication": "replicates decoder layers before the adapter is added",
     "loftq_config": "initialises LoRA with LoftQ (and quantizes the base itself)",
     "peft_layers_to_transform": "adapts only the listed layers; finetune's LoRA adapts the matching "

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, fsdp, grpo, reward
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo, reward
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.data import DatasetSpec
@@ -41,6 +41,20 @@ class Ported:
     blocked: dict[str, str] = field(default_factory=dict)  # key -> "`key: value`: why"
     data_edits: list[str] = field(default_factory=list)  # records finetune does not read as they are: convert first
     todo: list[str] = field(default_factory=list)  # what to do before training, said once the recipe is written
+    # settings inside a key (`datasets[0].field_x`, `fsdp_config.KEY`) left out, each said in its key's comments
+    nested_dropped: list[str] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)  # `dropped` entries that head a block (`trl:`), not keys
+
+    @property
+    def dropped_count(self) -> int:
+        """How many axolotl settings the recipe leaves out, each with a comment: top-level keys and keys inside
+        one (a dataset's, fsdp_config's)."""
+        return sum(written not in self.headers for _, written, _ in self.dropped) + len(self.nested_dropped)
+
+    def note_dropped(self, key: str, where: str, text: str) -> None:
+        """`where` (a setting inside `key`) is left out: said on `key`, counted."""
+        self.note(key, text)
+        self.nested_dropped.append(where)
 
     def note(self, key: str, text: str) -> None:
         self.comments.setdefault(key, []).append(text)
@@ -74,9 +88,7 @@ def _inline(value: Any) -> str:
 def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     """A key both tools have: the value as finetune spells it, with a comment when it changed or cannot port."""
     note, ported = "", value
-    if key == "chat_template":
-        ported, note = axolotl.chat_template(value)
-    elif key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
+    if key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
         ported, note = axolotl.gradient_checkpointing(value)
@@ -94,7 +106,7 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
 def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") -> dict | None:
     where = f"datasets[{i}]"
     if not isinstance(spec, dict):
-        out.note("datasets", f"{where}: not a mapping; left out")
+        out.note_dropped("datasets", where, f"{where}: not a mapping; left out")
         return None
     records = (grpo.dataset(spec, source_dir) if method == "grpo" else preference_records.dataset(spec, method)) \
         if method != "sft" else None
@@ -126,17 +138,19 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)
         elif records is not None and (key in preference_records.LAYOUT_KEYS or key in records.key_notes):
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, "
-                     f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, "
+                             f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
+            out.note_dropped("datasets", f"{where}.{key}",
+                             f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
         elif key in axolotl.DATASET_KEYS:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+            out.note_dropped("datasets", f"{where}.{key}",
+                             f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
         elif key in _DATASET_KEYS:
             result[key] = value
         else:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, not a finetune key and not in the "
-                     "axolotl table (docs/recipe.md lists the dataset keys)")
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, not a "
+                             "finetune key and not in the axolotl table (docs/recipe.md lists the dataset keys)")
     if records is not None and "type" not in spec:
         _preference_type(where, spec, records, result, out)
     return result
@@ -160,7 +174,8 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
         out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}: {_inline(mapped)}`"
                  + (f"; {note}" if note else ""))
     else:
-        out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
+        out.note_dropped("datasets", f"{where}.{key}",
+                         f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
 
 
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
@@ -200,6 +215,8 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             out.settings["datasets"] = [s for s in specs if s is not None]
         elif key in fsdp.TOP_KEYS:
             pass  # read together once the other keys are in (_fsdp_recipe)
+        elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:
+            axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
         elif method == "reward" and key in reward.KEYS and value is not None:
@@ -220,11 +237,17 @@ def port_axolotl(config: dict, source_dir) -> Ported:
                 out.note(name, f"from axolotl `{key}: {_inline(value)}`")
         elif value is None:
             out.drop(key, value, _EMPTY)
+        elif key == "chat_template":  # which family's template axolotl names, beside this base model
+            ported, note = axolotl.chat_template(value, config.get("base_model"), source_dir)
+            out.settings[key] = ported
+            if note:
+                out.note(key, note)
         elif key in _RECIPE_KEYS:
             _shared_value(key, value, out, source_dir)
         else:
             out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
     _fsdp_recipe(config, out)
+    axolotl_vision.finish(config, out)  # regex LoRA targets; what trains in a vision-language model
     if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
@@ -251,9 +274,9 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
         return
     ported = fsdp.port(config)
     for name, value in ported.settings.items():
-        if name == "gradient_checkpointing" and out.settings.get(name) != value:
-            out.comments[name] = [f"from axolotl `fsdp_config.activation_checkpointing: true` (FSDP2 checkpoints "
-                                  "each decoder layer itself under `fsdp`)"]
+        if name == "gradient_checkpointing":  # beside what axolotl's own gradient_checkpointing said, if it did
+            out.note(name, "from axolotl `fsdp_config.activation_checkpointing: true` (FSDP2 checkpoints each "
+                     "decoder layer itself under `fsdp`)")
         out.settings[name] = value
     if "fsdp" not in out.settings:  # NO_SHARD: plain data parallelism
         for key, value in given.items():
@@ -262,6 +285,7 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
     out.note("fsdp", f"from axolotl {', '.join(f'`{key}`' for key in given)}: FSDP2 (docs/distributed.md)")
     for text in ported.notes:
         out.note("fsdp", text)
+    out.nested_dropped += ported.dropped
 
 
 def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
@@ -272,6 +296,7 @@ def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
     elif key == "trl" and isinstance(value, dict):
         out.dropped.append((len(out.settings), "trl:", "axolotl's settings for TRL's GRPOConfig, key by key below: "
                             "each as the finetune key it became (`from axolotl trl.KEY`), or dropped with why"))
+        out.headers.append("trl:")
         blocked = {}
         for name, setting in value.items():
             port = ports.get(f"trl.{name}")

@@ -2,6 +2,7 @@
 
     schema.py    Recipe, composed of the key groups below (the YAML keys are flat; the groups are for readers)
     model.py     the base model, its tokenizer, attention, compile, checkpointing
+    vision.py    a vision-language model's three parts (which train) and an image's pixel budget
     adapter.py   full / LoRA / QLoRA and the quantized base
     methods.py   `method:` and each method's settings (which method reads which key, its default there)
     data.py      `datasets:` (one DatasetSpec per source) and how records become tokens

@@ -318,6 +318,14 @@ class DataKeys(Strict):
         json_schema_extra=affects(TOKENS),
     )
 
+    roles_to_train: list[Literal["system", "user", "assistant"]] = Field(
+        ["assistant"], min_length=1,
+        description=("Chats: the turns that carry a loss (without train_on_inputs). An assistant turn is its answer "
+                     "after the generation prompt; another role's turn is the whole rendered turn. Image tokens never "
+                     "do. axolotl's key of the same name."),
+        json_schema_extra=affects(TOKENS),
+    )
+
     val_set_size: float = Field(
         0.0, ge=0.0, description="Held-out eval split: a fraction (< 1) or a number of examples (>= 1).",
         json_schema_extra=affects(TOKENS),

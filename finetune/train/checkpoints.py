@@ -200,6 +200,22 @@ def find_resume(recipe, fingerprint: dict, total_steps: int | None = None) -> st
     return str(folder)
 
 
+def weights_recipe(recipe, resume_from: str | None):
+    """The recipe the model is built from. A full fine-tune resuming from a checkpoint builds from the checkpoint:
+    from_pretrained reads the layout save_pretrained wrote, where transformers 5 saves a mixture of experts' fused
+    expert tensors one expert at a time and fuses them back on load. The Trainer's own resume reads the checkpoint
+    with load_state_dict(strict=False) (transformers 5.23), which skips every key so renamed: the experts would
+    silently restart from the base's weights (transformers issue #48805; tests/test_families.py, resume on every MoE
+    family). DeepSpeed and FSDP resume from their own state files, in the model's own names: nothing changes there."""
+    if resume_from is None or recipe.adapter != "none" or recipe.deepspeed or getattr(recipe, "fsdp", None):
+        return recipe
+    folder = Path(resume_from)
+    weights = (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file()
+    if not (weights and (folder / "config.json").is_file()):
+        return recipe
+    return recipe.model_copy(update={"base_model": resume_from})
+
+
 # --- writing --------------------------------------------------------------------------------------
 
 

@@ -32,6 +32,7 @@ from finetune.log import get_logger
 from finetune.train.fast_paths import say
 from finetune.train.arguments import training_arguments
 from finetune.train.record import save_and_record
+from finetune.train.stop_record import recording_stops
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
 
 log = get_logger(__name__)
@@ -43,21 +44,28 @@ def count_data(recipe, state):
     """(tokenizer, Prepared): only the main process converts the model and tokenizes; the others wait at
     the barrier, then read the cache."""
     from finetune.data import build_dataset
-    from finetune.model.loader import load_tokenizer
+    from finetune.model.vision import tokenizer_and_processor
 
     with state.main_process_first():
-        tokenizer = load_tokenizer(recipe)
-        prepared = build_dataset(recipe, tokenizer)
+        tokenizer, processor = tokenizer_and_processor(recipe)
+        prepared = build_dataset(recipe, tokenizer, processor)
     stats = prepared.stats
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     if recipe.method == "grpo":
+        from finetune.data.grpo.prompts import template_note
         from finetune.train.grpo.reward_check import check_signatures
 
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
                  f"{' (cached)' if prepared.reused else ''}")
+        note = template_note(stats, tokenizer)
+        if note:
+            log.warning(note)
         first = json.loads(prepared.train[0]["record"])
         check_signatures(recipe, first)  # the records' columns: before the model
         if any(entry.model for entry in recipe.rewards):
@@ -93,9 +101,14 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
     if stats.get("packing", {}).get("train"):  # a micro batch counts packed rows, each holding several items
         per_step = (f"{numbers['examples_per_step']} packed row{'s' if numbers['examples_per_step'] != 1 else ''} "
                     f"(~{stats['train']['examples'] / numbers['steps_per_epoch']:.1f} {items})")
-    log.info(f"tokens: {stats['train']['tokens']:,} train, {stats['train']['supervised_tokens']:,} supervised; "
+    train = stats["train"]
+    images = image_step = ""
+    if "image_tokens" in train:  # a vision-language model: its image tokens apart (never supervised)
+        images = f", {train['image_tokens']:,} image tokens ({train['images']:,} images)"
+        image_step = f", ~{numbers['tokens_per_step'] * train['image_tokens'] / max(train['tokens'], 1):.0f} image"
+    log.info(f"tokens: {train['tokens']:,} train, {train['supervised_tokens']:,} supervised{images}; "
              f"{per_step} = ~{numbers['tokens_per_step']:.0f} tokens "
-             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised) per optimizer step; "
+             f"(~{numbers['supervised_tokens_per_step']:.0f} supervised{image_step}) per optimizer step; "
              f"{numbers['total_steps']} optimizer steps")
     for split_name, packed in stats.get("packing", {}).items():
         log.info(f"packing ({split_name}): {packed['examples']:,} {items} -> {packed['rows']:,} rows of "
@@ -104,10 +117,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
 
 
 def _report_machine(recipe, settings: Resolved) -> None:
-    from finetune.plan.lr_lora import lora_variant_lines
+    from finetune.plan.lr_lora import as_sentence, lora_variant_lines
 
     for line in lora_variant_lines(recipe, settings.learning_rate):  # rsLoRA's scale, LoRA+'s B rate (plan/lr_lora.py)
-        log.info(" ".join(line.split()))
+        log.info(as_sentence(line))
     say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
@@ -148,7 +161,7 @@ class Built(NamedTuple):
     initial_adapter: dict | None = None
 
 
-def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None) -> Built:
+def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva_rows=None, processor=None) -> Built:
     """The model, tokenizer, collator and the model's callbacks for the Trainer. The packing guard and the
     supervised-logits probe run here, on the device that trains, before anything is written, except under
     ZeRO-3 and FSDP2, where they wait for the engine to shard and gather the weights; then the decoder layers are
@@ -161,6 +174,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
     from finetune.recipe.adapter import mutates_base, uses_eva
+    from finetune.train.callbacks.experts import prepare_experts_for_training
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
@@ -170,7 +184,13 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     initial = initial_adapter(model) if mutates_base(recipe) and made_here else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
-    collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
+    flatten = settings.attn_implementation == "flash_attention_2"
+    collator, pixels = Collator(pad_id, flatten=flatten), None
+    if processor is not None:  # a vision-language model: the text batch plus its rows' pixels
+        from finetune.data.vision.collate import Pixels, VisionCollator
+
+        collator = VisionCollator(collator, processor, recipe.image_max_pixels, recipe.image_min_pixels)
+        pixels = Pixels(processor, recipe.image_max_pixels, recipe.image_min_pixels)
     attn = settings.attn_implementation
     # GRPO scores its completions in packed rows of its own, with or without sample_packing
     varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
@@ -187,7 +207,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
+        collator = preference_collator(store, pad_id, flatten, branches=varlen, pixels=pixels)
         probe = functools.partial(probe_reward if recipe.method == "reward" else probe_preference,
                                   collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
@@ -207,9 +227,11 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
             eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
+    # mixture-of-experts: router_aux_loss and expert load in the logs, ZeRO-3 leaves (train/callbacks/experts.py)
+    experts = prepare_experts_for_training(model, recipe, settings.deepspeed)
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
-                 initial)
+    return Built(model, tokenizer, collator, [*at_train_begin, *experts, *compile_model(model, settings)],
+                 full_logits, initial)
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -253,8 +275,12 @@ def run_training(recipe, extra_callbacks: list = ()) -> dict:
 
 
 def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) -> dict:
-    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint
+    from finetune.model.families import generic_path
+    from finetune.train.checkpoints import Layout, find_resume, run_fingerprint, weights_recipe
 
+    # the family table (finetune/model/families.py): packing refused for a family that cannot isolate packed rows;
+    # a family with no row trains on the generic path, saying so once
+    recipe = generic_path(recipe)
     tokenizer, prepared = count_data(recipe, state)
     settings = resolve(recipe, prepared, state.num_processes, cuda)
     report_settings(recipe, prepared, settings)
@@ -271,16 +297,38 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
         from finetune.train.preference.setup import reference_for
 
         reference = reference_for(recipe, prepared, settings.precision, resume_from)
-    built = prepare_model(recipe, tokenizer, settings, args.device, prepared.store, eva_rows=prepared.train)
+    built = prepare_model(weights_recipe(recipe, resume_from), tokenizer, settings, args.device, prepared.store,
+                          eva_rows=prepared.train, processor=prepared.processor)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
-    return save_and_record(recipe, settings, layout, prepared, run, started)
+    with recording_stops(layout, lambda: run["trainer"].state.global_step, main=state.is_main_process,
+                         recorded=lambda: run.get("recorded", False)):
+        return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
 def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from,
           reference=None) -> dict:
-    """The Trainer: eval loss before, training, the final eval loss. output_dir is created here, the first
-    thing the run writes."""
+    """Claim output_dir (created here, the first thing the run writes), then fit: whatever stops the run from here
+    (an error, Ctrl-C) leaves its reason in output_dir/stopped.json (train/stop_record.py)."""
+    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
+    from finetune.train.record import write_resolved_recipe
+    from finetune.train.stop_record import clear_stop
+
+    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
+    main = args.process_index == 0
+    if main:  # what this run trains with (also when it stops early), and no earlier run's stop record
+        clear_stop(layout)
+        write_resolved_recipe(recipe, layout.output_dir)
+    for stale in remove_stale_staging(layout):
+        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
+    made: list = []  # fit() puts its Trainer here: the step a stop happened at
+    with recording_stops(layout, lambda: made[0].state.global_step if made else 0, main=main):
+        return fit(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference, made)
+
+
+def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from, reference,
+        made: list) -> dict:
+    """The Trainer (appended to `made`): eval loss before, training, the final eval loss."""
     from transformers import Trainer
 
     from finetune.model import base_causal_lm, count_parameters
@@ -290,19 +338,17 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
     from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
-    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
     from finetune.train.fast_paths import kernel_failures
     from finetune.train.loraplus import optimizer_cls_and_kwargs as loraplus_optimizer
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
-    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
-    for stale in remove_stale_staging(layout):
-        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
     # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
-    planned = planned_memory(recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation,
-                             settings.optimizer, settings.world_size)
+    # the planner counts text models; a vision-language model's tower is not in its tables yet: no plan for it
+    planned = None if prepared.processor is not None else planned_memory(
+        recipe, base_causal_lm(model).config, settings.precision, settings.attn_implementation, settings.optimizer,
+        settings.world_size)
     throughput = ThroughputCallback(planned_memory=planned)
     step_losses = StepLossCallback()  # every optimizer step's loss, for the learning curve
     trainer_class, own_kwargs, train_dataset = Trainer, {}, prepared.train
@@ -311,9 +357,12 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         from finetune.train.grpo.setup import grpo_trainer_kwargs, with_index
         from finetune.train.grpo.trainer import GRPOTrainer
 
+        from finetune.model.families import packs
+
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
         own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits,
-                                         device=args.device, precision=settings.precision)
+                                         packs(base_causal_lm(model).config), device=args.device,
+                                         precision=settings.precision)
     elif recipe.method == "reward":  # a reward model: the pairs' scores, the Bradley-Terry loss, through public hooks
         from finetune.train.reward.setup import reward_trainer_kwargs
         from finetune.train.reward.trainer import RewardTrainer
@@ -334,8 +383,9 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         train_dataset=train_dataset,
         eval_dataset=prepared.eval if settings.has_eval else None,
         data_collator=collator,
-        processing_class=tokenizer,
+        processing_class=prepared.processor or tokenizer,  # checkpoints hold the processor of a vision model
     )
+    made.append(trainer)
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
         before = trainer.evaluate() if settings.has_eval else {}
@@ -349,7 +399,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         if interrupt.fired:
             raise Interrupted(interrupted_message(interrupt, layout))
         eval_after = final_eval_loss(trainer) if settings.has_eval else None
-    return {"trainer": trainer, "tokenizer": tokenizer, "result": result, "eval_before": eval_before,
+    return {"trainer": trainer, "tokenizer": prepared.processor or tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
             "initial_adapter": built.initial_adapter, "collator": built.collator}

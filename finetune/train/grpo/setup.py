@@ -48,7 +48,9 @@ def completion_slots(recipe, prompts: int, world_size: int) -> int:
     return len(GroupSampler(prompts, shape, recipe.seed))
 
 
-def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
+def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool, packs: bool = True):
+    """`packs`: the model's family trains on packed rows (finetune/model/families.py); where it does not (its
+    packed examples would read each other), each completion is scored in a row of its own."""
     from finetune.recipe.methods import method_setting
     from finetune.train.grpo.step import GRPOSettings
 
@@ -65,7 +67,12 @@ def grpo_settings(recipe, tokenizer, prepared, share_prompt: bool):
         mask_truncated=method_setting(recipe, "mask_truncated_completions"),
         micro_batch=recipe.micro_batch_size, seed=recipe.seed, pad_id=pad, eos_ids=eos_ids(tokenizer),
         chat=isinstance(json.loads(first)["prompt"], list), share_prompt=bool(share_prompt),
-        capacity=recipe.sequence_len)
+        capacity=scoring_capacity(recipe.sequence_len, packs))
+
+
+def scoring_capacity(sequence_len: int, packs: bool) -> int:
+    """Tokens per scoring row: sequence_len; 0 where the model's family does not pack (each completion alone)."""
+    return sequence_len if packs else 0
 
 
 def eos_ids(tokenizer) -> tuple:
@@ -78,15 +85,18 @@ def eos_ids(tokenizer) -> tuple:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool, device=None,
-                        precision: str = "fp32") -> dict:
+def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool, packs: bool = True,
+                        device=None, precision: str = "fp32") -> dict:
     from finetune.train.grpo.reward_models import RewardSet
     from finetune.train.grpo.sampler import GroupSampler
 
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder; reward
     # models load on the training device, in the run's precision
     runner = RewardSet(recipe.rewards, base_dir=Path.cwd(), device=device, dtype=precision)
-    return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt), "rewards": runner,
+    if not packs:
+        log.info("GRPO scoring: each completion in a row of its own (this model family's packed rows are not "
+                 "isolated: docs/models.md)")
+    return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt and packs, packs), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
             "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
 
