@@ -9,10 +9,8 @@ import json
 
 import pytest
 import torch
-import yaml
 
 from finetune.recipe import load_recipe
-from finetune.train.run import run_training
 from reward_helpers import length_pairs, reward_recipe
 
 N, HELD = 96, 32
@@ -20,12 +18,15 @@ N, HELD = 96, 32
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
-    """(folder, recipe, our run's summary, TRL's adapter folder): the same 64 training pairs, 32 held out."""
+    """(folder, recipe, TRL's adapter folder): the same 64 training pairs, 32 held out. Ours trains as the train verb
+    does: the recipe's `eval:` evaluates it when training ends."""
+    from finetune.commands.train import _train
+
     folder = tmp_path_factory.mktemp("rm_eval")
     recipe = load_recipe(reward_recipe(folder, tiny_model_dir, n=N, val_set_size=HELD, sample_packing=True,
                                        eval={"generations": 0}))
-    summary = run_training(recipe)
-    return folder, recipe, summary, trl_reward_model(folder, recipe, tiny_model_dir)
+    assert _train(recipe) == 0
+    return folder, recipe, trl_reward_model(folder, recipe, tiny_model_dir)
 
 
 def held_out(recipe) -> tuple[list[dict], list[dict]]:
@@ -90,7 +91,7 @@ def independent_accuracy(base_dir, adapter_dir, pairs) -> float:
 
 
 def test_held_out_accuracy_beats_the_untrained_head_and_matches_trl_within_noise(runs, tiny_model_dir):
-    folder, recipe, _, trl_dir = runs
+    folder, recipe, trl_dir = runs
     _, held = held_out(recipe)
     ours = independent_accuracy(tiny_model_dir, folder / "out", held)
     theirs = independent_accuracy(tiny_model_dir, trl_dir, held)
@@ -101,34 +102,29 @@ def test_held_out_accuracy_beats_the_untrained_head_and_matches_trl_within_noise
 
 
 def test_finetune_eval_reports_base_and_tuned_pairs_with_histograms(runs, tiny_model_dir):
-    from finetune.evaluation.run import evaluate
-
-    folder, recipe, _, _ = runs
-    report = evaluate(str(folder / "out"))
+    folder, recipe, _ = runs
+    report = json.loads((folder / "out" / "eval" / "report.json").read_text())  # the train verb's eval
     reward = report["reward"]
     _, held = held_out(recipe)
     assert reward["pair_count"] == HELD and reward["sides"]["tuned"]["accuracy"] == pytest.approx(
         independent_accuracy(tiny_model_dir, folder / "out", held))  # the scorer reads what plain transformers reads
     assert reward["sides"]["tuned"]["accuracy"] > reward["sides"]["base"]["accuracy"]
-    # the base is the head the run started with: its accuracy is the run's own eval before training
-    record = json.loads((folder / "out" / "run.json").read_text())
+    out = folder / "out" / "eval"
+    assert (out / "scores.png").is_file() and "scores.png" in (out / "report.md").read_text()
+    assert "## Held-out pairs" in (out / "report.md").read_text()
+    # run.json keeps the numbers, not the scores
+    evaluation = json.loads((folder / "out" / "run.json").read_text())["evaluation"]
+    assert set(evaluation["reward"]["sides"]) == {"base", "tuned"} and "scores" not in evaluation["reward"]
     assert reward["difference"]["items"] == HELD and "pair accuracy" in report["verdict"]
     for side in ("base", "tuned"):
         hist = reward["histograms"][side]
         assert sum(hist["chosen"]) == sum(hist["rejected"]) == HELD and len(hist["edges"]) == 21
-    out = folder / "out" / "eval"
-    assert (out / "scores.png").is_file() and "scores.png" in (out / "report.md").read_text()
-    assert "## Held-out pairs" in (out / "report.md").read_text()
-    assert record["method"] == "reward"
 
 
 def test_the_runs_page_shows_the_reward_evaluation_and_its_histograms(runs):
-    from finetune.evaluation.run import evaluate
     from finetune.runs.read import read_run
 
     folder, *_ = runs
-    if not (folder / "out" / "eval" / "report.json").is_file():
-        evaluate(str(folder / "out"))
     page = read_run(folder / "out", "rm")
     rows = {row[0]: row[1] for row in page["evaluation"]["rows"]}
     assert set(rows["pair accuracy"]) == {"base", "tuned"}
@@ -143,15 +139,3 @@ def test_a_reward_run_refuses_lm_eval_tasks(runs):
     folder, *_ = runs
     with pytest.raises(FinetuneError, match="does not generate"):
         evaluate(str(folder / "out"), changes={"tasks": ["hellaswag"]})
-
-
-def test_eval_after_training_adds_the_summary_to_run_json(tmp_path, tiny_model_dir):
-    """`eval:` in a reward recipe: the train verb evaluates the run, run.json keeps the numbers, not the scores."""
-    from finetune.commands.train import _train as train_verb
-
-    path = reward_recipe(tmp_path, tiny_model_dir, n=24, val_set_size=8, max_steps=2, eval={"generations": 0})
-    data = yaml.safe_load(path.read_text())
-    assert data["eval"] == {"generations": 0}
-    train_verb(load_recipe(path))
-    evaluation = json.loads((tmp_path / "out" / "run.json").read_text())["evaluation"]
-    assert set(evaluation["reward"]["sides"]) == {"base", "tuned"} and "scores" not in evaluation["reward"]
