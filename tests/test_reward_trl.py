@@ -11,8 +11,7 @@ import torch
 import yaml
 
 from conftest import write_jsonl
-
-TOL = 1e-5
+from test_preference_loss import _assert_same, _backward  # loss and every gradient within 1e-5 of TRL's
 PAIRS = [  # plain text, a margin each (TRL's `margin` column), responses of different lengths so rows pad
     {"prompt": "what is the cat on", "chosen": " the mat", "rejected": " a big red river tree", "margin": 0.5},
     {"prompt": "say yes or no", "chosen": " yes", "rejected": " no no no", "margin": 0.0},
@@ -41,23 +40,6 @@ def _load(path):
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=torch.float32)
-
-
-def _backward(model, loss):
-    model.zero_grad(set_to_none=True)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
-def _assert_same(ours, theirs):
-    (loss, grads), (trl_loss, trl_grads) = ours, theirs
-    assert abs(loss.item() - trl_loss.item()) <= TOL * max(1.0, abs(trl_loss.item())), (loss, trl_loss)
-    assert grads.keys() == trl_grads.keys() and len(grads) > 0
-    scale = max(g.abs().max().item() for g in trl_grads.values())
-    worst = max((grads[n] - trl_grads[n]).abs().max().item() for n in grads)
-    assert worst <= TOL * scale, f"gradients differ by {worst:.3g} (largest entry {scale:.3g})"
 
 
 def _prepared(tmp_path, tiny_model_dir, packed: bool, margins: bool):
