@@ -107,7 +107,7 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
         if recipe is not None:
             from finetune.plan.model_size import reward_model_loads
 
-            out["reward_models"] = reward_model_loads(recipe)  # loaded beside the policy (plan/grpo.py)
+            out["reward_models"] = reward_model_loads(recipe) or ()  # loaded beside the policy (plan/grpo.py)
     return out
 
 

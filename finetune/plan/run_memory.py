@@ -57,5 +57,7 @@ def recipe_shape(recipe) -> dict:
 
         shape["generated_sequences"] = recipe.micro_batch_size * recipe.gradient_accumulation_steps
         shape["completion_tokens"] = method_setting(recipe, "max_completion_length")
-        shape["reward_models"] = reward_model_loads(recipe)  # loaded beside the policy (plan/grpo.py)
+        loads = reward_model_loads(recipe)  # loaded beside the policy (plan/grpo.py)
+        if loads:
+            shape["reward_models"] = loads
     return shape
