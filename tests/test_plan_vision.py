@@ -138,6 +138,15 @@ def test_targets_says_what_trains_in_each_part_under_the_recipe(tiny, tmp_path, 
         layers = [model.get_submodule(n) for n in adapted if parts.part_of(n) == part]
         assert said.startswith(f"LoRA on {len(layers)} of its ") and \
             f": {sum(4 * (m.in_features + m.out_features) for m in layers):,} adapter parameters" in said, said
+    # the per-kind table under them counts the same adapters as training: none on the frozen tower
+    capsys.readouterr()
+    frozen_tower = ["freeze_vision_tower=true", "lora_target_modules=all-linear"]
+    assert main(["targets", str(recipe), "--json", *[a for o in frozen_tower for a in ("--set", o)]]) == 0
+    report = json.loads(capsys.readouterr().out)
+    adapted = [model.get_submodule(n) for n in lora_target_names(model, load_recipe(recipe, frozen_tower))]
+    size = sum(4 * (m.in_features + m.out_features) for m in adapted)
+    recipe_row = next(p for p in report["presets"] if p["name"] == "recipe")
+    assert report["recipe"]["trainable_parameters"] == recipe_row["trainable_parameters"] == size
     said = trains("adapter=none", "freeze_vision_tower=true")
     assert said["vision_tower"].startswith("frozen: no gradients, no adapters")
     for part in ("multi_modal_projector", "language_model"):

@@ -188,23 +188,30 @@ def test_idefics3_exports_its_language_model_and_mmproj_each_read_back(runs, tmp
                                rtol=1e-4, atol=1e-4)
 
 
-def test_gemma3_mmproj_holds_its_tower_and_projector(runs, tmp_path):
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+def test_gemma3_exports_its_language_model_and_mmproj_each_read_back(runs, tmp_path):
+    """The LoRA run through its recipe (f32): the mmproj holds the tower and projector, the language model's GGUF (a
+    `gemma3_text`, export/gguf_families.py) gives the merged model's logits on text."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
-    from finetune.export.gguf_mmproj import encoded_tensors, write_mmproj
+    from finetune.cli import main
 
-    _, merged_dir = runs("gemma3")
+    recipe, merged_dir = runs("gemma3")
     merged = AutoModelForImageTextToText.from_pretrained(merged_dir).eval()
     processor = AutoProcessor.from_pretrained(merged_dir)
-    out = tmp_path / "mmproj-gemma3.gguf"
-    write_mmproj(merged, processor, encoded_tensors(merged, "f16"), out, "f16", "mmproj-gemma3")
+    assert main(["export", str(recipe), "--gguf", "--quant", "f32", "-o", str(tmp_path / "run.gguf")]) == 0
     expected = llama_cpp_names("model.vision_tower", {  # the SigLIP pooling head is not there: llama.cpp skips it
         "mm.input_projection.weight": "model.multi_modal_projector.mm_input_projection_weight",
         "mm.soft_emb_norm.weight": "model.multi_modal_projector.mm_soft_emb_norm.weight"},
         merged.config.vision_config.num_hidden_layers)
-    fields = check_mmproj(out, merged, processor, expected, "gemma3", atol=2e-3)
+    fields = check_mmproj(tmp_path / "mmproj-run.gguf", merged, processor, expected, "gemma3", atol=0)
     # 4 x 4 patches pooled to 2 x 2 soft tokens: llama.cpp assumes 4 unless the file says
     assert fields["clip.vision.projector.scale_factor"] == 2
+    # transformers' GGUF loader guesses some of Gemma 3's hyperparameters: given the text config, as llama.cpp reads it
+    text = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="run.gguf",
+                                                config=merged.config.get_text_config()).eval()
+    ids = processor.tokenizer("what colour is the sky", return_tensors="pt")["input_ids"]
+    torch.testing.assert_close(logits(text, {"input_ids": ids}), logits(merged, {"input_ids": ids}),
+                               rtol=1e-4, atol=1e-4)
 
 
 def test_a_family_llama_cpp_has_no_mmproj_for_is_one_message_and_nothing_written(runs, tmp_path, capsys):

@@ -57,26 +57,29 @@ def build_report(args: argparse.Namespace):
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
     model = meta_model(config, trust)
-    parts = part_of = None
+    parts = part_of = names = None
     if is_image_text_config(config):  # a vision-language model: its three parts, and which the recipe freezes
-        from finetune.model.vision import report_parts
+        from finetune.model.vision import lora_target_names, report_parts
 
         parts, part_of = report_parts(model, recipe)
-    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys)
+        if targets is not None:  # its adapters go only where its parts are not frozen: the layers training adapts
+            names = lora_target_names(model, recipe)
+    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys, names)
     report = inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
     report.training = part_training(report, recipe)
     return report
 
 
-def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict):
+def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict, names: list[str] | None = None):
     """(what the recipe's adapters train per kind of weight, the expert warning or None). Without a recipe, a
-    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing."""
+    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing. `names`: the
+    layers the recipe's targets come to (a vision-language model's outside its frozen parts), when not the targets."""
     from finetune.model.moe import breakdown, expert_warning
     from finetune.plan.moe import moe_layout
 
     if targets is not None:
-        report = breakdown(model, rank, targets, recipe_keys.get("target_parameters"), saved,
-                           recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
+        report = breakdown(model, rank, names if names is not None else targets, recipe_keys.get("target_parameters"),
+                           saved, recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
                            recipe_keys.get("alpha", 16))
         return report, expert_warning(report, targets, recipe_keys.get("target_parameters"))
     layout = moe_layout(model)

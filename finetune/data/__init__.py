@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.data.dedup import recipe_records
-from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
+from finetune.data.cache import (cache_key, data_hash, drop_prepared, load_prepared, save_prepared,
+                                 tokenizer_fingerprint)
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.data.vision import IMAGE_REJECT
 from finetune.errors import DataError
 from finetune.ingest.record_images import has_images
 from finetune.ingest.records import require_records_file
+from finetune.log import get_logger
 from finetune.recipe.data import RECORD_TYPES
 
 
@@ -208,7 +210,7 @@ def _to_dataset(examples: list[Example], images: bool = False):
 def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]], Prepared]:
     """(the record files, the cache entry for them as a Prepared): filled from the cache when it holds one
     (`reused`), else empty for store_entry to fill. A processor's image settings enter the key with the tokenizer."""
-    from finetune.data.vision import processor_fingerprint
+    from finetune.data.vision import images_changed, processor_fingerprint
 
     files = record_files(recipe)
     files_hash = data_hash(files)
@@ -216,6 +218,11 @@ def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]
     root = prepared_root(recipe)
     prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
     cached = load_prepared(root, key)
+    if cached is not None and images_changed(*cached):  # an image edited or removed since: its rows' tokens are stale
+        get_logger(__name__).info("data: an image the cached rows were tokenized from changed or went away since: "
+                                  "tokenizing again")
+        drop_prepared(root, key)
+        cached = None
     if cached is not None:
         dd, prepared.stats = cached
         prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
@@ -227,6 +234,9 @@ def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]
 
 def store_entry(prepared: Prepared, dataset_dict, stats: dict) -> Prepared:
     """Save freshly tokenized splits under the entry's key; the entry now holds them."""
+    from finetune.data.vision import image_files
+
+    stats = {**stats, **image_files(dataset_dict)}  # what the rows' image tokens were counted from
     save_prepared(Path(prepared.cache_path).parent, prepared.key, dataset_dict, stats)
     prepared.train, prepared.eval, prepared.stats = dataset_dict["train"], dataset_dict.get("eval"), stats
     return prepared

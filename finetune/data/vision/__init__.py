@@ -64,6 +64,20 @@ def processor_fingerprint(processor) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def image_files(dataset_dict) -> dict:
+    """{"image_files": the stamp of every image file its rows name} for the cache's stats, or {} without images."""
+    from finetune.data.vision.images import image_files_stamp
+
+    splits = [split for split in dataset_dict.values() if "images" in split.column_names]
+    return {"image_files": image_files_stamp(row for split in splits for row in split["images"])} if splits else {}
+
+
+def images_changed(dataset_dict, stats: dict) -> bool:
+    """Whether an image file cached rows were tokenized from was edited or removed since (their image tokens may no
+    longer be the image's): the rows are tokenized again, as are rows with images cached without the stamp."""
+    return image_files(dataset_dict).get("image_files") != stats.get("image_files")
+
+
 def check_vision_method(recipe, processor) -> None:
     """What a vision-language model does not train yet, refused before any tokenizing."""
     if processor is not None and recipe.method == "reward":

@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 
 from finetune.data.collate import Collator
-from finetune.data.vision.images import load_image
+from finetune.data.vision.images import ImageRejected, load_image
+from finetune.errors import DataError
 
 MODALITY_INPUTS = ("token_type_ids", "mm_token_type_ids")  # 1 on an image token, 0 elsewhere
 
@@ -28,7 +29,11 @@ class Pixels:
     min_pixels: int | None = None
 
     def images(self, parts: list[dict]) -> list:
-        return [load_image(part, max_pixels=self.max_pixels, min_pixels=self.min_pixels) for part in parts]
+        try:
+            return [load_image(part, max_pixels=self.max_pixels, min_pixels=self.min_pixels) for part in parts]
+        except ImageRejected as exc:  # it loaded when the rows were made: it changed on disk since
+            raise DataError(f"{exc.detail}: the image changed on disk after the data was tokenized (during this run?); "
+                            "put it back, or run again: images edited or removed before a run are tokenized again") from None
 
     def inputs(self, input_ids, rows: list[list[dict]]) -> dict:
         """The model inputs beside the text: `rows` holds each token row's image parts, in the order its image

@@ -24,7 +24,7 @@ import math
 from finetune.ingest.images import ImageRejected, describe, image_bytes, open_image
 from finetune.ingest.record_images import image_parts
 
-__all__ = ["ImageRejected", "budget_size", "image_parts", "images_digest", "load_image"]
+__all__ = ["ImageRejected", "budget_size", "image_files_stamp", "image_parts", "images_digest", "load_image"]
 
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 WIDE_GREY_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")  # 16-bit / 32-bit integer / float grey
@@ -110,6 +110,30 @@ def images_digest(items: list[list[dict]]) -> str:
                 known[where] = _stored_name(part) or _bytes_hash(part)
             digest.update(known[where].encode())
         digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def image_files_stamp(rows) -> str:
+    """One hash over the size and modification time of each image file that rows' parts name (`rows`: each row's
+    parts as JSON text, the `images` column): what tokenized rows keep beside them, since an image edited in place
+    keeps its path while its count of image tokens may change (other tiles, another grid); a file gone counts too.
+    Its metadata, not its bytes: checked each time the rows are reused."""
+    import hashlib
+    import json
+    import os
+
+    digest, seen = hashlib.sha256(), set()
+    for row in rows:
+        for part in json.loads(row or "[]"):
+            path = part.get("path")
+            if path and path not in seen:
+                seen.add(path)
+                try:
+                    stat = os.stat(path)
+                    mark = f"{stat.st_size}:{stat.st_mtime_ns}"
+                except OSError:
+                    mark = "missing"
+                digest.update(f"{path}\0{mark}\n".encode())
     return digest.hexdigest()
 
 
