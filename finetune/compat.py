@@ -40,6 +40,39 @@ def set_loss_function(causal_lm, loss_function) -> None:
     causal_lm.loss_function = loss_function
 
 
+def quiet_head_swap_report():
+    """A context in which transformers' load report of a causal LM's checkpoint loaded into its
+    sequence-classification class (a reward model: the LM head not loaded, the score head new) is not logged.
+    transformers 5.23 logs it as one warning of the `transformers.modeling_utils` logger, a "LOAD REPORT" table of
+    `key | STATUS` rows (utils/loading_report.py); a report that names any other key is kept."""
+    import contextlib
+    import logging
+    import re
+
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+
+    def expected(record: logging.LogRecord) -> bool:
+        text = ansi.sub("", record.getMessage())
+        if "LOAD REPORT" not in text:
+            return False
+        rows = [[cell.strip() for cell in line.split("|")] for line in text.splitlines() if "|" in line]
+        keys = [(row[0], row[1]) for row in rows[1:] if len(row) > 1 and row[0] and not set(row[0]) <= set("-+")]
+        return bool(keys) and all((key.startswith("lm_head.") and status == "UNEXPECTED")
+                                  or (key.startswith("score.") and status == "MISSING") for key, status in keys)
+
+    @contextlib.contextmanager
+    def quiet():
+        logger = logging.getLogger("transformers.modeling_utils")
+        drop = lambda record: not expected(record)  # noqa: E731 - a logging filter may be any callable
+        logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            logger.removeFilter(drop)
+
+    return quiet()
+
+
 def set_router_aux_loss_coef(causal_lm, value) -> None:
     """The weight a mixture-of-experts causal LM gives its load-balancing loss in this forward. transformers 5.23's
     MoE `*ForCausalLM.__init__` copies `config.router_aux_loss_coef` into the instance attribute

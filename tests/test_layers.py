@@ -231,7 +231,7 @@ def test_ingestion_never_imports_torch(edges):
     assert not problems, "\n".join(problems)
 
 
-METHODS = ("preference", "grpo")  # the methods beyond SFT, each a folder inside the stages it needs
+METHODS = ("preference", "reward", "grpo")  # the methods beyond SFT, each a folder inside the stages it needs
 
 
 def method_of(name: str) -> str | None:

@@ -105,10 +105,10 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
 
 def test_training_finetune_does_not_do_is_refused_and_nothing_is_written(tmp_path, capsys):
     src = tmp_path / "rm.yml"
-    src.write_text("base_model: x\nreward_model: true\ndatasets: [{path: d.jsonl}]\n")
+    src.write_text("base_model: x\nprocess_reward_model: true\ndatasets: [{path: d.jsonl}]\n")
     out = tmp_path / "r.yml"
     assert main(["port", str(src), "-o", str(out)]) == 2
-    assert "reward models have no equivalent" in capsys.readouterr().err and not out.exists()
+    assert "leaves process reward models out" in capsys.readouterr().err and not out.exists()
 
 
 def test_an_existing_output_is_not_replaced(tmp_path, capsys):

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, axolotl_vision, fsdp, grpo
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo, reward
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.axolotl import chat_templates, keys as axolotl_keys
@@ -210,11 +210,17 @@ def port_axolotl(config: dict, source_dir) -> Ported:
     for key, why in axolotl_keys.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
-    rl = config.get("rl")
+    rl, reward_model = config.get("rl"), bool(config.get("reward_model"))
     if rl and rl not in preference.RL_METHODS and rl != "grpo":
         raise FinetuneError(f"`rl: {rl}`: {axolotl.online_rl(rl)}; nothing was written")
+    if rl and reward_model:
+        raise FinetuneError(f"`reward_model: true` and `rl: {rl}`: a recipe trains a reward model or a policy, not "
+                            "both; drop one (a reward model then serves a GRPO run: `rewards: [{model: DIR}]`); nothing "
+                            "was written")
     if rl == "grpo":
         method, rl_ports = "grpo", grpo.port_trl(config, source_dir)
+    elif reward_model:
+        method, rl_ports = "reward", reward.port_keys(config)
     else:
         method, rl_ports = preference.port_keys(config) if rl else ("sft", {})
     out = Ported()
@@ -230,9 +236,11 @@ def port_axolotl(config: dict, source_dir) -> Ported:
             axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
-        elif key in preference.RL_KEYS and value is not None:
+        elif method == "reward" and key in reward.KEYS and value is not None:
             _rl_key(key, value, rl_ports.get(key), out)
-        elif rl and key in axolotl.RL_DIFFERENT and value is not None:
+        elif key in preference.RL_KEYS and value is not None:
+            _rl_key(key, value, rl_ports.get(key), out, method)
+        elif (rl or reward_model) and key in axolotl.RL_DIFFERENT and value is not None:
             _under_rl(key, value, out)
         elif key in axolotl_keys.KEYS and axolotl_keys.KEYS[key].blocks and value not in (None, False, [], ""):
             out.block(key, value, axolotl_keys.KEYS[key].hint)
@@ -263,7 +271,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
                  "linear layer to it")
     if rl == "grpo":
         _grpo_recipe(config, out)
-    elif rl:
+    elif rl or reward_model:
         _preference_recipe(config, rl_ports, out)
     return out
 
@@ -351,11 +359,13 @@ def _grpo_recipe(config: dict, out: Ported) -> None:
     _continued_adapter(config, out, "")
 
 
-def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported) -> None:
-    """One key of axolotl's preference training: what it becomes (preference.port_keys), or why it is dropped."""
+def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported, method: str = "sft") -> None:
+    """One key of axolotl's preference (or reward-model) training: what it becomes (preference.port_keys,
+    reward.port_keys), or why it is dropped."""
     if port is None:  # no `rl:` in the recipe
+        what = "a reward model" if method == "reward" else "supervised fine-tuning"
         return out.drop(key, value, "dropped: a preference-tuning key, which axolotl reads only with `rl:`; this "
-                                    "recipe trains supervised fine-tuning")
+                                    f"recipe trains {what}")
     if port.block:
         return out.block(key, value, port.block)
     if not port.settings:
@@ -377,16 +387,20 @@ def _under_rl(key: str, value: Any, out: Ported) -> None:
 
 
 def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
-    """What a preference recipe needs once every key is read: the adapter it continues as base_model, packing,
-    and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
-    _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's is "
-                                    "the base with the adapter switched off (docs/preference.md)")
-    if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
-        out.settings["sample_packing"] = True
-    elif out.settings.get("sample_packing") is False:
-        whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
-        out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
-                                   "`sample_packing: true` is worth setting")
+    """What a preference (or reward-model) recipe needs once every key is read: the adapter it continues as base_model,
+    packing, and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
+    if out.settings["method"] == "reward":
+        _continued_adapter(config, out, "")
+        reward.note_packing(out)
+    else:
+        _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's "
+                                        "is the base with the adapter switched off (docs/preference.md)")
+        if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
+            out.settings["sample_packing"] = True
+        elif out.settings.get("sample_packing") is False:
+            whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
+            out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
+                                       "`sample_packing: true` is worth setting")
     template = out.settings.get("chat_template", "tokenizer_default")
     turns = {"template": template, "llama3": "Llama 3's", "chatml": "chatml", None: None}
     chats = {turns[preference_records.dataset(spec, out.settings["method"]).chat]

@@ -61,7 +61,8 @@ TRL_DROPPED: dict[str, str] = {
     "use_liger_loss": "not needed: a fused-kernel speed option with the same loss",
     "reward_num_workers": "not needed: finetune runs each reward function in its own worker process with a timeout "
                           "(`rewards[].timeout_s`)",
-    "reward_processing_classes": "not in finetune: for reward models, which finetune does not score with",
+    "reward_processing_classes": "not needed: finetune scores a reward model with its own tokenizer and template, "
+                                 "saved with it",
     "off_policy_mask_threshold": "not in finetune: its completions come from the policy being trained, so none are "
                                  "off-policy",
     "use_bias_correction_kl": "not in finetune: its KL term (`rl_beta`) is TRL's k3 estimator",
@@ -132,12 +133,19 @@ def rewards(funcs: Any, weights: Any, source_dir) -> KeyPort:
     if weights is not None and (not isinstance(weights, list) or len(weights) != len(funcs)):
         return KeyPort(block=f"{len(funcs)} reward functions and reward_weights {weights!r}: TRL refuses a recipe "
                              "where the counts differ; give one weight per function")
-    models = [name for name in funcs if not _is_function(name, source_dir)]
+    models = [name for name in funcs if not _is_function(name, source_dir) and not _reward_folder(name, source_dir)]
     if models:
-        return KeyPort(block=f"{', '.join(models)}: a reward model (a hub id or a folder), which finetune does not "
-                             f"score with; its rewards are Python functions (`rewards:`); {_DELETE}")
+        return KeyPort(block=f"{', '.join(models)}: a reward model finetune cannot find as a folder beside the recipe "
+                             "(a hub id, or not a reward model); finetune scores with a local folder: download it "
+                             "(`huggingface-cli download ID --local-dir DIR`) and write `rewards: [{model: DIR}]` "
+                             f"(docs/reward-models.md), or {_DELETE}")
     specs, said = [], []
     for name, weight in zip(funcs, weights or [1.0] * len(funcs)):
+        if _reward_folder(name, source_dir):
+            specs.append({"model": name, "weight": float(weight)})
+            said.append(f"`{name}` is a reward model, scored in the training process (TRL sums its raw score with "
+                        "the functions'; `normalize: true` z-scores it within each group first)")
+            continue
         function, how = reward_function(name, source_dir)
         specs.append({"function": function, "weight": float(weight)})
         said.append(how)
@@ -145,6 +153,13 @@ def rewards(funcs: Any, weights: Any, source_dir) -> KeyPort:
     note = (f"axolotl's reward functions{weighed}, called with TRL's arguments as axolotl calls them; "
             + "; ".join(said) + ". A `FILE.py` path is relative to this recipe: keep the file beside it")
     return KeyPort({"rewards": specs}, note)
+
+
+def _reward_folder(name: Any, source_dir) -> bool:
+    """A reward model's folder beside the recipe (TRL loads a reward_funcs entry that is not a function as one)."""
+    from finetune.reward_models import reward_model_problem
+
+    return isinstance(name, str) and (source_dir / name).is_dir() and reward_model_problem(source_dir / name) is None
 
 
 def _is_function(name: Any, source_dir) -> bool:

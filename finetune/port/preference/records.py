@@ -1,4 +1,4 @@
-"""axolotl's preference dataset types -> finetune's `preference` / `unpaired` records: whether finetune reads
+"""axolotl's preference dataset types (and its reward models' `bradley_terry.*`) -> finetune's `preference` / `unpaired` records: whether finetune reads
 the records as they are (same prompt, same answers, same chat turns), or what each record must become.
 
 Checked against axolotl's prompt_strategies/{dpo,orpo,kto}/ at commit 067b021 (2026-07): the fields each
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # the types themselves (their names, the fields each reads): `finetune validate` tells them apart too
-from finetune.recipe.axolotl.preference import PAIR_TYPES, SHORT_NAMES, SYSTEM_FIELD, UNPAIRED_TYPES
+from finetune.recipe.axolotl.preference import PAIR_TYPES, REWARD_TYPES, SHORT_NAMES, SYSTEM_FIELD, UNPAIRED_TYPES
 
 _PAIR = ('{"prompt": [{"role": "user", "content": ...}], "chosen": [{"role": "assistant", "content": ...}], '
          '"rejected": [{"role": "assistant", "content": ...}]}')
@@ -54,9 +54,10 @@ def dataset(spec: dict, method: str) -> DatasetPort:
     name = SHORT_NAMES.get(value, value)
     if name == "chat_template.default" and method != "kto":
         return _chat_template_default(spec, target)
-    layout = (UNPAIRED_TYPES if method == "kto" else PAIR_TYPES).get(name)
+    layout = (UNPAIRED_TYPES if method == "kto" else {**PAIR_TYPES, **REWARD_TYPES} if method == "reward"
+              else PAIR_TYPES).get(name)
     if layout is None:
-        kind = "KTO" if method == "kto" else "DPO/IPO/ORPO/SimPO"
+        kind = "KTO" if method == "kto" else "reward model" if method == "reward" else "DPO/IPO/ORPO/SimPO"
         return DatasetPort(shape, f"`{value}` is not one of axolotl's {kind} dataset types finetune knows",
                            convert=f"write each record as {target} (or another layout docs/preference.md lists)")
     turns = _TURNS.get(layout.chat or "template")
@@ -72,7 +73,8 @@ def dataset(spec: dict, method: str) -> DatasetPort:
     else:
         why = "finetune does not read this layout"
     system = ' (a "system" field becomes a first system message)' if SYSTEM_FIELD in layout.fields else ""
-    same = f", to train on the same {turns}" if layout.chat else ""
+    same = "" if not layout.chat else (", to train on the chat template's turns, as axolotl does" if
+                                       layout.chat == "template" else f", to train on the same {turns}")
     return DatasetPort(shape, f"{layout.fields}: {why}", chat=layout.chat,
                        convert=f"write each record as {target}{system}{same}")
 

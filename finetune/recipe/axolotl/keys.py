@@ -205,10 +205,9 @@ KEYS.setdefault("mean_resizing_embeddings", AxolotlKey("not needed: finetune alw
 
 # Whole-recipe kinds finetune does not train: porting would produce a recipe that trains something else.
 UNPORTABLE = {
-    "reward_model": "finetune trains causal LMs (supervised and preference fine-tuning); reward models have no "
-                    "equivalent",
-    "process_reward_model": "finetune trains causal LMs (supervised and preference fine-tuning); process reward "
-                            "models have no equivalent",
+    "process_reward_model": "finetune leaves process reward models out (TRL moved its PRMTrainer to the experimental "
+                            "package); outcome reward models are `method: reward` (axolotl's `reward_model: true`, "
+                            "docs/reward-models.md)",
     "pretraining_dataset": "finetune has no streaming pretraining datasets; use `datasets:` with `type: completion`",
 }
 

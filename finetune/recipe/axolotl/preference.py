@@ -111,10 +111,16 @@ PAIR_TYPES: dict[str, Layout] = {
     "zephyr.nectar": Layout('{"prompt", "answers": [{"answer", "rank"}...]}'),
 }
 UNPAIRED_TYPES: dict[str, Layout] = {**_unpaired("chatml"), **_unpaired("llama3")}
+# `reward_model: true` (axolotl's prompt_strategies/bradley_terry/): single-turn pairs of strings in chat turns
+REWARD_TYPES: dict[str, Layout] = {
+    "bradley_terry.chat_template": Layout('{' + SYSTEM_FIELD + '"input", "chosen", "rejected"} strings',
+                                          chat="template"),
+    "bradley_terry.llama3.icr": Layout('{' + SYSTEM_FIELD + '"input", "chosen", "rejected"} strings', chat="llama3"),
+}
 SHORT_NAMES = {"chatml": "chatml.default", "llama3": "llama3.default", "chat_template": "chat_template.default",
           "passthrough": "passthrough.default"}
 
 def known(value: Any) -> bool:
     """`value` names one of axolotl's preference dataset types."""
     name = SHORT_NAMES.get(value, value) if isinstance(value, str) else None
-    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name == "chat_template.default"
+    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name in REWARD_TYPES or name == "chat_template.default"
