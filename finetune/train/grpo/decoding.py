@@ -4,12 +4,14 @@ extended by tokens that did not come from the model (a tool's result) and narrow
 
 Sampling a prefilled batch is token-identical to transformers' `generate(do_sample=True,
 num_return_sequences=G)` at the same seed (transformers 5.23), because each call the model sees is the one
-`generate` makes with the same shapes (matmul results depend on the shapes, not only on the values):
+`generate` makes, on the same values:
 - the prefill runs the P prompts once (left-padded; positions counted from each prompt's first token, as
-  `generate` derives them from the mask; no mask at all when no prompt is padded), then the cache is repeated G
-  times in a row (`Cache.batch_repeat_interleave`, prompt i's copies at rows i x G onward). The LM head alone gets
-  its input repeated G times before it (a forward pre-hook for that one call): its matmul then has generate's
-  P x G rows, so the first token's logits are bit for bit generate's;
+  `generate` derives them from the mask; no mask at all when no prompt is padded), then the cache and the last
+  position's logits are repeated G times in a row (`Cache.batch_repeat_interleave`, prompt i's copies at rows
+  i x G onward). A matmul's rows may round differently with the number of rows, but on this project's CPU
+  (MKL) the prefill's keys, values and logits over P prompts are bit for bit those over P x G copies, and so is
+  every step's logits after (tests/test_grpo_rollout.py checks each step's logits with torch.equal); where a
+  kernel does round otherwise, a token can differ only where two candidates tie to the last bit;
 - each decoding step feeds every row's new token with its position, the 2D mask grown by a column of ones (or
   None), the cache and `logits_to_keep=1`, as `generate`'s `prepare_inputs_for_generation` does; a finished row
   goes on being fed the pad token, as in `generate`;
@@ -26,7 +28,6 @@ tokens, at the positions that continue the row; the logits that forward leaves a
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -60,14 +61,13 @@ def prefill(lm, prompt_ids: list[list[int]], copies: int, pad_id: int) -> Decode
     mask = valid.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # generate's, from the mask
     fed_mask = None if bool(valid.all()) else mask  # generate drops an all-ones mask
-    with _head_repeated(lm, copies):
-        out = lm(**_inputs(lm, ids, fed_mask, positions, None))
+    out = lm(**_inputs(lm, ids, fed_mask, positions, None))
     cache = out.past_key_values
     cache.batch_repeat_interleave(copies)
     tokens = [list(p) for p in prompt_ids for _ in range(copies)]
     return DecodeState(cache=cache, mask=None if fed_mask is None else fed_mask.repeat_interleave(copies, dim=0),
                        valid=valid.repeat_interleave(copies, dim=0), tokens=tokens, cached=[len(t) for t in tokens],
-                       logits=out.logits[:, -1].to(copy=True, dtype=torch.float32))
+                       logits=out.logits[:, -1].to(dtype=torch.float32).repeat_interleave(copies, dim=0))
 
 
 def sample(lm, state: DecodeState, limits: list[int], eos_ids: list[int], pad_id: int,
@@ -172,18 +172,3 @@ def _inputs(lm, ids, mask, positions, cache) -> dict:
 
 def _accepts(lm, name: str) -> bool:
     return name in inspect.signature(lm.forward).parameters
-
-
-@contextlib.contextmanager
-def _head_repeated(lm, copies: int):
-    """For one call: the LM head's input repeated `copies` times along the batch (its matmul gets generate's rows)."""
-    head = lm.get_output_embeddings()
-    if head is None or copies == 1:
-        yield
-        return
-    handle = head.register_forward_pre_hook(
-        lambda module, args: (args[0].repeat_interleave(copies, dim=0), *args[1:]))
-    try:
-        yield
-    finally:
-        handle.remove()
