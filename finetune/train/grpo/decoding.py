@@ -53,21 +53,37 @@ class DecodeState:
 
 
 def prefill(lm, prompt_ids: list[list[int]], copies: int, pad_id: int) -> DecodeState:
-    """Run each prompt once and hold its cache `copies` times (prompt i at rows i x copies onward)."""
+    """Run each prompt once and hold its cache `copies` times (prompt i at rows i x copies onward). A model whose
+    cache keeps recurrent states (linear attention) gets each prompt `copies` times instead, as `generate` does."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.config.get_text_config(decoder=True))  # the one generate makes
+    shared = copies if attention_only(cache) else 1
+    prompts = [list(p) for p in prompt_ids for _ in range(copies // shared)]
     device = next(lm.parameters()).device
-    width = max(len(ids) for ids in prompt_ids)
-    ids = torch.tensor([[pad_id] * (width - len(p)) + list(p) for p in prompt_ids], device=device)
-    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompt_ids], device=device)
+    width = max(len(ids) for ids in prompts)
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=device)
+    valid = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in prompts], device=device)
     mask = valid.long()
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)  # generate's, from the mask
     fed_mask = None if bool(valid.all()) else mask  # generate drops an all-ones mask
-    out = lm(**_inputs(lm, ids, fed_mask, positions, None))
+    out = lm(**_inputs(lm, ids, fed_mask, positions, cache))
     cache = out.past_key_values
-    cache.batch_repeat_interleave(copies)
-    tokens = [list(p) for p in prompt_ids for _ in range(copies)]
-    return DecodeState(cache=cache, mask=None if fed_mask is None else fed_mask.repeat_interleave(copies, dim=0),
-                       valid=valid.repeat_interleave(copies, dim=0), tokens=tokens, cached=[len(t) for t in tokens],
-                       logits=out.logits[:, -1].to(dtype=torch.float32).repeat_interleave(copies, dim=0))
+    if shared > 1:
+        cache.batch_repeat_interleave(shared)
+    tokens = [p for p in prompts for _ in range(shared)]
+    return DecodeState(cache=cache, mask=None if fed_mask is None else fed_mask.repeat_interleave(shared, dim=0),
+                       valid=valid.repeat_interleave(shared, dim=0), tokens=tokens, cached=[len(t) for t in tokens],
+                       logits=out.logits[:, -1].to(dtype=torch.float32).repeat_interleave(shared, dim=0))
+
+
+def attention_only(cache) -> bool:
+    """Whether every layer of the cache holds keys and values only (no recurrent state): such a cache can be
+    copied row by row and can skip masked columns."""
+    from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+    return all(isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin)
+               for layer in getattr(cache, "layers", []))
 
 
 def sample(lm, state: DecodeState, limits: list[int], eos_ids: list[int], pad_id: int,
@@ -104,7 +120,12 @@ def draw(scores: torch.Tensor) -> torch.Tensor:
 def extend(lm, state: DecodeState, ids: list[list[int]], pad_id: int) -> None:
     """Append `ids[row]` to each row and feed the model every token of the row its cache lacks, right-aligned in
     one forward (the gaps masked, each token at the position that continues its row), so that the next `sample`
-    continues after them. A row with nothing to feed re-feeds its last token."""
+    continues after them. A row with nothing to feed re-feeds its last token. Needs an attention-only cache:
+    a recurrent state (linear attention) cannot skip the padding a row leaves between its turns."""
+    if not attention_only(state.cache):
+        raise ValueError("continuing rows from their cache needs a model whose layers all use softmax attention: "
+                         "this one keeps recurrent (linear attention) states, which the padding between turns "
+                         "would change")
     for row, new in enumerate(ids):
         state.tokens[row] = state.tokens[row] + list(new)
         if state.cached[row] == len(state.tokens[row]):  # its logits are gone with the others': feed it again
