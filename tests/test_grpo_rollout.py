@@ -158,3 +158,21 @@ def test_each_row_stops_at_its_own_budget(model):
         episodes.sample([3, 3], seed=1, eos_ids=[0])
     with pytest.raises(ValueError, match="keep: rows between 0 and 3"):
         episodes.keep([4])
+
+
+def test_a_recurrent_cache_is_prefilled_per_copy_and_cannot_be_continued(tiny_tokenizer):
+    """Qwen3-Next keeps linear-attention states: its G copies are prefilled as generate does (the family matrix holds
+    its tokens equal to generate's), and continuing a row, which would feed a state padding, is refused."""
+    from tiny import family_config
+    from transformers import AutoModelForCausalLM
+
+    from finetune.train.grpo.generation import Episodes
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_next", tiny_tokenizer)).float()
+    seen, episodes = _widths(model, lambda: Episodes(model, PROMPTS[:2], 2, pad_id=PAD))
+    assert seen == [(4, 7)]  # each prompt twice
+    episodes.sample(3, seed=0, eos_ids=EOS_IDS)
+    for call in (lambda: episodes.append([[5]] * 4), lambda: episodes.keep([0])):
+        with pytest.raises(ValueError, match="softmax attention: this one keeps recurrent"):
+            call()

@@ -122,10 +122,7 @@ def extend(lm, state: DecodeState, ids: list[list[int]], pad_id: int) -> None:
     one forward (the gaps masked, each token at the position that continues its row), so that the next `sample`
     continues after them. A row with nothing to feed re-feeds its last token. Needs an attention-only cache:
     a recurrent state (linear attention) cannot skip the padding a row leaves between its turns."""
-    if not attention_only(state.cache):
-        raise ValueError("continuing rows from their cache needs a model whose layers all use softmax attention: "
-                         "this one keeps recurrent (linear attention) states, which the padding between turns "
-                         "would change")
+    _continuable(state)
     for row, new in enumerate(ids):
         state.tokens[row] = state.tokens[row] + list(new)
         if state.cached[row] == len(state.tokens[row]):  # its logits are gone with the others': feed it again
@@ -147,12 +144,20 @@ def extend(lm, state: DecodeState, ids: list[list[int]], pad_id: int) -> None:
 
 def keep(state: DecodeState, rows: list[int]) -> None:
     """Narrow the batch to `rows` (in that order)."""
+    _continuable(state)
     index = torch.tensor(rows, dtype=torch.long, device=state.valid.device)
     state.cache.batch_select_indices(index)
     state.valid = state.valid[index]
     state.mask = None if state.mask is None else state.mask[index]
     state.tokens, state.cached = [state.tokens[r] for r in rows], [state.cached[r] for r in rows]
     state.logits = None if state.logits is None else state.logits[index]
+
+
+def _continuable(state: DecodeState) -> None:
+    if not attention_only(state.cache):
+        raise ValueError("continuing rows from their cache needs a model whose layers all use softmax attention: "
+                         "this one keeps recurrent (linear attention) states, which the padding between turns "
+                         "would change")
 
 
 def _step(lm, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:

@@ -74,8 +74,11 @@ class Episodes:
     `append` puts the ids after everything the row has (its last turn's tokens, EOS included) and runs them
     through the model with the cache in one forward; the next `sample` continues from there, as sampling from
     the concatenated ids would (tests/test_grpo_rollout.py). `tokens[row]` is the row's every id, prompt first;
-    `prompt_index[row]` its prompt. Each call puts the model in eval mode for its duration and computes no
-    gradients. The cache lives as long as this object: drop it when the episodes end."""
+    `prompt_index[row]` its prompt (`keep` drops rows: read their tokens first). Each call puts the model in eval
+    mode for its duration and computes no gradients. The cache lives as long as this object: drop it when the
+    episodes end. `append` and `keep` need a model whose layers all use softmax attention (a recurrent, linear
+    attention state cannot skip the padding between turns: ValueError); a sliding window counts the cache's
+    columns, padding included, so past the window a continued row sees a few tokens fewer than a fresh one."""
 
     def __init__(self, model, prompt_ids: list[list[int]], num_generations: int, *, pad_id: int):
         from finetune.train.grpo import decoding
@@ -88,6 +91,7 @@ class Episodes:
 
     @property
     def tokens(self) -> list[list[int]]:
+        """Each row's ids: its prompt, then every token sampled or appended since, in order."""
         return self._state.tokens
 
     def sample(self, max_new_tokens: int | list[int], *, seed: int, eos_ids: list[int], temperature: float = 1.0,
