@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import random
@@ -21,6 +22,29 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.e
     os.environ["OMP_NUM_THREADS"] = str(_share)
 
 from tiny import WORDS, build_tiny_model  # noqa: E402
+
+
+_frozen_modules = 0
+
+
+def _freeze_long_lived() -> None:
+    """Move every object alive now out of the cyclic collector's reach: the modules of torch, transformers, peft...
+    (~600k objects) live for the whole session, and a full collection walks them all (~0.2 s each; a training
+    run triggers several). Garbage is collected first, so only what is alive is frozen."""
+    global _frozen_modules
+    gc.collect()
+    gc.freeze()
+    _frozen_modules = len(sys.modules)
+
+
+def pytest_collection_finish(session):
+    _freeze_long_lived()  # collection imported the libraries the test files import at their top
+
+
+def pytest_runtest_setup(item):
+    # again when tests imported more libraries lazily (the Trainer, TRL, matplotlib...), or a test unfroze
+    if len(sys.modules) - _frozen_modules > 200 or gc.get_freeze_count() == 0:
+        _freeze_long_lived()
 
 
 @pytest.fixture(autouse=True)

@@ -109,25 +109,18 @@ class FamilyRuns:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> FamilyRuns:
-    """The runs skip drawing loss_curve.png (half of a one-step run's time; tests/test_curves.py covers it). What the
-    process holds before them (modules, fixtures) is frozen out of the garbage collector's scans: the Trainer
-    collects at the end of every run (accelerate's free_memory), a third of a one-step run's time otherwise."""
-    import gc
-
+    """The runs skip drawing loss_curve.png (tests/test_curves.py covers it). What the process holds before them
+    (modules, fixtures) is frozen out of the garbage collector's scans by tests/conftest.py: the Trainer collects at
+    the end of every run (accelerate's free_memory)."""
     import finetune.train.curves as curves
 
     def no_plot(log_history, path, diagnosis=None):
         Path(path).touch()
         return Path(path)
 
-    gc.collect()
-    gc.freeze()
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(curves, "plot_curves", no_plot)
-            yield FamilyRuns(tmp_path_factory.mktemp("families"))
-    finally:
-        gc.unfreeze()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(curves, "plot_curves", no_plot)
+        yield FamilyRuns(tmp_path_factory.mktemp("families"))
 
 
 def unpacked_loss(recipe_path: Path) -> float:
