@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import re
 import textwrap
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, axolotl_vision, fsdp, grpo, reward
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo, methods, reward
+from finetune.port.ported import Ported, inline
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
 from finetune.recipe.axolotl import chat_templates, keys as axolotl_keys
 from finetune.recipe.data import DatasetSpec
-from finetune.recipe.methods import METHOD_SETTINGS
 from finetune.recipe.training import OPTIMIZERS
 
 # Names finetune accepts for a field besides its own (save_steps -> checkpoint_interval...).
@@ -28,63 +27,6 @@ _RECIPE_KEYS = set(Recipe.model_fields) | _ALIASES
 _DATASET_KEYS = set(DatasetSpec.model_fields)
 _EMPTY = "dropped: empty in the axolotl recipe, so unset (finetune's default applies)"
 _LOCAL_SUFFIXES = re.compile(r"\.(jsonl|json|csv|tsv|sql|db|sqlite3?|html?|gz|bz2|zip|xz)$", re.I)
-
-
-@dataclass
-class Ported:
-    """The converted recipe and, for the YAML, one comment per axolotl key that did not port as it was."""
-
-    settings: dict = field(default_factory=dict)
-    comments: dict[str, list[str]] = field(default_factory=dict)  # finetune key (or "" = dropped) -> comments
-    # (how many keys were set before it, "key: value" as written, why): rendered as comments in the source's order
-    dropped: list[tuple[int, str, str]] = field(default_factory=list)
-    hub_paths: list[str] = field(default_factory=list)  # dataset paths that look like hub ids: download first
-    # keys kept as written because finetune cannot honour what they change: the recipe does not load until edited
-    blocked: dict[str, str] = field(default_factory=dict)  # key -> "`key: value`: why"
-    data_edits: list[str] = field(default_factory=list)  # records finetune does not read as they are: convert first
-    todo: list[str] = field(default_factory=list)  # what to do before training, said once the recipe is written
-    # settings inside a key (`datasets[0].field_x`, `fsdp_config.KEY`) left out, each said in its key's comments
-    nested_dropped: list[str] = field(default_factory=list)
-    headers: list[str] = field(default_factory=list)  # `dropped` entries that head a block (`trl:`), not keys
-
-    @property
-    def dropped_count(self) -> int:
-        """How many axolotl settings the recipe leaves out, each with a comment: top-level keys and keys inside
-        one (a dataset's, fsdp_config's)."""
-        return sum(written not in self.headers for _, written, _ in self.dropped) + len(self.nested_dropped)
-
-    def note_dropped(self, key: str, where: str, text: str) -> None:
-        """`where` (a setting inside `key`) is left out: said on `key`, counted."""
-        self.note(key, text)
-        self.nested_dropped.append(where)
-
-    def note(self, key: str, text: str) -> None:
-        self.comments.setdefault(key, []).append(text)
-
-    def block(self, key: str, value: Any, why: str) -> None:
-        self.settings[key] = value
-        self.note(key, f"NEEDS YOUR DECISION: {why}")
-        self.blocked[key] = f"`{key}: {_inline(value)}`: {why}"
-
-    def unblock(self, key: str, value: Any, why: str) -> None:
-        """A key kept for a decision (`value` as written), decided away: out of the recipe, a dropped key's comment
-        where it stood."""
-        position = list(self.settings).index(key)
-        del self.settings[key], self.blocked[key]
-        self.comments.pop(key, None)
-        self.dropped = [(n - (n > position), written, reason) for n, written, reason in self.dropped]
-        self.drop(key, value, why)
-        self.dropped[-1] = (position, *self.dropped[-1][1:])
-
-    def drop(self, key: str, value: Any, why: str) -> None:
-        written = yaml.safe_dump({key: value}, sort_keys=False, allow_unicode=True, width=100).rstrip()
-        self.dropped.append((len(self.settings), written, why))
-
-
-def _inline(value: Any) -> str:
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
-    text = text[:-4].strip() if text.endswith("...") else text  # safe_dump ends a bare scalar with "..."
-    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
@@ -102,7 +44,7 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
             return out.drop(key, value, f"not in finetune; it has {', '.join(allowed)}")
     out.settings[key] = ported
     if note or ported != value:
-        out.note(key, note or f"axolotl `{key}: {_inline(value)}` is written `{_inline(ported)}` here")
+        out.note(key, note or f"axolotl `{key}: {inline(value)}` is written `{inline(ported)}` here")
 
 
 def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") -> dict | None:
@@ -140,18 +82,18 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)
         elif records is not None and (key in preference_records.LAYOUT_KEYS or key in records.key_notes):
-            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, "
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {inline(value)}: dropped, "
                              f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
             out.note_dropped("datasets", f"{where}.{key}",
-                             f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
+                             f"{where}.{key}: {inline(value)}: dropped, finetune's behaviour already")
         elif key in axolotl_keys.DATASET_KEYS:
             out.note_dropped("datasets", f"{where}.{key}",
-                             f"{where}.{key}: {_inline(value)}: dropped, {axolotl_keys.DATASET_KEYS[key].hint}")
+                             f"{where}.{key}: {inline(value)}: dropped, {axolotl_keys.DATASET_KEYS[key].hint}")
         elif key in _DATASET_KEYS:
             result[key] = value
         else:
-            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, not a "
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {inline(value)}: dropped, not a "
                              "finetune key and not in the axolotl table (docs/recipe.md lists the dataset keys)")
     if records is not None and "type" not in spec:
         _preference_type(where, spec, records, result, out)
@@ -165,10 +107,10 @@ def _roles_to_train(specs: list, out: Ported) -> None:
         return  # axolotl's default and finetune's
     ported, why = axolotl.roles_to_train(values)
     if ported is None:
-        out.block("roles_to_train", values, f"the datasets' roles_to_train {_inline(values)}: {why}")
+        out.block("roles_to_train", values, f"the datasets' roles_to_train {inline(values)}: {why}")
     else:
         out.settings["roles_to_train"] = ported
-        out.note("roles_to_train", f"from the datasets' axolotl `roles_to_train` ({_inline(values)})")
+        out.note("roles_to_train", f"from the datasets' axolotl `roles_to_train` ({inline(values)})")
 
 
 _MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system", "roles")
@@ -186,11 +128,11 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
             result["map"] = {**result.get("map", {}), **mapped}
     said = "roles" if key == "roles" else "map"
     if mapped:
-        out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}: {_inline(mapped)}`"
+        out.note("datasets", f"{where}.{key}: {inline(value)} -> `{said}: {inline(mapped)}`"
                  + (f"; {note}" if note else ""))
     else:
         out.note_dropped("datasets", f"{where}.{key}",
-                         f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
+                         f"{where}.{key}: {inline(value)}: dropped, " + (note or "finetune's behaviour already"))
 
 
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
@@ -198,7 +140,7 @@ def _preference_type(where: str, spec: dict, records: preference_records.Dataset
     result["type"] = records.type
     result.update({key: getattr(records, key) for key in ("map", "roles") if getattr(records, key, None)})
     value = spec.get("type")
-    said = f"axolotl `{_inline(value)}` -> `{records.type}`" if value is not None else f"`{records.type}`"
+    said = f"axolotl `{inline(value)}` -> `{records.type}`" if value is not None else f"`{records.type}`"
     out.note("datasets", f"{where}.type: {said}: {records.note}")
     if records.convert:
         out.note("datasets", f"{where}: BEFORE TRAINING, {records.convert}")
@@ -235,13 +177,13 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:
             axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
-            _grpo_key(key, value, rl_ports, out)
+            methods.grpo_key(key, value, rl_ports, out)
         elif method == "reward" and key in reward.KEYS and value is not None:
-            _rl_key(key, value, rl_ports.get(key), out)
+            methods.rl_key(key, value, rl_ports.get(key), out)
         elif key in preference.RL_KEYS and value is not None:
-            _rl_key(key, value, rl_ports.get(key), out, method)
+            methods.rl_key(key, value, rl_ports.get(key), out, method)
         elif (rl or reward_model) and key in axolotl.RL_DIFFERENT and value is not None:
-            _under_rl(key, value, out)
+            methods.under_rl(key, value, out)
         elif key in axolotl_keys.KEYS and axolotl_keys.KEYS[key].blocks and value not in (None, False, [], ""):
             out.block(key, value, axolotl_keys.KEYS[key].hint)
         elif key in axolotl_keys.KEYS:
@@ -251,7 +193,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
                 out.drop(key, value, _EMPTY if value is None else "dropped, " + entry.hint)
             for name, new in settings.items():
                 out.settings[name] = new
-                out.note(name, f"from axolotl `{key}: {_inline(value)}`")
+                out.note(name, f"from axolotl `{key}: {inline(value)}`")
         elif value is None:
             out.drop(key, value, _EMPTY)
         elif key == "chat_template":  # which family's template axolotl names, beside this base model
@@ -270,9 +212,9 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
                  "linear layer to it")
     if rl == "grpo":
-        _grpo_recipe(config, out)
+        methods.grpo_recipe(config, out)
     elif rl or reward_model:
-        _preference_recipe(config, rl_ports, out)
+        methods.preference_recipe(config, rl_ports, out)
     return out
 
 
@@ -303,127 +245,6 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
     for text in ported.notes:
         out.note("fsdp", text)
     out.nested_dropped += ported.dropped
-
-
-def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
-    """A key of axolotl's GRPO recipe: `rl`, the `trl:` block key by key, TRL's beta, or what GRPO does not read."""
-    if key == "rl":
-        out.settings["method"] = "grpo"
-        out.note("method", "from axolotl `rl: grpo`")
-    elif key == "trl" and isinstance(value, dict):
-        out.dropped.append((len(out.settings), "trl:", "axolotl's settings for TRL's GRPOConfig, key by key below: "
-                            "each as the finetune key it became (`from axolotl trl.KEY`), or dropped with why"))
-        out.headers.append("trl:")
-        blocked = {}
-        for name, setting in value.items():
-            port = ports.get(f"trl.{name}")
-            if port is not None and port.block:
-                blocked[name] = (setting, port.block)
-            elif port is not None:
-                _apply(f"trl.{name}", setting, port, out)
-        if blocked:  # kept as a `trl:` block of what needs deciding: the recipe does not load until it is edited
-            out.block("trl", {name: setting for name, (setting, _) in blocked.items()},
-                      "; ".join(f"`trl.{name}`: {why}" for name, (_, why) in blocked.items()))
-    elif key in ports:
-        _apply(key, value, ports[key], out)
-    elif key in grpo.TOP_DROPPED:
-        out.drop(key, value, "dropped, " + grpo.TOP_DROPPED[key])
-    else:
-        out.drop(key, value, "dropped: a preference-tuning key; axolotl's GRPO trainer does not read it")
-
-
-def _apply(source: str, value: Any, port: grpo.KeyPort, out: Ported) -> None:
-    """What one axolotl key (`trl.KEY` for the trl block's) becomes: finetune settings with where they came from,
-    or a comment saying why it was dropped."""
-    if port.block:
-        return out.block(source, value, port.block)
-    if not port.settings:
-        return out.drop(source, value, port.drop if port.drop.startswith("dropped") else "dropped, " + port.drop)
-    for name, new in port.settings.items():
-        out.settings[name] = new
-        out.note(name, f"from axolotl `{source}: {_inline(value)}`" + (f": {port.note}" if port.note else ""))
-
-
-def _grpo_recipe(config: dict, out: Ported) -> None:
-    """What a GRPO recipe needs once every key is read: room for the completions in sequence_len, and the adapter
-    it continues as base_model."""
-    completion = out.settings.get("max_completion_length", METHOD_SETTINGS["max_completion_length"]["grpo"])
-    room = config.get("sequence_len")
-    if isinstance(room, int) and isinstance(completion, int):
-        out.settings["sequence_len"] = room + completion
-        out.note("sequence_len", f"axolotl's `sequence_len: {room}` + max_completion_length {completion}: axolotl's "
-                 "GRPO cuts neither prompts nor completions at sequence_len (TRL 1.16 has no max_prompt_length, and "
-                 "axolotl leaves out max_length), where finetune's holds prompt + completion and gives a prompt "
-                 f"sequence_len - max_completion_length tokens; so prompts keep {room} (a longer one: "
-                 "`excess_length_strategy`)")
-    _continued_adapter(config, out, "")
-
-
-def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported, method: str = "sft") -> None:
-    """One key of axolotl's preference (or reward-model) training: what it becomes (preference.port_keys,
-    reward.port_keys), or why it is dropped."""
-    if port is None:  # no `rl:` in the recipe
-        what = "a reward model" if method == "reward" else "supervised fine-tuning"
-        return out.drop(key, value, "dropped: a preference-tuning key, which axolotl reads only with `rl:`; this "
-                                    f"recipe trains {what}")
-    if port.block:
-        return out.block(key, value, port.block)
-    if not port.settings:
-        return out.drop(key, value, port.drop if port.drop.startswith("dropped") else "dropped, " + port.drop)
-    for n, (name, new) in enumerate(port.settings.items()):
-        out.settings[name] = new
-        if n and key == "rl":
-            out.note(name, f"from axolotl `rl: {_inline(value)}`: TRL's default there (see `method`)")
-        elif port.note or name != key or new != value:
-            out.note(name, f"from axolotl `{key}: {_inline(value)}`" + (f": {port.note}" if port.note else ""))
-
-
-def _under_rl(key: str, value: Any, out: Ported) -> None:
-    """A key both kinds of recipe have whose meaning differs in a preference recipe."""
-    if key == "train_on_inputs":
-        out.drop(key, value, "dropped, not needed: preference losses score the answers only (finetune refuses "
-                             "`train_on_inputs` with a preference method; axolotl's rl trainers ignore it)")
-    # lora_model_dir: _preference_recipe, once base_model is read too
-
-
-def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
-    """What a preference (or reward-model) recipe needs once every key is read: the adapter it continues as base_model,
-    packing, and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
-    if out.settings["method"] == "reward":
-        _continued_adapter(config, out, "")
-        reward.note_packing(out)
-    else:
-        _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's "
-                                        "is the base with the adapter switched off (docs/preference.md)")
-        if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
-            out.settings["sample_packing"] = True
-        elif out.settings.get("sample_packing") is False:
-            whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
-            out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
-                                       "`sample_packing: true` is worth setting")
-    template = out.settings.get("chat_template", "tokenizer_default")
-    turns = {"template": template, "llama3": "Llama 3's", "chatml": "chatml", None: None}
-    chats = {turns[preference_records.dataset(spec, out.settings["method"]).chat]
-             for spec in config.get("datasets") or [] if isinstance(spec, dict)} - {None}
-    if len(chats) > 1:
-        out.note("datasets", f"axolotl writes these datasets in different chat turns ({', '.join(sorted(chats))}); "
-                 "one chat_template renders every record here: split them into two runs, or convert one")
-    elif chats == {"chatml"} and template != "chatml":
-        out.settings["chat_template"] = "chatml"
-        out.note("chat_template", "axolotl's chatml.* dataset types write ChatML turns whatever chat_template says")
-    elif chats == {"Llama 3's"} and template != "jinja":
-        out.note("datasets", "axolotl's llama3.* types write Llama 3's turns whatever chat_template says; finetune "
-                 "renders with `chat_template` (tokenizer_default: a Llama 3 Instruct tokenizer's own template "
-                 "writes those turns; for another base, give Llama 3's as `chat_template: jinja`)")
-
-
-def _continued_adapter(config: dict, out: Ported, reference: str) -> None:
-    """axolotl's `lora_model_dir` (an adapter to keep training) is finetune's base_model."""
-    if config.get("lora_model_dir"):
-        base, out.settings["base_model"] = config.get("base_model"), config["lora_model_dir"]
-        out.note("base_model", f"from axolotl `lora_model_dir: {_inline(config['lora_model_dir'])}`: the adapter "
-                 "this run continues; finetune loads its base (named in its adapter_config.json) and keeps training "
-                 f"it.{reference}" + (f"; axolotl's base_model `{base}` is the base the adapter names" if base else ""))
 
 
 def _comment(text: str, indent: str = "") -> list[str]:
