@@ -190,10 +190,12 @@ def _short(value) -> str:
 class WorkerProcess:
     """The training process's handle on one worker: start, wait until it has loaded, send a call, kill."""
 
-    def __init__(self, context, functions: list[str], base_dir):
+    def __init__(self, context, functions: list, base_dir, target=None, name: str = "finetune-reward-worker"):
+        """`target`: the worker's main (default worker_main, the reward functions'; the tools' worker passes its
+        own, finetune/train/grpo/tool_worker.py), called as target(conn, functions, base_dir, parent pid)."""
         here, there = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(there, list(functions), str(base_dir), os.getpid()),
-                                       name="finetune-reward-worker")
+        self.process = context.Process(target=target or worker_main,
+                                       args=(there, list(functions), str(base_dir), os.getpid()), name=name)
         self.process.start()
         there.close()  # the worker's end lives in the worker only: its death then reads as EOF here
         self.conn = here

@@ -85,12 +85,15 @@ class RewardRunner:
     logged: the caller reports each batch's failures and output itself)."""
 
     def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS,
-                 counted_in: str | None = "run.json"):
+                 counted_in: str | None = "run.json", external: tuple[str, ...] = ()):
+        """`external`: rewards the caller computes itself and hands to score() (an environment's get_reward(),
+        weight 1, named after its class: finetune/train/grpo/episodes.py), kept and counted like the functions'."""
         self.specs = [as_spec(s) for s in specs]
-        if not self.specs:
+        if not self.specs and not external:
             raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
-        self.names = unique_names([s.function for s in self.specs])
-        self.weights = [s.weight for s in self.specs]
+        self.external = tuple(external)
+        self.names = unique_names([s.function for s in self.specs]) + list(self.external)
+        self.weights = [s.weight for s in self.specs] + [1.0] * len(self.external)
         self.base_dir = Path(base_dir)
         self.max_failed_steps = max_failed_steps
         self.counted_in = counted_in
@@ -106,7 +109,7 @@ class RewardRunner:
         # garbage collection or interpreter exit, for a runner nobody closed) stops the live ones
         self._finalizer = weakref.finalize(self, stop_all, self._workers)
         try:
-            for _ in range(max(1, min(workers, len(self.specs)))):
+            for _ in range(min(max(1, workers), len(self.specs))):
                 self._workers.append(self._start())  # every worker starts before any is waited for
             for worker in self._workers:
                 worker.wait_ready()
@@ -136,10 +139,11 @@ class RewardRunner:
 
     # --- one batch ---------------------------------------------------------------------------------------------
     def score(self, prompts: list, completions: list, completion_ids: list, columns: dict | None = None,
-              trainer_state: dict | None = None) -> RewardBatch:
+              trainer_state: dict | None = None, external: dict[str, tuple] | None = None) -> RewardBatch:
         """Every function's rewards for a batch. `columns`: the records' other columns, one value per completion;
         `trainer_state`: e.g. {"global_step": 10, "max_steps": 100}, read by the functions as
-        `trainer_state.global_step` (TRL passes its TrainerState; None when not given)."""
+        `trainer_state.global_step` (TRL passes its TrainerState; None when not given); `external`: each external
+        reward's outcome, ("ok", values) or ("failed", kind, message)."""
         if self.closed:
             raise RuntimeError("this RewardRunner is closed")
         columns = dict(columns or {})
@@ -157,7 +161,7 @@ class RewardRunner:
                  "completion_ids": [list(ids) for ids in completion_ids], "columns": columns,
                  "trainer_state": dict(trainer_state) if trainer_state is not None else None}
         try:
-            outcomes = self._run_all(batch)
+            outcomes = self._run_all(batch) + [(*(external or {})[name], {}) for name in self.external]
         except BaseException:  # interrupted mid-batch (Ctrl-C): calls are in flight, so the workers cannot be reused
             self.close()
             raise
@@ -263,8 +267,9 @@ class RewardRunner:
     def failure_summary(self) -> dict:
         """For run.json: per function, its spec, calls, the calls that gave a value, failures by kind and the first
         message of each kind, and what it printed (calls, bytes, calls over the cap)."""
-        return {name: {"function": spec.function, "calls": self.calls[name], "calls_with_a_value": self.valued[name],
+        functions = [s.function for s in self.specs] + [f"{name}.get_reward" for name in self.external]
+        return {name: {"function": function, "calls": self.calls[name], "calls_with_a_value": self.valued[name],
                        "failures": {k: self.failures[name][k] for k in FAILURE_KINDS if self.failures[name][k]},
                        "first_messages": dict(self.first_messages[name]),
                        **({"printed": dict(self.printed[name])} if self.printed[name] else {})}
-                for name, spec in zip(self.names, self.specs)}
+                for name, function in zip(self.names, functions)}
