@@ -20,7 +20,13 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes)
     print(redact_text(dump_recipe(recipe)), end="")  # a database URL's password is not echoed
     if recipe.method == "grpo":
+        from finetune.train.grpo.agent_check import uses_agents, validate_agents
         from finetune.train.grpo.reward_check import validate_rewards
 
-        return validate_rewards(recipe)
+        code = validate_rewards(recipe) if recipe.rewards else 0
+        if uses_agents(recipe):
+            from finetune.data.grpo.prompts import first_records
+
+            code = max(code, validate_agents(recipe, first_records(recipe, 3)))
+        return code
     return 0

@@ -89,14 +89,27 @@ def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prom
     from finetune.train.grpo.rewards import RewardRunner
     from finetune.train.grpo.sampler import GroupSampler
 
+    from finetune.train.grpo.agent_check import check_prompts, uses_agents
+
+    agents = None
+    if uses_agents(recipe):  # tools / an environment: episodes instead of one-turn completions
+        from finetune.train.grpo.agents import Agents
+
+        check_prompts([json.loads(r) for r in prepared.train[:3]["record"]])
+        agents = Agents.start(recipe, tokenizer, Path.cwd())
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
-    runner = RewardRunner(recipe.rewards, base_dir=Path.cwd())
+    try:
+        runner = RewardRunner(recipe.rewards, base_dir=Path.cwd(), external=agents.external_rewards if agents else ())
+    except BaseException:
+        if agents is not None:
+            agents.close()
+        raise
     if not packs:
         log.info("GRPO scoring: each completion in a row of its own (this model family's packed rows are not "
                  "isolated: docs/models.md)")
     return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt and packs, packs), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
-            "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
+            "samples_path": Path(recipe.output_dir) / SAMPLES_FILE, "agents": agents}
 
 
 def grpo_record(recipe, trainer) -> dict:
@@ -113,8 +126,10 @@ def grpo_record(recipe, trainer) -> dict:
             "seconds_per_generated_token": (loop / tokens) if loop and tokens else float("nan"),
             "shared_prompt": trainer.grpo.share_prompt,
             "reward_failures": trainer.rewards.failure_summary(),
+            **({"agents": trainer.agents.summary()} if trainer.agents is not None else {}),
             "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
-                                                                             "entropy", "clip_ratio"))},
+                                                                             "entropy", "clip_ratio", "tools/",
+                                                                             "episodes/"))},
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
 
 

@@ -4,7 +4,8 @@ the rollouts it serves between their turns. The process is the reward workers' (
 spawned, its own process group killed whole on a hang, its parent watched), so the training process never imports
 the user's code, and a tool that hangs or ends its process takes only this worker down.
 
-Requests (the reply to each is ("ok", value) or ("failed", kind, message)):
+Requests (the reply to each is ("ok", value) or ("failed", kind, message, shown): `shown` what the model reads in
+the tool's result, `{'error': shown}`, as TRL 1.16 writes it: an exception's str(), nothing of this process):
 
     ("reset", slot, row)                 the slot's instance (made once, reused: TRL's pool) reset with the record's
                                          columns; value: the observation (a string, or None)
@@ -67,8 +68,12 @@ def answer(state: dict, request: tuple) -> tuple:
     except (Exception, SystemExit) as err:  # the user's code: anything may come out, an exit included
         from finetune.reward_functions import describe_error
 
-        return ("failed", "exception", describe_error(err))
-    return ("failed", "exception", f"unknown request {op!r}")
+        return ("failed", "exception", describe_error(err), str(err))
+    return _failed("exception", f"unknown request {op!r}")
+
+
+def _failed(kind: str, message: str) -> tuple:
+    return ("failed", kind, message, message)
 
 
 def _quiet(func, **kwargs):
@@ -89,8 +94,8 @@ def _reset(state: dict, slot: int, row: dict) -> tuple:
         instance = state["instances"][slot] = _quiet(state["factory"])
     observation = _quiet(instance.reset, **row)
     if observation is not None and not isinstance(observation, str):
-        return ("failed", "not_a_string", f"reset() returned a {type(observation).__name__}; it returns a string (added "
-                "to the prompt's last message) or None")
+        return _failed("not_a_string", f"reset() returned a {type(observation).__name__}; it returns a string (added "
+                       "to the prompt's last message) or None")
     return ("ok", observation)
 
 
@@ -100,33 +105,33 @@ def _call(state: dict, slot: int, name: str, arguments, cap: int) -> tuple:
     if name in state["methods"]:
         instance = state["instances"].get(slot)
         if instance is None:
-            return ("failed", "no_environment", "this rollout's environment was lost when its worker was replaced")
+            return _failed("no_environment", "this rollout's environment was lost when its worker was replaced")
         func = getattr(instance, name)
     elif name in state["functions"]:
         func = state["functions"][name]
     else:
         known = sorted(state["methods"] | set(state["functions"]))
-        return ("failed", "unknown_tool", f"Tool {name} not found. The tools are: {', '.join(known)}")
+        return ("failed", "unknown_tool", f"Tool {name} not found (the tools: {', '.join(known)})",
+                f"Tool {name} not found.")  # what TRL 1.16 answers
     if not isinstance(arguments, dict):
-        return ("failed", "bad_arguments", f"the arguments of {name} are a {type(arguments).__name__}, not an object")
+        return _failed("bad_arguments", f"the arguments of {name} are a {type(arguments).__name__}, not an object")
     content, problem = tool_content(_quiet(func, **arguments))
     if problem:
-        return ("failed", "not_a_string", f"{name} {problem}")
+        return _failed("not_a_string", f"{name} {problem}")
     if len(content) > cap:
-        return ("failed", "oversized", f"{name} returned {len(content):,} characters, over the {cap:,} a result may "
-                "have")
+        return _failed("oversized", f"{name} returned {len(content):,} characters, over the {cap:,} a result may have")
     return ("ok", content)
 
 
 def _reward(state: dict, slot: int) -> tuple:
     instance = state["instances"].get(slot)
     if instance is None:
-        return ("failed", "no_environment", "this rollout's environment was lost when its worker was replaced")
+        return _failed("no_environment", "this rollout's environment was lost when its worker was replaced")
     value = _quiet(instance.get_reward)
     if value is None:
         return ("ok", math.nan)
     if hasattr(value, "item") and not isinstance(value, numbers.Real):
         value = value.item()
     if not isinstance(value, numbers.Real) or math.isinf(float(value)):
-        return ("failed", "non_numeric", f"get_reward() returned {value!r}, not a finite number")
+        return _failed("non_numeric", f"get_reward() returned {value!r}, not a finite number")
     return ("ok", float(value))

@@ -32,9 +32,10 @@ WORKERS = 2  # tool calls of a turn run in parallel over this many processes (a 
 @dataclass(frozen=True)
 class ToolOutcome:
     ok: bool
-    value: object  # the result (ok) or the failure's message
+    value: object  # the result (ok) or the failure's message (for the log and run.json)
     kind: str | None = None  # the failure's kind
     seconds: float = 0.0
+    shown: str | None = None  # a failure: what the model reads, {'error': shown} (TRL's: an exception's str())
 
 
 class ToolRunner:
@@ -124,7 +125,7 @@ class ToolRunner:
                 else:
                     seconds = time.monotonic() - started
                     outcomes[index] = (ToolOutcome(True, reply[1], None, seconds) if reply[0] == "ok"
-                                       else self._failed(reply[1], reply[2], seconds))
+                                       else self._failed(reply[1], reply[2], seconds, reply[3]))
                 del running[w]
             elif time.monotonic() >= deadline:
                 outcomes[index] = self._failed("timeout", f"took longer than tool_timeout_s {self.timeout_s:g} s; its "
@@ -140,7 +141,7 @@ class ToolRunner:
         self._workers[w].wait_ready()
         self.replaced += 1
 
-    def _failed(self, kind: str, message: str, seconds: float = 0.0) -> ToolOutcome:
+    def _failed(self, kind: str, message: str, seconds: float = 0.0, shown: str | None = None) -> ToolOutcome:
         self.failures[kind] += 1
         self.first_messages.setdefault(kind, message)
-        return ToolOutcome(False, message, kind, seconds)
+        return ToolOutcome(False, message, kind, seconds, message if shown is None else shown)
