@@ -135,3 +135,116 @@ def test_episodes_equal_trl_tool_call_loop(family, parser_kind, tools_file, runn
     assert [m["error"] for m in errors] == ["exception", "unknown_tool"]
     assert errors[0]["content"] == str({"error": "no luck"})  # the model reads what TRL shows it
     assert errors[1]["content"] == str({"error": "Tool nope not found."})
+
+
+# --- the loss on episodes ----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def episodes(runner, schemas):
+    """The Hermes script's episodes (our loop, held equal to TRL's above), their prompts, and a tiny LoRA model."""
+    from finetune.train.grpo.tool_calls import call_parser
+
+    tokenizer = family_tokenizer("hermes")
+    _, prompt_ids = prompts(tokenizer, schemas)
+    batch = our_loop(tokenizer, prompt_ids, script("hermes"), runner, schemas, call_parser(tokenizer))
+    return batch, tokenizer
+
+
+def _settings(loss_type, share_prompt=True):
+    return types.SimpleNamespace(group=1, micro_batch=5, pad_id=0, eos_ids=(), mask_truncated=False,
+                                 share_prompt=share_prompt, capacity=8192, temperature=1.0, loss_type=loss_type)
+
+
+def _our_loss(model, batch, advantages, loss_type, rows_hook=None):
+    """Our path: micro batches with the tool mask, packed scoring (rows_hook may alter the rows), the step's loss."""
+    from finetune.train.grpo import scoring
+    from finetune.train.grpo.loss import grpo_loss, step_normalizer
+    from finetune.train.grpo.step import micro_batches
+
+    settings = _settings(loss_type)
+    (micro,) = micro_batches(batch.prompt_ids, batch, advantages, settings)
+    pack = scoring.pack_scoring_rows
+    if rows_hook is not None:
+        scoring.pack_scoring_rows = lambda *a, **k: rows_hook(pack(*a, **k))
+    try:
+        logps, _ = scoring.score_batch(model, micro, settings)
+    finally:
+        scoring.pack_scoring_rows = pack
+    normalizer = step_normalizer(loss_type, [micro["completion_mask"]], 5, MAX_LEN)
+    return grpo_loss(logps, advantages, micro["completion_mask"], loss_type=loss_type, normalizer=normalizer,
+                     epsilon_low=0.2, epsilon_high=0.28, beta=0.0).loss, micro["completion_mask"]
+
+
+def _grads(model, compute):
+    model.zero_grad()
+    loss = compute()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_episode_loss_and_gradients_equal_trl(episodes, tiny_model_dir, loss_type):
+    """Our scoring and loss on the episodes = TRL 1.16's _compute_loss with its tool_mask on the same rollouts scored
+    the padded way (each after its own prompt, full logits: test_grpo_scoring holds that equal to TRL's scoring)."""
+    pytest.importorskip("trl", minversion="1.16")
+    import torch
+    from test_grpo_loss import _trl_loss
+    from test_grpo_scoring import _lora_model
+    from trl.trainer import grpo_trainer
+
+    from finetune.train.grpo.scoring import padded_completion_logps
+
+    batch, _ = episodes
+    model = _lora_model(tiny_model_dir).eval()  # no dropout: both paths see the same function
+    advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3])
+    ours, our_grads = _grads(model, lambda: _our_loss(model, batch, advantages, loss_type)[0])
+    width = max(len(ids) for ids in batch.ids)
+    tool_mask = torch.tensor([m + [1] * (width - len(m)) for m in batch.masks])  # TRL pads its tool_mask with 1
+
+    def theirs():
+        scores = padded_completion_logps(model, batch.prompt_ids, batch.ids)
+        mask = scores.mask.long()
+        step = {"logps": scores.logps, "entropies": scores.entropies, "mask": mask, "advantages": advantages,
+                "ref": scores.logps.detach()}
+        return _trl_loss(grpo_trainer, loss_type, step, beta=0.0, two_updates=False, tool_mask=tool_mask,
+                         items_in_batch=(mask * tool_mask).sum(), max_len=MAX_LEN)[0]
+
+    their_loss, their_grads = _grads(model, theirs)
+    assert abs(ours.item()) > 1e-4
+    assert ours.item() == pytest.approx(their_loss.item(), abs=1e-5)
+    scale = max(g.abs().max().item() for g in their_grads)
+    assert scale > 1e-5
+    for mine, their in zip(our_grads, their_grads):
+        torch.testing.assert_close(mine / scale, their / scale, atol=1e-5, rtol=0)
+
+
+def test_targets_at_masked_positions_change_nothing(episodes, tiny_model_dir):
+    """Every target token at a tool-result position replaced by a random one: the same loss and gradients, to the
+    bit. The tool tokens are context, never a target the model is pushed toward or away from."""
+    import torch
+    from test_grpo_scoring import _lora_model
+
+    batch, _ = episodes
+    model = _lora_model(tiny_model_dir).eval()  # no dropout: both paths see the same function
+    advantages = torch.tensor([1.0, -0.5, 0.7, -1.2, 0.3])
+    masks = batch.masks
+    gen = torch.Generator().manual_seed(0)
+    changed = []
+
+    def scramble(rows):
+        for row in rows:
+            for k, (position, token, n, j) in enumerate(row.targets):
+                if masks[n][j] == 0:
+                    row.targets[k] = (position, int(torch.randint(0, 500, (1,), generator=gen)), n, j)
+                    changed.append(k)
+        return rows
+
+    loss, grads = _grads(model, lambda: _our_loss(model, batch, advantages, "dapo")[0])
+    scrambled, scrambled_grads = _grads(model, lambda: _our_loss(model, batch, advantages, "dapo", scramble)[0])
+    assert len(changed) > 50  # the tool results of three episodes
+    assert torch.equal(loss, scrambled)
+    for a, b in zip(grads, scrambled_grads):
+        assert torch.equal(a, b)
+    # the same scramble on the sampled tokens does change the gradients: the test can fail
+    masks = [[1 - m for m in mask] for mask in batch.masks]
+    _, other = _grads(model, lambda: _our_loss(model, batch, advantages, "dapo", scramble)[0])
+    assert not all(torch.equal(a, b) for a, b in zip(grads, other))
