@@ -116,7 +116,7 @@ class Agents:
         """For run.json: the tools offered, and the workers' failures by kind with the first message of each."""
         return {"tools": [s["function"]["name"] for s in self.schemas], "environment": self.environment,
                 "failures": dict(self.runner.failures), "first_messages": dict(self.runner.first_messages),
-                "workers_replaced": self.runner.replaced}
+                "workers_replaced": self.runner.replaced, "environments_replayed": dict(self.runner.replayed)}
 
 
 def turn_seed(seed: int, turn: int) -> int:

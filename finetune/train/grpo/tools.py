@@ -9,9 +9,12 @@ timeout and every failure counted.
 A slot's requests go to worker slot % workers, which keeps its environment instance between turns (TRL's one instance
 per rollout, made once and reset before each episode). Workers run their requests in parallel, each worker one at a
 time. A request that takes longer than `timeout_s` gets a timeout failure, and its worker is killed (its process
-group: whatever the tool started goes too) and replaced; the environments it held are lost, so the later calls of
-those slots in this step fail with `no_environment` (counted) until the next step resets them. A worker that dies
-(os._exit, a crash) is replaced the same way. Nothing of the user's code is imported here.
+group: whatever the tool started goes too) and replaced; a worker that dies (os._exit, a crash) is replaced the same
+way. The environments the lost worker held are rebuilt in the fresh one by replaying each slot's requests since its
+reset (the runner keeps them): a slot whose replay answers differently than the first time (an environment that draws
+random numbers, reads the clock) is lost, and its later calls in this step fail with `no_environment` (counted) until
+the next reset. The call that hung or killed its worker is not replayed: its episode goes on from the state before it,
+the model told it failed. Nothing of the user's code is imported here.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 
 from finetune.train.grpo.reward_worker import START_METHOD, WorkerProcess, stop_all
 
+LOST = ("this rollout's environment was lost with its worker (a tool hung or ended its process) and could not be "
+        "rebuilt: replayed, it answered differently")
 WORKERS = 2  # tool calls of a turn run in parallel over this many processes (a step's rollouts split between them)
 
 
@@ -46,6 +51,9 @@ class ToolRunner:
         self.failures: Counter = Counter()  # kind -> failed requests, the run's whole life
         self.first_messages: dict[str, str] = {}
         self.replaced = 0  # workers killed and started anew (a hang, a death)
+        self.replayed = Counter()  # slots rebuilt in a fresh worker: "rebuilt", or "lost" (answered differently)
+        self._history: dict[int, list[tuple[tuple, tuple]]] = {}  # slot -> (request, reply) since its reset
+        self._lost: set[int] = set()  # slots whose environment could not be rebuilt, until their next reset
         self._context = get_context(START_METHOD)
         self._workers: list[WorkerProcess] = []
         self._finalizer = weakref.finalize(self, stop_all, self._workers)
@@ -96,18 +104,25 @@ class ToolRunner:
         try:
             while any(queues) or running:
                 for w, queue in enumerate(queues):
-                    if w not in running and queue:
+                    while w not in running and queue:
                         index = queue.popleft()
-                        self._workers[w].conn.send(requests[index])
+                        request = requests[index]
+                        if request[0] == "reset":
+                            self._lost.discard(request[1])
+                            self._history[request[1]] = []
+                        elif request[1] in self._lost:
+                            outcomes[index] = self._failed("no_environment", LOST)
+                            continue
+                        self._workers[w].conn.send(request)
                         started = time.monotonic()
                         running[w] = (index, started, started + self.timeout_s)
-                self._collect(running, outcomes)
+                self._collect(requests, running, outcomes)
         except BaseException:  # interrupted with calls in flight: the workers cannot be reused
             self.close()
             raise
         return outcomes  # type: ignore[return-value]
 
-    def _collect(self, running: dict, outcomes: list) -> None:
+    def _collect(self, requests: list[tuple], running: dict, outcomes: list) -> None:
         if not running:
             return
         nearest = min(deadline for _, _, deadline in running.values())
@@ -126,6 +141,8 @@ class ToolRunner:
                     seconds = time.monotonic() - started
                     outcomes[index] = (ToolOutcome(True, reply[1], None, seconds) if reply[0] == "ok"
                                        else self._failed(reply[1], reply[2], seconds, reply[3]))
+                    if requests[index][0] != "reward":  # what changed the environment: replayed if its worker goes
+                        self._history.setdefault(requests[index][1], []).append((requests[index], reply))
                 del running[w]
             elif time.monotonic() >= deadline:
                 outcomes[index] = self._failed("timeout", f"took longer than tool_timeout_s {self.timeout_s:g} s; its "
@@ -134,12 +151,40 @@ class ToolRunner:
                 del running[w]
 
     def _replace(self, w: int) -> None:
-        """A fresh worker in place of w; the environments w held are gone, so its slots' later calls in this step
-        fail with `no_environment` (the fresh worker has no instance for them) until the next reset."""
+        """A fresh worker in place of w, and the environments w held rebuilt in it (the module's docstring)."""
         self._workers[w].kill()
         self._workers[w] = self._start()
         self._workers[w].wait_ready()
         self.replaced += 1
+        slots = [s for s in self._history if s % len(self._workers) == w and s not in self._lost]
+        for k, slot in enumerate(slots):
+            replay = self._replay(w, slot)
+            self.replayed["rebuilt" if replay == "same" else "lost"] += 1
+            if replay == "same":
+                continue
+            self._lost.add(slot)
+            if replay == "broken":  # the replay hung or killed the worker: start clean, the other slots lost too
+                self._workers[w].kill()
+                self._workers[w] = self._start()
+                self._workers[w].wait_ready()
+                self._lost.update(slots[k + 1:])
+                self.replayed["lost"] += len(slots) - k - 1
+                return
+
+    def _replay(self, w: int, slot: int) -> str:
+        """Send the slot's requests since its reset again: "same" when each answers as it did, "differs", or
+        "broken" (no answer in time, or the worker died)."""
+        worker = self._workers[w]
+        for request, reply in self._history[slot]:
+            try:
+                worker.conn.send(request)
+                if not worker.conn.poll(self.timeout_s):
+                    return "broken"
+                if worker.conn.recv() != reply:
+                    return "differs"
+            except (EOFError, OSError):
+                return "broken"
+        return "same"
 
     def _failed(self, kind: str, message: str, seconds: float = 0.0, shown: str | None = None) -> ToolOutcome:
         self.failures[kind] += 1
