@@ -178,3 +178,16 @@ def test_a_tool_without_a_docstring_and_a_run_without_a_reward_are_refused(tmp_p
     recipe.tools = []
     with pytest.raises(ToolError, match="has no get_reward\\(\\): nothing scores an episode"):
         described(recipe, tmp_path)
+
+
+def test_the_runs_page_shows_each_episode_turn_by_turn(agent_run):
+    from finetune.runs.read import read_run
+
+    root, _ = agent_run
+    samples = [s for s in read_run(root / "out", "agents")["samples"] if s["source"] == "grpo"]
+    turns = samples[0]["answers"][1]["turns"]  # the rollout whose tool raised
+    assert [t["role"] for t in turns] == ["assistant", "tool", "assistant"]
+    assert turns[0]["text"] == '-> boom({"x": 1})'
+    assert turns[1]["label"] == "tool boom failed: exception" and turns[1]["error"] is True
+    malformed = [t for s in samples for a in s["answers"] for t in a.get("turns", []) if "malformed" in t["label"]]
+    assert len(malformed) == 1 and malformed[0]["error"] is True
