@@ -29,4 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
             code = max(code, validate_agents(recipe, first_records(recipe, 3)))
         return code
+    if recipe.method == "sft":
+        from finetune.data.tool_chat import validate_transcripts
+
+        return validate_transcripts(recipe)
     return 0

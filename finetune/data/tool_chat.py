@@ -15,6 +15,8 @@ what the second adds, the first cut after its last end-of-turn token (what gener
 
 from __future__ import annotations
 
+import os
+
 # what `finetune validate` and a run say to do when the template cannot carry tools
 TEMPLATE_FIX = ("set `chat_template: chatml_tools` (ChatML with the Hermes / Qwen2.5 tool format: tools in the system "
                 "turn, <tool_call> JSON, <tool_response> results) or a `chat_template: jinja` template that writes "
@@ -95,3 +97,104 @@ def tool_suffix_ids(tokenizer, tool_messages: list[dict], end_ids) -> list[int]:
     if full[:len(before)] != before:
         raise ValueError("the chat template is not prefix-preserving across a tool turn (checked before the run)")
     return full[len(before):]
+
+
+# --- SFT on tool transcripts ---------------------------------------------------------------------------------------
+_SCHEMAS: dict[tuple, list[dict]] = {}  # the recipe's tools' schemas, by their specs and files' (mtime, size)
+
+
+def recipe_tool_schemas(recipe) -> list[dict] | None:
+    """The JSON schemas of the recipe's `tools:` (SFT renders them into transcripts without a `tools` column), read
+    in a spawned process (finetune/agent_tools.py); None without tools or for another method (GRPO offers its tools
+    itself). Read once per state of the files."""
+    if recipe.method != "sft" or not recipe.tools:
+        return None
+    from pathlib import Path
+
+    from finetune.agent_tools import schemas_in_worker
+
+    files = [spec.rpartition(":")[0] for spec in recipe.tools]
+    key = tuple(recipe.tools) + tuple((os.stat(f).st_mtime_ns, os.stat(f).st_size) if os.path.isfile(f) else None
+                                      for f in files)
+    if key not in _SCHEMAS:
+        _SCHEMAS[key] = schemas_in_worker(None, list(recipe.tools), Path.cwd())["schemas"]
+    return _SCHEMAS[key]
+
+
+def tools_fingerprint(recipe) -> str:
+    """What the recipe's tools add to the tokenization cache key: their schemas (a docstring edited changes the
+    tokens), '' without tools."""
+    schemas = recipe_tool_schemas(recipe)
+    if not schemas:
+        return ""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(schemas, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def record_tools(record: dict, default: list[dict] | None) -> list[dict] | None:
+    """The tools a transcript was offered: its `tools` column (a list of schemas, or that list as a JSON string,
+    TRL's SFT convention), else `default` (the recipe's)."""
+    tools = record.get("tools")
+    if isinstance(tools, str):
+        import json
+
+        tools = json.loads(tools)
+    return tools or default
+
+
+def is_tool_transcript(record: dict) -> bool:
+    return bool(record.get("tools")) or any(m.get("tool_calls") or m.get("role") == "tool"
+                                            for m in record.get("messages") or [] if isinstance(m, dict))
+
+
+_CHECKED: dict[str, str | None] = {}  # a template's problem with tool transcripts, by the template's text
+
+
+def check_transcripts(tokenizer, records: list[dict], tools) -> None:
+    """DataError when some records are tool transcripts (or the recipe offers tools) and the template cannot write
+    them: it would silently drop the calls and train on empty turns."""
+    if not tools and not any(is_tool_transcript(r) for r in records):
+        return
+    from finetune.errors import DataError
+
+    template = str(tokenizer.chat_template)
+    if template not in _CHECKED:
+        _CHECKED[template] = template_problem(tokenizer, "the chat template")
+    if _CHECKED[template]:
+        raise DataError(f"tool transcripts (assistant turns with tool_calls, tool results): {_CHECKED[template]}")
+
+
+def validate_transcripts(recipe, say=print, n_records: int = 50) -> int:
+    """`finetune validate` on an SFT recipe with tool transcripts among its first records (or `tools:`): the tools
+    offered and whether the template writes calls and results; 2 when it cannot."""
+    from itertools import islice
+
+    from finetune.ingest.records import read_records
+    from finetune.ingest.records_source import plain_records_file
+
+    records = []  # the plain record files' first chats (validate ingests nothing to look: a raw source has no tools)
+    for spec in recipe.datasets:
+        if spec.type in ("chat", "auto") and plain_records_file(spec) and os.path.isfile(spec.path):
+            records += [r for shape, r in islice(read_records(spec.path, spec.type), n_records) if shape == "chat"]
+    transcripts = sum(is_tool_transcript(r) for r in records)
+    if not transcripts and not recipe.tools:
+        return 0
+    from finetune.errors import RewardError
+    from finetune.model.loader import load_tokenizer
+
+    try:
+        schemas = recipe_tool_schemas(recipe) or []
+    except RewardError as err:
+        say(f"tools: FAILED: {err}")
+        return 2
+    problem = template_problem(load_tokenizer(recipe), "the chat template")
+    offered = f"; the recipe's {len(schemas)} tools ({', '.join(s['function']['name'] for s in schemas)})" \
+        if schemas else ""
+    if problem:
+        say(f"tool transcripts: FAILED: {problem}")
+        return 2
+    say(f"tool transcripts: {transcripts} of the first {len(records)} chat records{offered}; the chat template "
+        "writes tool calls and results, and no result is ever supervised")
+    return 0
