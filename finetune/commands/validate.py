@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     if recipe.method == "sft":
         from finetune.data.tool_chat import validate_transcripts
+        from finetune.model.loader import load_tokenizer
 
-        return validate_transcripts(recipe)
+        return validate_transcripts(recipe, load_tokenizer)
     return 0

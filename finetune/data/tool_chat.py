@@ -107,7 +107,7 @@ def recipe_tool_schemas(recipe) -> list[dict] | None:
     """The JSON schemas of the recipe's `tools:` (SFT renders them into transcripts without a `tools` column), read
     in a spawned process (finetune/agent_tools.py); None without tools or for another method (GRPO offers its tools
     itself). Read once per state of the files."""
-    if recipe.method != "sft" or not recipe.tools:
+    if getattr(recipe, "method", "sft") != "sft" or not getattr(recipe, "tools", None):  # a stand-in recipe: none
         return None
     from pathlib import Path
 
@@ -166,9 +166,10 @@ def check_transcripts(tokenizer, records: list[dict], tools) -> None:
         raise DataError(f"tool transcripts (assistant turns with tool_calls, tool results): {_CHECKED[template]}")
 
 
-def validate_transcripts(recipe, say=print, n_records: int = 50) -> int:
+def validate_transcripts(recipe, load_tokenizer, say=print, n_records: int = 50) -> int:
     """`finetune validate` on an SFT recipe with tool transcripts among its first records (or `tools:`): the tools
-    offered and whether the template writes calls and results; 2 when it cannot."""
+    offered and whether the template writes calls and results; 2 when it cannot. `load_tokenizer(recipe)`: the
+    run's tokenizer with its chat template (finetune/model/loader.py, a later stage than this one)."""
     from itertools import islice
 
     from finetune.ingest.records import read_records
@@ -182,7 +183,6 @@ def validate_transcripts(recipe, say=print, n_records: int = 50) -> int:
     if not transcripts and not recipe.tools:
         return 0
     from finetune.errors import RewardError
-    from finetune.model.loader import load_tokenizer
 
     try:
         schemas = recipe_tool_schemas(recipe) or []
