@@ -3,7 +3,9 @@ and a scripted policy (fixed turns instead of sampling) that drives our episode 
 
 from __future__ import annotations
 
+import json
 import pathlib
+import shutil
 
 from tiny import build_tokenizer
 
@@ -164,3 +166,13 @@ class ScriptedPolicy:
         if turn == 0:
             return self.first_turns()
         return [ids[:max_new_tokens] for ids in self.next_turns(prompts)]
+
+
+def long_context_copy(model_dir, folder) -> pathlib.Path:
+    """The tiny model with room for a prompt that carries tools' schemas (~1,500 tokens of the tiny BPE, whose
+    vocabulary has few JSON pieces): its config's max_position_embeddings raised (rotary positions need no weights)."""
+    folder = pathlib.Path(folder)
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
+    return folder

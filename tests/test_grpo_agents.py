@@ -8,13 +8,12 @@ run's own: the workers, the template, the tool mask, the rewards, the metrics, c
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 import pytest
 import yaml
 
-from agents_helpers import TOOLS_PY
+from agents_helpers import TOOLS_PY, long_context_copy
 from conftest import write_jsonl
 
 TOOLS = ["increment", "boom", "hang", "huge", "leave", "vanish", "echo"]
@@ -26,12 +25,7 @@ MALFORMED = '<tool_call>\n{"name": "increment", "arguments": {"step": 3</tool_ca
 
 @pytest.fixture(scope="module")
 def long_context_model(tiny_model_dir, tmp_path_factory):
-    """The tiny model with room for a prompt that carries seven tools' schemas (~1,500 tokens of the tiny BPE)."""
-    folder = tmp_path_factory.mktemp("tiny_long") / "model"
-    shutil.copytree(tiny_model_dir, folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 8192}))
-    return folder
+    return long_context_copy(tiny_model_dir, tmp_path_factory.mktemp("tiny_long") / "model")
 
 
 def agents_recipe(root, base_model, **overrides) -> dict:
