@@ -55,6 +55,17 @@ class Agents:
                    method_setting(recipe, "max_tool_calling_iterations"),
                    method_setting(recipe, "max_tool_response_tokens"))
 
+    def check_room(self, records: list[dict], room: int) -> None:
+        """Warn when prompts rendered with the tools' schemas outgrow what sequence_len - max_completion_length left
+        them (the data stage measured them without the tools)."""
+        from finetune.data.tool_chat import prompt_ids
+
+        longest = max(len(prompt_ids(self.tokenizer, r["prompt"], self.schemas)) for r in records)
+        if longest > room:
+            log.warning(f"agents: prompts with the tools' schemas take up to {longest} tokens (the first "
+                        f"{len(records)} measured), over the {room} that sequence_len - max_completion_length leaves "
+                        "them; their rows are scored alone and take more memory: raise sequence_len")
+
     @property
     def external_rewards(self) -> tuple[str, ...]:
         return (self.environment,) if self.environment_reward else ()

@@ -95,8 +95,12 @@ def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prom
     if uses_agents(recipe):  # tools / an environment: episodes instead of one-turn completions
         from finetune.train.grpo.agents import Agents
 
-        check_prompts([json.loads(r) for r in prepared.train[:3]["record"]])
+        from finetune.recipe.methods import method_setting
+
+        first = [json.loads(r) for r in prepared.train[:8]["record"]]
+        check_prompts(first)
         agents = Agents.start(recipe, tokenizer, Path.cwd())
+        agents.check_room(first, recipe.sequence_len - method_setting(recipe, "max_completion_length"))
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
     try:
         runner = RewardRunner(recipe.rewards, base_dir=Path.cwd(), external=agents.external_rewards if agents else ())
