@@ -34,7 +34,7 @@ def agents_recipe(root, base_model, **overrides) -> dict:
                                          for i in range(8)])
     recipe = {"base_model": str(base_model), "method": "grpo", "datasets": [{"path": "prompts.jsonl"}],
               "environment": "tools.py:IncrementEnv", "tools": [f"tools.py:{t}" for t in TOOLS if t != "increment"],
-              "chat_template": "chatml_tools", "tool_timeout_s": 2, "max_tool_response_tokens": 64,
+              "chat_template": "chatml_tools", "tool_timeout_s": 1, "max_tool_response_tokens": 64,
               "max_tool_calling_iterations": 2, "num_generations": 4, "max_completion_length": 320,
               "sequence_len": 4096, "micro_batch_size": 4, "gradient_accumulation_steps": 2, "max_steps": 2,
               "learning_rate": 1e-3, "logging_steps": 1, "output_dir": "out", "cache_dir": "cache",
@@ -154,24 +154,25 @@ def test_a_template_without_tool_calls_is_refused_naming_the_fix(tiny_tokenizer)
 
 
 def test_a_tool_without_a_docstring_and_a_run_without_a_reward_are_refused(tmp_path):
-    from finetune.agent_tools import ToolError
+    """What the spawned process runs (describe), run here: the tool named with its file and line; then the recipe
+    without a reward."""
+    from finetune.agent_tools import ToolError, describe
     from finetune.recipe import load_recipe
-    from finetune.train.grpo.agent_check import described
+    from finetune.train.grpo.agent_check import reward_problem
 
     (tmp_path / "t.py").write_text(TOOLS_PY + "\n\ndef bare(x: int):\n    return x\n\n\nclass Quiet:\n"
                                    "    def reset(self, **kwargs):\n        pass\n\n    def act(self, x: int) -> str:\n"
                                    "        \"\"\"Act.\n\n        Args:\n            x: How much.\n        \"\"\"\n"
                                    "        return str(x)\n")
+    with pytest.raises(ToolError, match=r"tool `t.py:bare` \(.*t.py line \d+\): .*docstring"):
+        describe("t.py:Quiet", ["t.py:bare"], tmp_path)
+    info = describe("t.py:Quiet", [], tmp_path)
+    assert info["tools"] == ["act"] and info["environment"] == "Quiet" and not info["environment_reward"]
     write_jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "hi"}]}])
     base = {"base_model": "x", "method": "grpo", "datasets": [{"path": "p.jsonl"}], "num_generations": 2,
-            "micro_batch_size": 2, "sequence_len": 512}
-    (tmp_path / "r.yml").write_text(yaml.safe_dump({**base, "environment": "t.py:Quiet", "tools": ["t.py:bare"]}))
-    recipe = load_recipe(tmp_path / "r.yml")
-    with pytest.raises(ToolError, match=r"tool `.*t.py:bare` \(.*t.py line \d+\): .*docstring"):
-        described(recipe, tmp_path)
-    recipe.tools = []
-    with pytest.raises(ToolError, match="has no get_reward\\(\\): nothing scores an episode"):
-        described(recipe, tmp_path)
+            "micro_batch_size": 2, "sequence_len": 512, "environment": "t.py:Quiet"}
+    (tmp_path / "r.yml").write_text(yaml.safe_dump(base))
+    assert "has no get_reward(): nothing scores an episode" in reward_problem(load_recipe(tmp_path / "r.yml"), info)
 
 
 def test_the_runs_page_shows_each_episode_turn_by_turn(agent_run):

@@ -24,14 +24,21 @@ def described(recipe, base_dir) -> dict:
     from finetune.agent_tools import schemas_in_worker
 
     info = schemas_in_worker(recipe.environment, recipe.tools, base_dir)
-    if not recipe.rewards and not info["environment_reward"]:
-        raise ToolError(f"the recipe has no `rewards` and environment `{recipe.environment}` has no get_reward(): "
-                        "nothing scores an episode; add `rewards: [{function: rewards.py:NAME}]` or a "
-                        "`def get_reward(self) -> float` to the class")
-    if info["environment"] and info["environment"] in [r.function.rpartition(":")[2] for r in recipe.rewards]:
-        raise ToolError(f"a reward function is named {info['environment']}, the name of the environment's reward; "
-                        "rename one")
+    problem = reward_problem(recipe, info)
+    if problem:
+        raise ToolError(problem)
     return info
+
+
+def reward_problem(recipe, info: dict) -> str | None:
+    """What is wrong with the rewards of a recipe whose environment and tools `info` describes, or None."""
+    if not recipe.rewards and not info["environment_reward"]:
+        return (f"the recipe has no `rewards` and environment `{recipe.environment}` has no get_reward(): nothing "
+                "scores an episode; add `rewards: [{function: rewards.py:NAME}]` or a `def get_reward(self) -> "
+                "float` to the class")
+    if info["environment"] and info["environment"] in [r.function.rpartition(":")[2] for r in recipe.rewards]:
+        return f"a reward function is named {info['environment']}, the name of the environment's reward; rename one"
+    return None
 
 
 def check_tokenizer(tokenizer, info: dict):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -33,7 +32,7 @@ from pathlib import Path
 from finetune.errors import RewardError
 from finetune.log import get_logger
 from finetune.reward_functions import RESERVED, reward_name
-from finetune.train.grpo.reward_worker import OUTPUT_CAP, START_METHOD, WorkerProcess, stop_all
+from finetune.train.grpo.reward_worker import OUTPUT_CAP, START_METHOD, WorkerPool, WorkerProcess
 
 log = get_logger(__name__)
 
@@ -103,22 +102,10 @@ class RewardRunner:
         self.failures = {name: Counter() for name in self.names}  # name -> kind -> batches it failed
         self.first_messages: dict[str, dict[str, str]] = {name: {} for name in self.names}
         self.failed_steps = 0  # consecutive batches in which no function gave any value
-        self._context = get_context(START_METHOD)
-        self._workers: list[WorkerProcess] = []
-        # the same list object for the runner's whole life: replacing a worker mutates it, so the finalizer (at
-        # garbage collection or interpreter exit, for a runner nobody closed) stops the live ones
-        self._finalizer = weakref.finalize(self, stop_all, self._workers)
-        try:
-            for _ in range(min(max(1, workers), len(self.specs))):
-                self._workers.append(self._start())  # every worker starts before any is waited for
-            for worker in self._workers:
-                worker.wait_ready()
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self) -> WorkerProcess:
-        return WorkerProcess(self._context, [s.function for s in self.specs], self.base_dir)
+        context, functions = get_context(START_METHOD), [s.function for s in self.specs]
+        self._pool = WorkerPool(lambda: WorkerProcess(context, functions, self.base_dir),
+                                min(max(1, workers), len(self.specs)))
+        self._workers = self._pool.workers
 
     def __enter__(self) -> RewardRunner:
         return self
@@ -128,14 +115,14 @@ class RewardRunner:
 
     def close(self) -> None:
         """Stop every worker and whatever its reward functions started. Safe to call twice."""
-        self._finalizer()
+        self._pool.close()
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._pool.closed
 
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return self._pool.pids()
 
     # --- one batch ---------------------------------------------------------------------------------------------
     def score(self, prompts: list, completions: list, completion_ids: list, columns: dict | None = None,
@@ -205,9 +192,7 @@ class RewardRunner:
             return ("failed", "exception", f"its worker process died (exit code {code})", {})
 
     def _replace(self, slot: int) -> None:
-        self._workers[slot].kill()
-        self._workers[slot] = self._start()
-        self._workers[slot].wait_ready()
+        self._pool.replace(slot)
 
     def _record(self, outcomes: list[tuple], n: int) -> RewardBatch:
         result = RewardBatch(list(self.names), [])

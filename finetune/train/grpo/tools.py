@@ -20,14 +20,13 @@ the model told it failed. Nothing of the user's code is imported here.
 from __future__ import annotations
 
 import time
-import weakref
 from collections import Counter, deque
 from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from finetune.train.grpo.reward_worker import START_METHOD, WorkerProcess, stop_all
+from finetune.train.grpo.reward_worker import START_METHOD, WorkerPool, WorkerProcess
 
 LOST = ("this rollout's environment was lost with its worker (a tool hung or ended its process) and could not be "
         "rebuilt: replayed, it answered differently")
@@ -54,23 +53,12 @@ class ToolRunner:
         self.replayed = Counter()  # slots rebuilt in a fresh worker: "rebuilt", or "lost" (answered differently)
         self._history: dict[int, list[tuple[tuple, tuple]]] = {}  # slot -> (request, reply) since its reset
         self._lost: set[int] = set()  # slots whose environment could not be rebuilt, until their next reset
-        self._context = get_context(START_METHOD)
-        self._workers: list[WorkerProcess] = []
-        self._finalizer = weakref.finalize(self, stop_all, self._workers)
-        try:
-            for _ in range(max(1, workers)):
-                self._workers.append(self._start())
-            for worker in self._workers:
-                worker.wait_ready()
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self) -> WorkerProcess:
         from finetune.train.grpo.tool_worker import tool_worker_main
 
-        return WorkerProcess(self._context, self.specs, self.base_dir, target=tool_worker_main,
-                             name="finetune-tool-worker")
+        context = get_context(START_METHOD)
+        self._pool = WorkerPool(lambda: WorkerProcess(context, self.specs, self.base_dir, target=tool_worker_main,
+                                                      name="finetune-tool-worker"), max(1, workers))
+        self._workers = self._pool.workers
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -79,10 +67,10 @@ class ToolRunner:
         self.close()
 
     def close(self) -> None:
-        self._finalizer()
+        self._pool.close()
 
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return self._pool.pids()
 
     # --- requests ------------------------------------------------------------------------------------------------
     def reset(self, rows: list[tuple[int, dict]]) -> list[ToolOutcome]:
@@ -152,9 +140,7 @@ class ToolRunner:
 
     def _replace(self, w: int) -> None:
         """A fresh worker in place of w, and the environments w held rebuilt in it (the module's docstring)."""
-        self._workers[w].kill()
-        self._workers[w] = self._start()
-        self._workers[w].wait_ready()
+        self._pool.replace(w)
         self.replaced += 1
         slots = [s for s in self._history if s % len(self._workers) == w and s not in self._lost]
         for k, slot in enumerate(slots):
@@ -164,9 +150,7 @@ class ToolRunner:
                 continue
             self._lost.add(slot)
             if replay == "broken":  # the replay hung or killed the worker: start clean, the other slots lost too
-                self._workers[w].kill()
-                self._workers[w] = self._start()
-                self._workers[w].wait_ready()
+                self._pool.replace(w)
                 self._lost.update(slots[k + 1:])
                 self.replayed["lost"] += len(slots) - k - 1
                 return
