@@ -57,11 +57,14 @@ def check_tokenizer(tokenizer, info: dict):
     return parser
 
 
-def check_prompts(records: list[dict]) -> None:
-    plain = sum(isinstance(r.get("prompt"), str) for r in records)
+def check_prompts(records: list[dict], plain: int | None = None) -> None:
+    """ToolError when prompts are plain text: `plain` their count among all of them (the data stage's `formats`),
+    else counted among `records`."""
+    total = "all the" if plain is not None else f"the first {len(records)}"
+    plain = sum(isinstance(r.get("prompt"), str) for r in records) if plain is None else plain
     if plain:
-        raise ToolError(f"`tools` / `environment` need conversation prompts ({plain} of the first {len(records)} are "
-                        "plain text): the chat template offers the tools and writes the calls; give `prompt` as "
+        raise ToolError(f"`tools` / `environment` need conversation prompts ({plain} of {total} prompts are plain "
+                        "text): the chat template offers the tools and writes the calls; give `prompt` as "
                         "[{\"role\": \"user\", \"content\": ...}]")
 
 

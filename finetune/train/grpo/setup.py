@@ -98,7 +98,7 @@ def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prom
         from finetune.recipe.methods import method_setting
 
         first = [json.loads(r) for r in prepared.train[:8]["record"]]
-        check_prompts(first)
+        check_prompts(first, plain=(prepared.stats.get("formats") or {}).get("completion", 0))
         agents = Agents.start(recipe, tokenizer, Path.cwd())
         agents.check_room(first, recipe.sequence_len - method_setting(recipe, "max_completion_length"))
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
