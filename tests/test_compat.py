@@ -4,6 +4,7 @@ relies on still exists and still does what finetune uses it for. A failure here 
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -241,3 +242,15 @@ def test_building_and_loading_an_adapter_prints_no_future_warning(tmp_path, make
         model, _ = build_model(recipe, load_tokenizer(recipe), "fp32", "sdpa")
         model.save_pretrained(tmp_path / "adapter")
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_set_hub_offline_is_what_the_downloads_check_and_what_a_started_process_reads(monkeypatch):
+    from huggingface_hub import constants, is_offline_mode
+    from transformers.utils import hub as transformers_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # restored after the test, as the environment below
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert compat.set_hub_offline(True) is False
+    assert is_offline_mode() and transformers_hub.is_offline_mode() and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert compat.set_hub_offline(False) is True
+    assert not is_offline_mode() and "HF_HUB_OFFLINE" not in os.environ

@@ -252,6 +252,27 @@ def test_aux_loss_weight_per_micro_batch_and_none_in_evaluation(trained):
     monitor.detach()
 
 
+@pytest.mark.parametrize("method, coefficient, said", [
+    ("sft", 0.001, "router load-balancing loss: 0.001 x aux in the training loss"),
+    ("dpo", 0.0, "router load-balancing loss: not in dpo's loss"),
+    ("grpo", 0.0, "router load-balancing loss: not in grpo's loss"),
+])
+def test_the_aux_loss_line_says_what_the_objective_holds(method, coefficient, said, caplog):
+    """Preference and GRPO losses are their own, from log-probabilities: the start of their run never says the router's
+    aux loss is in them (it is not), and the monitor adds none."""
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from finetune.train.callbacks.experts import ExpertMonitor
+
+    model = AutoModelForCausalLM.from_config(moe_config("qwen3_moe"))
+    with caplog.at_level("INFO", logger="finetune"):
+        monitor = ExpertMonitor.attach(model, SimpleNamespace(method=method, router_aux_loss_coef=None))
+    assert monitor.coefficient == coefficient and said in caplog.text
+    monitor.detach()
+
+
 def test_all_linear_reaching_no_expert_is_warned_in_targets_and_at_training_start(trained, tmp_path, capsys,
                                                                                   caplog):
     """gpt_oss: its fused experts are out of `all-linear`'s reach (peft maps transformers 4's expert names onto fused

@@ -327,6 +327,36 @@ def _refuse_what_train_refuses(recipe) -> None:
                             "for it:\n" + "\n".join(f"  - {problem}" for problem in problems))
 
 
+def _vision(args: argparse.Namespace, recipe, config, adapter: str):
+    """A vision-language model's parts and one image at the pixel budget (finetune/model/vision_budget.py); None
+    for a text model."""
+    from finetune.model.targets import is_image_text_config
+
+    if not is_image_text_config(config):
+        return None
+    from finetune.model.vision_budget import plan_vision
+
+    if recipe is not None:
+        from finetune.model.vision import tokenizer_and_processor
+
+        return plan_vision(config, tokenizer_and_processor(recipe)[1], recipe, adapter)
+    from transformers import AutoProcessor
+
+    from finetune.recipe.vision import VisionKeys
+
+    try:
+        processor = AutoProcessor.from_pretrained(args.source)
+    except (OSError, ValueError, ImportError) as exc:
+        raise FinetuneError(f"`{args.source}` is a vision-language model, and planning it needs its processor (an "
+                            f"image's tokens): {exc.__class__.__name__}: {str(exc)[:200]}; pass its folder with the "
+                            "processor files, or a recipe") from None
+    return plan_vision(config, processor, VisionKeys(), adapter)
+
+
+def _vision_counts(vision) -> dict:
+    return {} if vision is None else {"model": vision.model, "frozen": vision.frozen, "unquantized": vision.unquantized}
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.plan.budget import PlanInputs, plan_memory, verdict
     from finetune.plan.model_size import count_model
@@ -340,15 +370,21 @@ def run(args: argparse.Namespace) -> int:
     to_save = recipe.lora_modules_to_save if recipe is not None else defaults["lora_modules_to_save"].get_default()
     dora = recipe is not None and recipe.peft_use_dora  # + magnitudes, and their saved outputs (plan/budget.py)
     parameters = recipe.lora_target_parameters if recipe is not None else None  # fused MoE experts
-    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora, parameters)
+    vision = _vision(args, recipe, config, knobs["adapter"])  # a vision-language model's tower and projector
+    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora, parameters,
+                                     **_vision_counts(vision))
     inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],
                         gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
                         zero_stage=args.zero_stage, num_gpus=args.num_gpus, **_batch_shape(knobs),
-                        **_fsdp_knobs(args, recipe))
+                        **_fsdp_knobs(args, recipe), vision=vision.shape if vision else None)
     print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
     print(compute_line(shape, inputs.trainable if knobs["adapter"] != "none" else None, knobs["seq_len"]))
+    if vision is not None:
+        from finetune.plan.vision import describe
+
+        print(describe(vision.shape, inputs.micro_batch_rows()[0], 4 if knobs["precision"] == "fp32" else 2))
     warning = _precision_warning(args, knobs["precision"])
     if warning:
         print(warning)

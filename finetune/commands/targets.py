@@ -57,24 +57,29 @@ def build_report(args: argparse.Namespace):
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
     model = meta_model(config, trust)
-    parts = part_of = None
+    parts = part_of = names = None
     if is_image_text_config(config):  # a vision-language model: its three parts, and which the recipe freezes
-        from finetune.model.vision import report_parts
+        from finetune.model.vision import lora_target_names, report_parts
 
         parts, part_of = report_parts(model, recipe)
-    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys)
-    return inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
+        if targets is not None:  # its adapters go only where its parts are not frozen: the layers training adapts
+            names = lora_target_names(model, recipe)
+    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys, names)
+    report = inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
+    report.training = part_training(report, recipe)
+    return report
 
 
-def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict):
+def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict, names: list[str] | None = None):
     """(what the recipe's adapters train per kind of weight, the expert warning or None). Without a recipe, a
-    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing."""
+    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing. `names`: the
+    layers the recipe's targets come to (a vision-language model's outside its frozen parts), when not the targets."""
     from finetune.model.moe import breakdown, expert_warning
     from finetune.plan.moe import moe_layout
 
     if targets is not None:
-        report = breakdown(model, rank, targets, recipe_keys.get("target_parameters"), saved,
-                           recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
+        report = breakdown(model, rank, names if names is not None else targets, recipe_keys.get("target_parameters"),
+                           saved, recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
                            recipe_keys.get("alpha", 16))
         return report, expert_warning(report, targets, recipe_keys.get("target_parameters"))
     layout = moe_layout(model)
@@ -84,6 +89,30 @@ def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dic
     report = breakdown(model, rank, "all-linear", fused)
     report.label = "all-linear" + (f" + lora_target_parameters: [{', '.join(fused)}]" if fused else "")
     return report, None
+
+
+def part_training(report, recipe) -> dict[str, str]:
+    """What trains in each part of a vision-language model under the recipe: its adapter, freeze keys and targets."""
+    from finetune.model.targets import matched_groups
+
+    out = {}
+    for part, (_, frozen) in report.parts.items():
+        groups = [g for g in report.groups if g.part == part]
+        weights = sum(g.parameters for g in groups)
+        linear = sum(g.count for g in groups if g.targetable and not g.output_layer)
+        if frozen:
+            out[part] = f"frozen: no gradients, no adapters ({weights:,} weights)"
+        elif recipe is None:
+            out[part] = f"trains: in full, or adapters on its {linear} linear layers ({weights:,} weights)"
+        elif recipe.adapter == "none":
+            out[part] = f"trains in full: {weights:,} weights"
+        else:
+            adapted = [g for g in matched_groups(groups, recipe.lora_target_modules) if not g.output_layer]
+            size = sum(g.count * (report.rank * (g.in_features + g.out_features) + (g.out_features if report.dora
+                                                                                    else 0)) for g in adapted)
+            out[part] = (f"LoRA on {sum(g.count for g in adapted)} of its {linear} linear layers: {size:,} adapter "
+                         f"parameters (its {weights:,} weights frozen)")
+    return out
 
 
 def format_report(report) -> str:
@@ -96,9 +125,8 @@ def format_report(report) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{report.architecture} ({report.model_type}) from {report.source}: "
              f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
-    for part, (prefixes, is_frozen) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
-        how = "frozen: no gradients, no adapters" if is_frozen else "trains: in full, or adapters on its linear layers"
-        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {how}")
+    for part, (prefixes, _) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
+        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {report.training[part]}")
     lines += [""] if report.parts else []
     lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               .rstrip() for r in rows]

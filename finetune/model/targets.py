@@ -240,13 +240,15 @@ class Report:
     # what the recipe's adapters train per kind of weight, the adapter's bytes (model/moe.py); None without a recipe
     recipe: object = None
     warning: str | None = None  # a mixture-of-experts recipe whose adapters reach almost no expert
+    training: dict = field(default_factory=dict)  # ... and what trains in each under the recipe: part -> words
 
     def to_json(self) -> dict:
         modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
         return {
             "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
             "rank": self.rank, "dora": self.dora, "total_parameters": self.total_parameters, "modules": modules,
-            "parts": {part: {"modules": prefixes, "frozen": frozen} for part, (prefixes, frozen) in self.parts.items()},
+            "parts": {part: {"modules": prefixes, "frozen": frozen, "trains": self.training.get(part)}
+                      for part, (prefixes, frozen) in self.parts.items()},
             "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
             "recipe": self.recipe.to_json() if self.recipe is not None else None, "warning": self.warning,
         }

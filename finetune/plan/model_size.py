@@ -1,5 +1,9 @@
 """Exact parameter counts from a model config: the model is built on torch's `meta` device (no memory,
-no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions."""
+no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions.
+
+A vision-language model is counted whole (finetune/model/vision_budget.py builds it): `frozen(name)` says which
+weights its freeze keys leave out of training (no gradients, no adapters), `unquantized(name)` which stay out of
+QLoRA's 4-bit storage (its tower and projector)."""
 
 from __future__ import annotations
 
@@ -58,7 +62,7 @@ def _non_matmul(model) -> int:
     return total
 
 
-def model_shape(model) -> ModelShape:
+def model_shape(model, unquantized=None) -> ModelShape:
     from finetune.plan.moe import moe_layout
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -81,7 +85,8 @@ def model_shape(model) -> ModelShape:
         vocab_size=cfg.vocab_size,
         total_params=total,
         embedding_params=parameter_count(emb),
-        quantizable_params=sum(parameter_count(m.weight) for _, m in _blocks_linears(model)),
+        quantizable_params=sum(parameter_count(m.weight) for n, m in _blocks_linears(model)
+                               if unquantized is None or not unquantized(n)),
         tied_embeddings=tied,
         expert_params=moe.expert_params if moe else 0,
         active_expert_params=moe.active_expert_params if moe else 0,
@@ -89,8 +94,8 @@ def model_shape(model) -> ModelShape:
     )
 
 
-def full_trainable(model) -> Trainable:
-    params = {id(p): p for p in model.parameters()}
+def full_trainable(model, frozen=None) -> Trainable:
+    params = {id(p): p for n, p in model.named_parameters() if frozen is None or not frozen(n)}
     return Trainable(trainable_params=sum(p.numel() for p in params.values()), trainable_tensors=len(params))
 
 
@@ -101,11 +106,12 @@ def _matches(name: str, targets) -> bool:
 
 
 def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False,
-                   target_parameters=None) -> Trainable:
+                   target_parameters=None, frozen=None) -> Trainable:
     """LoRA counts as peft builds them: A (r x in) and B (out x r) per adapted Linear, no bias; `all-linear`
     means every Linear but the output layer (and a mixture-of-experts' routers, frozen); DoRA adds one magnitude
     per output feature (a tensor per layer). `target_parameters` (fused 3-D expert weights): one rank-r adapter
-    per expert (plan/moe.py). modules_to_save are trained as full copies."""
+    per expert (plan/moe.py). modules_to_save are trained as full copies. `frozen(name)`: a vision-language model's
+    frozen parts, which get no adapters."""
     from finetune.plan.moe import lora_targets, moe_layout, parameter_lora_size, pattern_of, targeted_parameters
 
     layout = moe_layout(model)
@@ -113,7 +119,8 @@ def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=N
     settled = lora_targets(model, r, 2 * r, target_modules, target_parameters, layout=layout)
     routers = {pattern_of(n).rsplit("*.", 1)[-1] for n in layout.routers} if layout else set()
     linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, settled.modules or [])
-               and not (settled.modules == "all-linear" and _matches(n, routers))]
+               and not (settled.modules == "all-linear" and _matches(n, routers))
+               and (frozen is None or not frozen(n))]
     parameters = targeted_parameters(model, settled.parameters)
     if not linears and not parameters:
         raise FinetuneError(
@@ -152,8 +159,8 @@ def _elements(shape: tuple) -> int:
 
 
 def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False,
-                target_parameters=None):
-    """(ModelShape, full Trainable, LoRA Trainable) for a config."""
-    model = meta_model(config)
-    return (model_shape(model), full_trainable(model),
-            lora_trainable(model, lora_r, target_modules, modules_to_save, dora, target_parameters))
+                target_parameters=None, model=None, frozen=None, unquantized=None):
+    """(ModelShape, full Trainable, LoRA Trainable) for a config (or its meta `model`, already built)."""
+    model = model if model is not None else meta_model(config)
+    return (model_shape(model, unquantized), full_trainable(model, frozen),
+            lora_trainable(model, lora_r, target_modules, modules_to_save, dora, target_parameters, frozen))

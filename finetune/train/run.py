@@ -53,6 +53,9 @@ def count_data(recipe, state):
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     if recipe.method == "grpo":
         from finetune.data.grpo.prompts import template_note
         from finetune.train.grpo.reward_check import check_signatures
@@ -76,9 +79,6 @@ def count_data(recipe, state):
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
              f"{' (cached)' if prepared.reused else ''}")
-    if stats.get("dropped_images"):  # records left out because of their images, by reason
-        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
-                                                                  stats["dropped_images"].items()))
     return tokenizer, prepared
 
 
@@ -179,17 +179,25 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     initial = initial_adapter(model) if mutates_base(recipe) and made_here else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
-    collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
+    flatten = settings.attn_implementation == "flash_attention_2"
+    collator, pixels = Collator(pad_id, flatten=flatten), None
     if processor is not None:  # a vision-language model: the text batch plus its rows' pixels
-        from finetune.data.vision.collate import VisionCollator
+        from finetune.data.vision.collate import Pixels, VisionCollator
 
         collator = VisionCollator(collator, processor, recipe.image_max_pixels, recipe.image_min_pixels)
+        pixels = Pixels(processor, recipe.image_max_pixels, recipe.image_min_pixels)
     attn = settings.attn_implementation
     # GRPO scores its completions in packed rows of its own, with or without sample_packing
     varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
+    # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes; not under compile, where
+    # inductor generates the dropout itself (and traced MaskDropout gave a nan gradient at step 1)
+    if device.type == "cpu" and not settings.compile:
+        from finetune.model.mask_dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
@@ -199,7 +207,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
+        # and on that path a micro batch of packed rows is one row: no padding to its longest row (padding went
+        # through every layer: a third of a SmolLM2 DPO step's activation memory, docs/performance.md)
+        collator = preference_collator(store, pad_id, flatten or varlen, branches=varlen, pixels=pixels)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)

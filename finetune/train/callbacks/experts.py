@@ -64,6 +64,11 @@ class ExpertMonitor(TrainerCallback):
         layout = moe_layout(causal_lm)
         if layout is None:
             return None
+        if recipe.method != "sft":  # preference and GRPO losses are their own, from log-probabilities: none added
+            say = log.warning if recipe.router_aux_loss_coef else log.info
+            say(f"router load-balancing loss: not in {recipe.method}'s loss (computed from log-probabilities; "
+                "`router_aux_loss_coef` weighs it in SFT's); the expert load is logged")
+            return cls(causal_lm, layout, 0.0)
         coefficient = model_aux_coefficient(causal_lm, recipe.router_aux_loss_coef)
         log.info(f"router load-balancing loss: {coefficient:g} x aux in the training loss" if coefficient else
                  "router load-balancing loss: off (router_aux_loss_coef 0, or the model defines none)")

@@ -64,17 +64,20 @@ def model_fingerprint(recipe) -> str:
     return digest.hexdigest()
 
 
-def reference_key(recipe, data_key: str, precision: str) -> str:
+def reference_key(recipe, data_key: str, precision: str, images: str = "") -> str:
+    """`images`: a vision-language model's, the hash of every prompt image's bytes (the data key holds the
+    processor's settings and the records, whose image paths stay the same when an image is edited in place)."""
     fields = {name: getattr(recipe, name) for name in MODEL_FIELDS}
-    blob = json.dumps({"data": data_key, "model": model_fingerprint(recipe), "precision": precision,
-                       "fields": fields}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+    key = {"data": data_key, "model": model_fingerprint(recipe), "precision": precision, "fields": fields}
+    if images:
+        key["images"] = images
+    return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
-def reference_path(recipe, data_key: str, precision: str) -> Path:
+def reference_path(recipe, data_key: str, precision: str, images: str = "") -> Path:
     from finetune.data import prepared_root
 
-    return prepared_root(recipe) / "reference" / f"{reference_key(recipe, data_key, precision)}.pt"
+    return prepared_root(recipe) / "reference" / f"{reference_key(recipe, data_key, precision, images)}.pt"
 
 
 def load_table(path: Path, items: int):

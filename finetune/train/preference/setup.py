@@ -8,9 +8,10 @@ from finetune.log import get_logger
 log = get_logger(__name__)
 
 
-def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
+def preference_collator(store, pad_id: int, flatten: bool, branches: bool, pixels=None):
     """`branches`: the attention path runs a segment starting at position p > 0 as a continuation of the prompt
-    before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt."""
+    before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt. `pixels`: a
+    vision-language model's (finetune/data/vision/collate.py), the prompts' images in every batch."""
     from finetune.data.preference.collate import PreferenceCollator
 
     share = branches and not store.unpaired
@@ -21,7 +22,7 @@ def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
         log.info(f"pairs share their prompt in packed rows: prompt, chosen, rejected, the rejected response attending "
                  f"to the prompt and itself; {tokens - prompts:,} train tokens instead of {tokens:,} "
                  f"({prompts / max(tokens, 1):.0%} fewer), the same log-probs")
-    return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share)
+    return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share, pixels=pixels)
 
 
 def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> bool:
@@ -73,7 +74,12 @@ def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object
 
     if not uses_reference(recipe):
         return None, None, bool(resume_from)
-    path = reference_path(recipe, prepared.key, precision)
+    images = ""
+    if prepared.store.images is not None:  # the images' bytes: an image edited in place keeps its path
+        from finetune.data.vision.images import images_digest
+
+        images = images_digest(prepared.store.images)
+    path = reference_path(recipe, prepared.key, precision, images)
     table = load_table(path, len(prepared.store))
     if table is not None:
         import torch
