@@ -50,8 +50,10 @@ class _OneProcess:
         return tensor
 
 
-def _trl_loss(trl_grpo, loss_type, batch, *, beta, two_updates, accumulation=1, items_in_batch=None):
-    """TRL 1.16's _compute_loss on `batch` (a micro batch) -> (loss, TRL's logged metrics)."""
+def _trl_loss(trl_grpo, loss_type, batch, *, beta, two_updates, accumulation=1, items_in_batch=None, tool_mask=None,
+              max_len=MAX_LEN):
+    """TRL 1.16's _compute_loss on `batch` (a micro batch) -> (loss, TRL's logged metrics). `tool_mask`: TRL's mask of
+    an episode's tokens (0 on tool results; the loss masks with completion_mask x tool_mask)."""
     trainer = trl_grpo.GRPOTrainer.__new__(trl_grpo.GRPOTrainer)
     trainer.args = SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=accumulation)
     trainer.loss_type, trainer.beta, trainer.epsilon_low, trainer.epsilon_high = loss_type, beta, EPS_LOW, EPS_HIGH
@@ -60,7 +62,7 @@ def _trl_loss(trl_grpo, loss_type, batch, *, beta, two_updates, accumulation=1, 
     trainer.vllm_importance_sampling_correction = False
     trainer._entropy_bonus_enabled, trainer.aux_loss_enabled = False, False
     trainer.model, trainer.accelerator = SimpleNamespace(training=True), _OneProcess()
-    trainer.current_gradient_accumulation_steps, trainer.max_completion_length = accumulation, MAX_LEN
+    trainer.current_gradient_accumulation_steps, trainer.max_completion_length = accumulation, max_len
     trainer._metrics = {"train": defaultdict(list)}
     logps, entropies = batch["logps"], batch["entropies"]
     trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, entropies, None)
@@ -71,6 +73,8 @@ def _trl_loss(trl_grpo, loss_type, batch, *, beta, two_updates, accumulation=1, 
               "completion_ids": torch.zeros(size, width, dtype=torch.long), "completion_mask": mask,
               "advantages": batch["advantages"], "ref_per_token_logps": batch["ref"],
               "num_items_in_batch": mask.sum() if items_in_batch is None else items_in_batch}
+    if tool_mask is not None:
+        inputs["tool_mask"] = tool_mask
     if two_updates:
         inputs["old_per_token_logps"] = batch["old"]
     loss = trainer._compute_loss(None, inputs)

@@ -45,3 +45,22 @@ def test_one_low_entropy_step_at_the_end_is_not_a_collapse(tmp_path, last_entrop
     rewards, entropies = [0.2, 0.3, 0.9, 1.4, 1.5, 1.5], [2, 1.5, 0.5, 0.2, 0.3, last_entropy]
     log = history(n=6, reward=lambda s: rewards[s - 1], entropy=lambda s: entropies[s - 1])
     assert write_curves(tmp_path, log)["verdict"] == "reward rising"
+
+
+def with_tools(log, calls=lambda s: 1.0, capped=lambda s: 0.0):
+    return [{**e, "tools/call_frequency": calls(e["step"]), "episodes/cut_by_cap": capped(e["step"])} for e in log]
+
+
+@pytest.mark.parametrize("log, verdict, numbers, reward_verdict", [
+    (with_tools(history(reward=lambda s: 0.1 + 0.05 * s), calls=lambda s: 1.2 - 0.1 * s), "stopped calling tools",
+     "tool calls per episode fell 0.95 -> 0.15", "reward rising"),
+    (with_tools(history(), capped=lambda s: 0.95), "tool cap", "95% of episodes (last third)", "flat"),
+    (with_tools(history(reward=lambda s: 0.1 + 0.05 * s), calls=lambda s: 0.9 + 0.01 * s), "reward rising",
+     "mean reward 0.225 -> 0.625", None),  # tools used throughout: the reward's verdict
+    (with_tools(history(), calls=lambda s: 0.05 if s < 4 else 0.0), "flat", "0.200 -> 0.200", None),  # never used
+])
+def test_tool_use_verdicts_keep_the_rewards_own(tmp_path, log, verdict, numbers, reward_verdict):
+    diagnosis = write_curves(tmp_path, log)
+    assert diagnosis["verdict"] == verdict, diagnosis
+    assert numbers in diagnosis["reason"]
+    assert diagnosis.get("reward_verdict") == reward_verdict

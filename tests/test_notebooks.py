@@ -152,6 +152,29 @@ def test_cpu_grpo_runs_and_the_reward_rises(tmp_path):
     assert (out / "loss_curve.png").stat().st_size > 0
 
 
+def test_cpu_agents_runs_sft_on_transcripts_then_grpo_with_the_environment(tmp_path, tiny_model_dir):
+    """The agents notebook end to end on the tiny model (SmolLM2 makes it minutes: its learning, two seeds, is
+    benchmarks/bench_agents_learning.py): SFT on tool transcripts, then GRPO with the calculator environment in the
+    tool workers; what each stage writes."""
+    from agents_helpers import long_context_copy
+
+    model = long_context_copy(tiny_model_dir, tmp_path / "tiny_long")
+    nb = execute("cpu_agents", tmp_path, timeout=300, BASE_MODEL=str(model), WORKDIR=str(tmp_path / "w"),
+                 N_TRANSCRIPTS=8, SFT_STEPS=2, N_PROMPTS=8, GRPO_STEPS=2, MAX_COMPLETION_LENGTH=16,
+                 SEQUENCE_LEN=2048)
+    work = tmp_path / "w"
+    assert json.loads((work / "sft" / "run.json").read_text())["steps"] == 2
+    run = json.loads((work / "grpo" / "run.json").read_text())
+    assert run["method"] == "grpo" and run["grpo"]["agents"]["tools"] == ["calculate"]
+    assert run["grpo"]["agents"]["environment"] == "Calculator"
+    history = [e for e in run["log_history"] if "reward" in e]
+    assert len(history) == 2 and "tools/call_frequency" in history[0]
+    entry = json.loads((work / "grpo" / "completions.jsonl").read_text().splitlines()[0])
+    assert len(entry["episodes"]) == 4 and entry["episodes"][0]["turns"][0]["role"] == "assistant"
+    text = outputs_text(nb)
+    assert text.count("validate exit code 0") == 2 and "tool calls per episode" in text and "reward:" in text
+
+
 # --- the GPU notebook, without a GPU -------------------------------------------------------------------------
 
 def code_without_magics(source: str) -> str:

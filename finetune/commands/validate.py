@@ -28,7 +28,18 @@ def run(args: argparse.Namespace) -> int:
         check_machine(recipe, str(args.recipe), hint="(`finetune validate --recipe-only` checks the recipe alone)")
     print(redact_text(dump_recipe(recipe)), end="")  # a database URL's password is not echoed
     if recipe.method == "grpo":
+        from finetune.train.grpo.agent_check import uses_agents, validate_agents
         from finetune.train.grpo.reward_check import validate_rewards
 
-        return validate_rewards(recipe)
+        code = validate_rewards(recipe) if recipe.rewards else 0
+        if uses_agents(recipe):
+            from finetune.data.grpo.prompts import first_records
+
+            code = max(code, validate_agents(recipe, first_records(recipe, 3)))
+        return code
+    if recipe.method == "sft":
+        from finetune.data.tool_chat import validate_transcripts
+        from finetune.model.loader import load_tokenizer
+
+        return validate_transcripts(recipe, load_tokenizer)
     return 0

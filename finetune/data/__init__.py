@@ -212,9 +212,12 @@ def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]
     (`reused`), else empty for store_entry to fill. A processor's image settings enter the key with the tokenizer."""
     from finetune.data.vision import images_changed, processor_fingerprint
 
+    from finetune.data.tool_chat import tools_fingerprint
+
     files = record_files(recipe)
     files_hash = data_hash(files)
-    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer) + processor_fingerprint(processor))
+    key = cache_key(recipe, files_hash, tokenizer_fingerprint(tokenizer) + processor_fingerprint(processor)
+                    + tools_fingerprint(recipe))
     root = prepared_root(recipe)
     prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
     cached = load_prepared(root, key)

@@ -58,9 +58,14 @@ def supervised_mask(starts: np.ndarray, spans: list[tuple[int, int]]) -> np.ndar
     return inside
 
 
-def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool, roles=("assistant",)) -> list[Example]:
-    """Chats: the turns of `roles` (the recipe's roles_to_train) supervised, or every token with train_on_inputs."""
-    rendered = [assistant_spans(tokenizer, r["messages"], roles) for r in records]
+def encode_chats(tokenizer, records: list[dict], train_on_inputs: bool, roles=("assistant",), tools=None
+                 ) -> list[Example]:
+    """Chats: the turns of `roles` (the recipe's roles_to_train) supervised, or every token with train_on_inputs.
+    A tool transcript renders the tools it was offered: its record's `tools` column, else `tools` (the recipe's)."""
+    from finetune.data.tool_chat import check_transcripts, record_tools
+
+    check_transcripts(tokenizer, records, tools)
+    rendered = [assistant_spans(tokenizer, r["messages"], roles, record_tools(r, tools)) for r in records]
     texts = [text for text, _ in rendered]
     if not texts:
         return []

@@ -35,21 +35,26 @@ class Example:
         return sum(1 for label in self.labels if label != IGNORE_INDEX)
 
 
-def _render(tokenizer, messages: list[dict], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+def _render(tokenizer, messages: list[dict], generation_prompt: bool, tools=None) -> str:
+    # `or None`: some templates write their tool boilerplate for an empty list
+    return tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                         add_generation_prompt=generation_prompt)
 
 
-def assistant_spans(tokenizer, messages: list[dict], roles=("assistant",)) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer, messages: list[dict], roles=("assistant",), tools=None
+                    ) -> tuple[str, list[tuple[int, int]]]:
     """The rendered conversation and the [start, end) character span of each turn of `roles` (the assistant's: its
-    answer after the generation prompt; another role's: the whole rendered turn, its header included)."""
-    full = _render(tokenizer, messages, generation_prompt=False)
+    answer after the generation prompt, its tool calls included; another role's: the whole rendered turn, its header
+    included). `tools`: the JSON schemas the template renders where it puts them (a tool transcript's); a `tool`
+    turn, a result, is never among `roles`."""
+    full = _render(tokenizer, messages, False, tools)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] not in roles:
             continue
         answer = message["role"] == "assistant"
-        before = _render(tokenizer, messages[:i], generation_prompt=answer) if i else ""
-        through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+        before = _render(tokenizer, messages[:i], answer, tools) if i else ""
+        through = _render(tokenizer, messages[: i + 1], False, tools)
         end = _turn_end(tokenizer, full, through, _text(message.get("content")), len(before))
         if end is None or not through.startswith(before):
             raise DataError(misaligned_turn(full, through, before, sum(m["role"] == "assistant" for m in messages[:i + 1])))

@@ -49,6 +49,12 @@ def heldout_rewards(models, subject, data_path: str | None, limit: int | None = 
     from finetune.evaluation.subject import device
     from finetune.train.grpo.reward_models import RewardSet
 
+    if not subject.recipe.rewards:  # an agents run scored by its environment alone (docs/grpo.md, "Agents")
+        from finetune.errors import RewardError
+
+        raise RewardError("this GRPO run's only reward is its environment's get_reward(); `finetune eval` answers "
+                          "held-out prompts in one turn, without tools, so it has no reward to score them with; add a "
+                          "reward function to `rewards`")
     prompts, source = heldout_prompts(subject, models.tokenizer, data_path)
     prompts = prompts[:limit] if limit else prompts
     log.info(f"GRPO rewards on {len(prompts)} held-out prompts x {SAMPLES} answers per side: {source}")

@@ -3,9 +3,10 @@
 JSONL, one object a line, in one of six shapes:
   completion   {"text": ...}
   instruction  {"instruction": ..., "input": ... (optional), "output": ..., "system": ... (optional)}
-  chat         {"messages": [{"role": "system"|"user"|"assistant", "content": ...}, ...]}, a content being a
+  chat         {"messages": [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...]}, a content being a
                string or a list of text and image parts (finetune/ingest/record_images.py: every layout of images
-               in, canonical parts out)
+               in, canonical parts out); an assistant turn may carry `tool_calls` (the OpenAI / TRL shape), followed
+               by `tool` turns with the results; an optional `tools` column: the JSON schemas of the tools offered
   preference   {"prompt": ..., "chosen": ..., "rejected": ...}, in any form finetune/ingest/preference.py accepts
   unpaired     {"prompt": ..., "completion": ..., "label": true | false} (KTO)
   prompt       {"prompt": "text" | [messages], ...any other columns} (GRPO: the columns go to the reward functions)
@@ -33,6 +34,7 @@ SFT_SHAPES = ("completion", "instruction", "chat")
 PROMPT_SHAPE = "prompt"
 SHAPES = SFT_SHAPES + PREFERENCE_SHAPES + (PROMPT_SHAPE,)
 ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ROLES + ("tool",)  # a chat record's turns: a tool's result follows the assistant turn that called it
 
 
 def detect_shape(record: dict) -> str | None:
@@ -107,6 +109,8 @@ def record_problem(record: object, shape: str) -> str | None:
         if not record["output"].strip():
             return '"output" is empty: nothing to supervise'
     elif shape == "chat":
+        if record.get("tools") is not None and tools_problem(record["tools"]):
+            return tools_problem(record["tools"])
         return chat_problem(record.get("messages"))
     else:
         return f"unknown shape {shape!r}"
@@ -119,23 +123,68 @@ def chat_problem(messages: object) -> str | None:
     if not isinstance(messages, list) or not messages:
         return 'a chat record needs "messages" as a non-empty list'
     for i, msg in enumerate(messages):
+        calls = msg.get("tool_calls") if isinstance(msg, dict) else None
+        if isinstance(msg, dict) and calls and msg.get("content") is None:
+            msg["content"] = ""  # the OpenAI shape: an assistant turn that only calls tools has content null
         if not isinstance(msg, dict) or not isinstance(msg.get("content"), (str, list)):
             return f'messages[{i}] needs "role" and "content" (a string, or a list of text and image parts)'
         problem = parts_problem(msg["content"], i) if isinstance(msg["content"], list) else None
         if problem:
             return problem
-        if msg.get("role") not in ROLES:
-            return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(ROLES)} (in a recipe, "
-                    f"the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
+        if msg.get("role") not in CHAT_ROLES:
+            return (f"messages[{i}].role is {msg.get('role')!r}; expected one of {', '.join(CHAT_ROLES)} (in a "
+                    f"recipe, the dataset's `roles:` maps other names, e.g. `roles: {{{msg.get('role')}: assistant}}`)")
+        problem = tool_calls_problem(calls, i) if calls is not None else None
+        if problem or (calls and msg["role"] != "assistant"):
+            return problem or f'messages[{i}] has "tool_calls" but is a {msg["role"]} turn; only the assistant calls'
+        if msg["role"] == "tool" and (i == 0 or not _called(messages[:i])):
+            return (f"messages[{i}] is a tool result with no assistant turn before it that calls a tool "
+                    "(\"tool_calls\"); put the call first")
         if msg["role"] == "assistant" and isinstance(msg["content"], list) and any(
                 p["type"] == "image" for p in msg["content"]):
             return (f"messages[{i}] is an assistant turn with an image: the model answers in text; put the image "
                     "in the user turn it answers")
-        if msg["role"] == "assistant" and not content_text(msg["content"]).strip():
+        if msg["role"] == "assistant" and not content_text(msg["content"]).strip() and not calls:
             return (f"messages[{i}] is an empty assistant turn: it would teach the model to answer with nothing "
                     "(the end-of-turn token alone); remove the turn with the question it answers, or the record")
     if not any(m["role"] == "assistant" for m in messages):
         return "the conversation has no assistant turn: nothing to supervise"
+    return None
+
+
+def _called(messages: list) -> bool:
+    """Whether the last turn before the tool results (skipping earlier results) is an assistant turn with calls."""
+    for msg in reversed(messages):
+        if isinstance(msg, dict) and msg.get("role") != "tool":
+            return msg.get("role") == "assistant" and bool(msg.get("tool_calls"))
+    return False
+
+
+def tool_calls_problem(calls: object, i: int) -> str | None:
+    """Why an assistant turn's `tool_calls` are not the OpenAI / TRL shape, or None:
+    [{"type": "function", "function": {"name": ..., "arguments": {...} or a JSON string}}]."""
+    if not isinstance(calls, list):
+        return f'messages[{i}].tool_calls is not a list of calls'
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not isinstance(
+                function.get("arguments", {}), (dict, str)):
+            return (f'messages[{i}].tool_calls[{j}] is not {{"type": "function", "function": {{"name": ..., '
+                    '"arguments": {...}}}}} (the OpenAI / TRL shape)')
+    return None
+
+
+def tools_problem(tools: object) -> str | None:
+    """Why a chat record's `tools` column is not a list of JSON schemas ({"type": "function", "function": {"name",
+    ...}}, or the bare function object), or None. A JSON string of that list is read as the list."""
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except ValueError:
+            return '"tools" is a string that is not JSON (a list of tool schemas)'
+    if not isinstance(tools, list) or not all(isinstance(t, dict) and isinstance(
+            (t.get("function") if isinstance(t.get("function"), dict) else t).get("name"), str) for t in tools):
+        return '"tools" must be a list of JSON schemas, {"type": "function", "function": {"name": ..., ...}} each'
     return None
 
 

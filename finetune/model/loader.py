@@ -12,7 +12,7 @@ from pathlib import Path
 
 from finetune.atomic import honour_umask, temp_dir
 from finetune.compat import drop_quantizer
-from finetune.contract import CHATML_TEMPLATE
+from finetune.contract import CHATML_TEMPLATE, CHATML_TOOLS_TEMPLATE
 from finetune.errors import ModelError
 from finetune.log import get_logger
 
@@ -181,6 +181,8 @@ def load_tokenizer(recipe):
         tokenizer.pad_token = tokenizer.eos_token  # padding is masked out of the loss anyway
     if recipe.chat_template == "chatml" or (recipe.chat_template == "tokenizer_default" and not tokenizer.chat_template):
         tokenizer.chat_template = CHATML_TEMPLATE
+    elif recipe.chat_template == "chatml_tools":
+        tokenizer.chat_template = CHATML_TOOLS_TEMPLATE
     elif recipe.chat_template == "jinja":
         tokenizer.chat_template = recipe.chat_template_jinja
     return tokenizer

@@ -253,11 +253,12 @@ class DataKeys(Strict):
         min_length=1, description="Training data sources.", json_schema_extra=affects(CONTENT),
     )
 
-    chat_template: Literal["tokenizer_default", "chatml", "jinja"] = Field(
+    chat_template: Literal["tokenizer_default", "chatml", "chatml_tools", "jinja"] = Field(
         "tokenizer_default",
         description=(
             "How chat records are rendered: the tokenizer's own template (ChatML if it has none), ChatML, "
-            "or the Jinja template in chat_template_jinja."
+            "`chatml_tools` (ChatML with the Hermes / Qwen2.5 tool format: tools, <tool_call> JSON, tool results; "
+            "for tool transcripts and agents), or the Jinja template in chat_template_jinja."
         ),
         json_schema_extra=affects(TOKENS),
     )

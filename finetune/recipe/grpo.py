@@ -159,9 +159,9 @@ def grpo_problems(recipe, world_size: int) -> list[str]:
         return [f"`rewards` score completions that `method: grpo` generates; `method: {recipe.method}` trains on "
                 "fixed responses: remove `rewards`, or set `method: grpo`"] if recipe.rewards else []
     problems = []
-    if not recipe.rewards:
+    if not recipe.rewards and not recipe.environment:
         problems.append("`method: grpo` needs at least one reward function: `rewards: [{function: rewards.py:NAME}]` "
-                        "(docs/grpo.md)")
+                        "(docs/grpo.md), or an `environment` whose class scores itself with `get_reward()`")
     group = method_setting(recipe, "num_generations")
     per_process = recipe.micro_batch_size * recipe.gradient_accumulation_steps
     if per_process % group:

@@ -20,6 +20,7 @@ from finetune.recipe.evaluation import EvalSpec
 from finetune.recipe.checks import deepspeed_problems, eval_problems, location_problems, resolve_deepspeed
 from finetune.recipe.data import RECORD_TYPES, looks_like_hub_id
 from finetune.recipe.distributed import fsdp_problems
+from finetune.recipe.agents import agent_problems
 from finetune.recipe.grpo import grpo_problems
 from finetune.recipe.methods import method_problems
 
@@ -202,13 +203,20 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
         if entry.model is not None:  # a reward model's folder, relative to the recipe
             entry.model = _resolve(entry.model, base)
             continue
-        target, sep, name = entry.function.rpartition(":")
-        if sep and (target.endswith(".py") or "/" in target):
-            entry.function = f"{_resolve(target, base)}:{name}"
+        entry.function = _resolve_spec(entry.function, base)
+    if recipe.environment:
+        recipe.environment = _resolve_spec(recipe.environment, base)
+    recipe.tools = [_resolve_spec(spec, base) for spec in recipe.tools]
     if recipe.eval is not None:
         for key in ("data", "tasks_dir", "gguf"):
             if getattr(recipe.eval, key):
                 setattr(recipe.eval, key, _resolve(getattr(recipe.eval, key), base))
+
+
+def _resolve_spec(spec: str, base: Path) -> str:
+    """FILE.py:NAME with FILE absolute (relative to the recipe); package.module:NAME as it is."""
+    target, sep, name = spec.rpartition(":")
+    return f"{_resolve(target, base)}:{name}" if sep and (target.endswith(".py") or "/" in target) else spec
 
 
 def _resolve_model_paths(data: dict, base: Path) -> None:
@@ -269,6 +277,7 @@ def cross_checks(recipe: Recipe, explicit: set[str], world_size: int) -> list[st
     problems += method_problems(recipe)
     problems += adapter_problems(recipe, explicit)
     problems += grpo_problems(recipe, world_size)
+    problems += agent_problems(recipe)
     problems += deepspeed_problems(recipe, explicit, world_size)  # after accumulation is derived above
     problems += fsdp_problems(recipe)
     return problems

@@ -52,6 +52,11 @@ METHOD_SETTINGS: dict[str, dict[str, object]] = {
     "num_iterations": {"grpo": 1},
     "scale_rewards": {"grpo": "group"},
     "mask_truncated_completions": {"grpo": False},
+    # agents (finetune/recipe/agents.py): no cap on tool rounds (TRL's); 30 s a call as a reward's timeout_s; a tool
+    # result of at most 512 tokens (a page of text) so that one call cannot fill the completion budget
+    "max_tool_calling_iterations": {"grpo": None},
+    "tool_timeout_s": {"grpo": 30.0},
+    "max_tool_response_tokens": {"grpo": 512},
 }
 
 # the record shapes each kind of method trains on (finetune/ingest/records.py)

@@ -9,6 +9,7 @@ composed here into one flat `Recipe`. Loading, error reporting and overrides liv
 from __future__ import annotations
 
 from finetune.recipe.adapter import AdapterKeys
+from finetune.recipe.agents import AgentKeys
 from finetune.recipe.data import DataKeys
 from finetune.recipe.distributed import DistributedKeys
 from finetune.recipe.evaluation import EvalKeys
@@ -28,6 +29,7 @@ GROUPS = (
     ("Mixture-of-experts", MoeKeys),
     ("Method", MethodKeys),
     ("GRPO: online RL with rewards a program checks", GRPOKeys),
+    ("Agents: tools and environments", AgentKeys),
     ("Data", DataKeys),
     ("Training", TrainingKeys),
     ("Scale-out: FSDP2", DistributedKeys),
@@ -39,6 +41,6 @@ GROUPS = (
 # pydantic collects the fields of a model's bases from the last base to the first: the groups are listed in
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
-class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, MoeKeys,
+class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, AgentKeys, GRPOKeys, MethodKeys, MoeKeys,
              AdapterKeys, VisionKeys, ModelKeys):
     """A fine-tuning run, start to finish."""

@@ -424,7 +424,14 @@
       var head = el("div", {text: label});
       if (a.truncated) head.appendChild(el("span", {cls: "truncated-mark", text: " cut at " + limit + " (unfinished)"}));
       node.appendChild(head);
-      node.appendChild(el("pre", {cls: "answer" + (a.truncated ? " truncated" : ""), text: a.text}));
+      if (!a.turns) {
+        node.appendChild(el("pre", {cls: "answer" + (a.truncated ? " truncated" : ""), text: a.text}));
+        return;
+      }
+      a.turns.forEach(function (t) {  // an episode turn by turn: the model's turns and the tool results
+        node.appendChild(el("div", {cls: "turn-label" + (t.error ? " failed" : ""), text: t.label}));
+        node.appendChild(el("pre", {cls: "answer turn " + (t.role === "tool" ? "tool" : "assistant"), text: t.text}));
+      });
     });
     return node;
   }
@@ -442,7 +449,9 @@
       list.textContent = "";
       all.forEach(function (pair) {
         var s = pair[1];
-        var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) { return a.text; })).join("\n").toLowerCase();
+        var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) {
+          return a.text + (a.turns ? "\n" + a.turns.map(function (t) { return t.text; }).join("\n") : "");
+        })).join("\n").toLowerCase();
         if (q && hay.indexOf(q) < 0) return;
         shown++;
         if (shown <= 300) list.appendChild(sampleNode(pair[0], s));

@@ -227,12 +227,34 @@ def _grpo_samples(folder: Path) -> list[dict]:
             continue
         rewards = sample.get("rewards") if isinstance(sample.get("rewards"), list) else []
         cut = sample.get("truncated") if isinstance(sample.get("truncated"), list) else []  # at max_completion_length
+        episodes = sample.get("episodes") if isinstance(sample.get("episodes"), list) else []  # a run with tools
         answers = [{"label": f"completion {i + 1}", "text": _text(c),
                     "reward": _number(rewards[i]) if i < len(rewards) else None,
-                    "truncated": i < len(cut) and cut[i] is True}
+                    "truncated": i < len(cut) and cut[i] is True,
+                    **({"turns": _turns(episodes[i])} if i < len(episodes) else {})}
                    for i, c in enumerate(sample["completions"])]
         out.append({"source": "grpo", "step": _number(sample.get("step")), "prompt": _text(sample.get("prompt", "")),
                     "reference": None, "answers": answers})
+    return out
+
+
+def _turns(episode) -> list[dict]:
+    """An episode turn by turn: {"role": "assistant" | "tool", "text", "label", "error"}; a failed call says so."""
+    out = []
+    for turn in _dict(episode).get("turns") or []:
+        turn = _dict(turn)
+        if turn.get("role") == "tool":
+            error = turn.get("error")
+            failed = f" failed: {_text(error, 40)}" if isinstance(error, str) else ""
+            out.append({"role": "tool", "text": _text(turn.get("content", "")), "error": bool(failed),
+                        "label": f"tool {_text(turn.get('name', '?'), 80)}{failed}"})
+            continue
+        calls = [_dict(_dict(c).get("function")) for c in turn.get("tool_calls") or []]
+        text = _text(turn.get("content", "")) + "".join(
+            f"\n-> {_text(c.get('name', '?'), 80)}({_text(c.get('arguments', {}), 400)})" for c in calls)
+        malformed = f", malformed call: {_text(turn['malformed'], 120)}" if turn.get("malformed") else ""
+        out.append({"role": "assistant", "text": text.strip("\n"), "error": bool(malformed),
+                    "label": f"assistant{malformed}"})
     return out
 
 

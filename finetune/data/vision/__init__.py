@@ -18,15 +18,16 @@ IMAGE_REJECT = "image:"  # the outcome key of a record left out because of its i
 
 
 def chat_encoder(recipe, processor):
-    """What encodes the recipe's chats, supervising the turns of roles_to_train: the tokenizer (encode_chats), or a
-    vision-language model's processor (an ImageEncoder)."""
+    """What encodes the recipe's chats, supervising the turns of roles_to_train: the tokenizer (encode_chats, with the
+    recipe's `tools` for tool transcripts), or a vision-language model's processor (an ImageEncoder)."""
     roles = tuple(recipe.roles_to_train)
     if processor is None:
         import functools
 
         from finetune.data.encode import encode_chats
+        from finetune.data.tool_chat import recipe_tool_schemas
 
-        return functools.partial(encode_chats, roles=roles)
+        return functools.partial(encode_chats, roles=roles, tools=recipe_tool_schemas(recipe))
     from finetune.data.vision.encode import ImageEncoder
 
     return ImageEncoder(processor, recipe.image_max_pixels, recipe.image_min_pixels, roles)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from finetune.errors import RewardError
 from finetune.log import get_logger
 from finetune.train.grpo.rewards import RewardBatch, RewardRunner, as_spec, unique_names
 
@@ -30,13 +31,18 @@ class RewardSet:
     """The recipe's rewards, functions and models, scored together. Close it (or use `with`)."""
 
     def __init__(self, specs, base_dir, device=None, dtype: str = "fp32", workers: int = 1,
-                 counted_in: str | None = "run.json"):
+                 counted_in: str | None = "run.json", external: tuple[str, ...] = ()):
+        """`external`: rewards the caller hands to score() (an environment's get_reward(): RewardRunner's), after
+        the recipe's, weight 1, never normalized."""
         from finetune.model.scorer import RewardScorer
 
         self.specs = [as_spec(s) for s in specs]
-        self.names = unique_names(self.specs)
-        self.weights = [s.weight for s in self.specs]
-        self.normalize = [s.normalize for s in self.specs]
+        self.external = tuple(external)
+        if not self.specs and not self.external:
+            raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
+        self.names = unique_names(self.specs) + list(self.external)
+        self.weights = [s.weight for s in self.specs] + [1.0] * len(self.external)
+        self.normalize = [s.normalize for s in self.specs] + [False] * len(self.external)
         self._functions = [i for i, s in enumerate(self.specs) if s.function]
         self.scorers, self.calls, self._cut = {}, Counter(), {}
         for i, spec in enumerate(self.specs):
@@ -46,11 +52,12 @@ class RewardSet:
                 log.info(f"reward model `{self.names[i]}` ({spec.model}): {self.scorers[i].scoring.describe()}; "
                          f"batches of {spec.batch_size}, on {device or 'cpu'}")
         self.runner = None
-        if self._functions:
+        if self._functions or self.external:
             # with a reward model beside them, the functions failing does not leave the run without a reward
             more = {"max_failed_steps": 10**9} if self.scorers else {}
             self.runner = RewardRunner([self.specs[i] for i in self._functions], base_dir, workers,
-                                       counted_in=counted_in, names=[self.names[i] for i in self._functions], **more)
+                                       counted_in=counted_in, names=[self.names[i] for i in self._functions],
+                                       external=self.external, **more)
 
     def __enter__(self) -> RewardSet:
         return self
@@ -69,13 +76,13 @@ class RewardSet:
         return not self.scorers and (self.runner is None or self.runner.closed)
 
     def score(self, prompts: list, completions: list, completion_ids: list, columns: dict | None = None,
-              trainer_state: dict | None = None) -> RewardBatch:
+              trainer_state: dict | None = None, external: dict[str, tuple] | None = None) -> RewardBatch:
         """Every reward's values for a batch (RewardRunner.score's arguments), NaN where a function gave none."""
-        values: list = [None] * len(self.specs)
+        values: list = [None] * len(self.names)
         batch = RewardBatch(list(self.names), values)
         if self.runner is not None:
-            ran = self.runner.score(prompts, completions, completion_ids, columns, trainer_state)
-            for k, i in enumerate(self._functions):
+            ran = self.runner.score(prompts, completions, completion_ids, columns, trainer_state, external=external)
+            for k, i in enumerate([*self._functions, *range(len(self.specs), len(self.names))]):
                 values[i] = ran.values[k]
             batch.failures, batch.printed, batch.metrics, batch.extra = ran.failures, ran.printed, ran.metrics, ran.extra
         for i, scorer in self.scorers.items():

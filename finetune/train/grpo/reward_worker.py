@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from multiprocessing.connection import wait
 from types import SimpleNamespace
 
@@ -190,10 +191,12 @@ def _short(value) -> str:
 class WorkerProcess:
     """The training process's handle on one worker: start, wait until it has loaded, send a call, kill."""
 
-    def __init__(self, context, functions: list[str], base_dir):
+    def __init__(self, context, functions: list, base_dir, target=None, name: str = "finetune-reward-worker"):
+        """`target`: the worker's main (default worker_main, the reward functions'; the tools' worker passes its
+        own, finetune/train/grpo/tool_worker.py), called as target(conn, functions, base_dir, parent pid)."""
         here, there = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(there, list(functions), str(base_dir), os.getpid()),
-                                       name="finetune-reward-worker")
+        self.process = context.Process(target=target or worker_main,
+                                       args=(there, list(functions), str(base_dir), os.getpid()), name=name)
         self.process.start()
         there.close()  # the worker's end lives in the worker only: its death then reads as EOF here
         self.conn = here
@@ -251,6 +254,45 @@ class WorkerProcess:
             self.ask_to_stop()
         wait([self.process.sentinel], STOP_WAIT_S)  # exited or not, it is not reaped yet: see kill()
         self.kill()
+
+
+class WorkerPool:
+    """Workers started together, stopped together (close(), or at garbage collection or interpreter exit for a pool
+    nobody closed), one replaced at a time. `start()` makes one WorkerProcess; every worker starts before any is
+    waited for. What the reward runner and the tools runner (finetune/train/grpo/tools.py) share."""
+
+    def __init__(self, start, count: int):
+        self._start = start
+        self.workers: list[WorkerProcess] = []
+        # the same list object for the pool's whole life: replacing a worker mutates it, so the finalizer stops the
+        # live ones
+        self._finalizer = weakref.finalize(self, stop_all, self.workers)
+        try:
+            for _ in range(count):
+                self.workers.append(start())
+            for worker in self.workers:
+                worker.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def replace(self, index: int) -> WorkerProcess:
+        """Kill worker `index` (its process group) and put a fresh, loaded one in its place."""
+        self.workers[index].kill()
+        self.workers[index] = self._start()
+        self.workers[index].wait_ready()
+        return self.workers[index]
+
+    def close(self) -> None:
+        """Stop every worker and whatever it started. Safe to call twice."""
+        self._finalizer()
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
 
 
 def stop_all(workers: list[WorkerProcess]) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import time
-import weakref
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -33,7 +32,7 @@ from pathlib import Path
 from finetune.errors import RewardError
 from finetune.log import get_logger
 from finetune.reward_functions import RESERVED, reward_name
-from finetune.train.grpo.reward_worker import OUTPUT_CAP, START_METHOD, WorkerProcess, stop_all
+from finetune.train.grpo.reward_worker import OUTPUT_CAP, START_METHOD, WorkerPool, WorkerProcess
 
 log = get_logger(__name__)
 
@@ -104,15 +103,20 @@ class RewardRunner:
     recipe's rewards (default: among these)."""
 
     def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS,
-                 counted_in: str | None = "run.json", names: list[str] | None = None):
+                 counted_in: str | None = "run.json", names: list[str] | None = None,
+                 external: tuple[str, ...] = ()):
+        """`external`: rewards the caller computes itself and hands to score() (an environment's get_reward(),
+        weight 1, named after its class: finetune/train/grpo/episodes.py), kept and counted like the functions'."""
         self.specs = [as_spec(s) for s in specs]
-        if not self.specs:
+        if not self.specs and not external:
             raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
         if any(s.function is None for s in self.specs):
             raise ValueError("RewardRunner runs reward functions; reward models score in the training process "
                              "(finetune/train/grpo/reward_models.py)")
-        self.names = list(names) if names is not None else unique_names([s.function for s in self.specs])
-        self.weights = [s.weight for s in self.specs]
+        self.external = tuple(external)
+        self.names = (list(names) if names is not None else unique_names([s.function for s in self.specs])) \
+            + list(self.external)
+        self.weights = [s.weight for s in self.specs] + [1.0] * len(self.external)
         self.base_dir = Path(base_dir)
         self.max_failed_steps = max_failed_steps
         self.counted_in = counted_in
@@ -122,22 +126,10 @@ class RewardRunner:
         self.failures = {name: Counter() for name in self.names}  # name -> kind -> batches it failed
         self.first_messages: dict[str, dict[str, str]] = {name: {} for name in self.names}
         self.failed_steps = 0  # consecutive batches in which no function gave any value
-        self._context = get_context(START_METHOD)
-        self._workers: list[WorkerProcess] = []
-        # the same list object for the runner's whole life: replacing a worker mutates it, so the finalizer (at
-        # garbage collection or interpreter exit, for a runner nobody closed) stops the live ones
-        self._finalizer = weakref.finalize(self, stop_all, self._workers)
-        try:
-            for _ in range(max(1, min(workers, len(self.specs)))):
-                self._workers.append(self._start())  # every worker starts before any is waited for
-            for worker in self._workers:
-                worker.wait_ready()
-        except BaseException:
-            self.close()
-            raise
-
-    def _start(self) -> WorkerProcess:
-        return WorkerProcess(self._context, [s.function for s in self.specs], self.base_dir)
+        context, functions = get_context(START_METHOD), [s.function for s in self.specs]
+        self._pool = WorkerPool(lambda: WorkerProcess(context, functions, self.base_dir),
+                                min(max(1, workers), len(self.specs)))
+        self._workers = self._pool.workers
 
     def __enter__(self) -> RewardRunner:
         return self
@@ -147,21 +139,22 @@ class RewardRunner:
 
     def close(self) -> None:
         """Stop every worker and whatever its reward functions started. Safe to call twice."""
-        self._finalizer()
+        self._pool.close()
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return self._pool.closed
 
     def worker_pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
+        return self._pool.pids()
 
     # --- one batch ---------------------------------------------------------------------------------------------
     def score(self, prompts: list, completions: list, completion_ids: list, columns: dict | None = None,
-              trainer_state: dict | None = None) -> RewardBatch:
+              trainer_state: dict | None = None, external: dict[str, tuple] | None = None) -> RewardBatch:
         """Every function's rewards for a batch. `columns`: the records' other columns, one value per completion;
         `trainer_state`: e.g. {"global_step": 10, "max_steps": 100}, read by the functions as
-        `trainer_state.global_step` (TRL passes its TrainerState; None when not given)."""
+        `trainer_state.global_step` (TRL passes its TrainerState; None when not given); `external`: each external
+        reward's outcome, ("ok", values) or ("failed", kind, message)."""
         if self.closed:
             raise RuntimeError("this RewardRunner is closed")
         columns = dict(columns or {})
@@ -179,7 +172,7 @@ class RewardRunner:
                  "completion_ids": [list(ids) for ids in completion_ids], "columns": columns,
                  "trainer_state": dict(trainer_state) if trainer_state is not None else None}
         try:
-            outcomes = self._run_all(batch)
+            outcomes = self._run_all(batch) + [(*(external or {})[name], {}) for name in self.external]
         except BaseException:  # interrupted mid-batch (Ctrl-C): calls are in flight, so the workers cannot be reused
             self.close()
             raise
@@ -223,9 +216,7 @@ class RewardRunner:
             return ("failed", "exception", f"its worker process died (exit code {code})", {})
 
     def _replace(self, slot: int) -> None:
-        self._workers[slot].kill()
-        self._workers[slot] = self._start()
-        self._workers[slot].wait_ready()
+        self._pool.replace(slot)
 
     def _record(self, outcomes: list[tuple], n: int) -> RewardBatch:
         result = RewardBatch(list(self.names), [])
@@ -285,8 +276,9 @@ class RewardRunner:
     def failure_summary(self) -> dict:
         """For run.json: per function, its spec, calls, the calls that gave a value, failures by kind and the first
         message of each kind, and what it printed (calls, bytes, calls over the cap)."""
-        return {name: {"function": spec.function, "calls": self.calls[name], "calls_with_a_value": self.valued[name],
+        functions = [s.function for s in self.specs] + [f"{name}.get_reward" for name in self.external]
+        return {name: {"function": function, "calls": self.calls[name], "calls_with_a_value": self.valued[name],
                        "failures": {k: self.failures[name][k] for k in FAILURE_KINDS if self.failures[name][k]},
                        "first_messages": dict(self.first_messages[name]),
                        **({"printed": dict(self.printed[name])} if self.printed[name] else {})}
-                for name, spec in zip(self.names, self.specs)}
+                for name, function in zip(self.names, functions)}

@@ -90,15 +90,33 @@ def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prom
     from finetune.train.grpo.reward_models import RewardSet
     from finetune.train.grpo.sampler import GroupSampler
 
+    from finetune.train.grpo.agent_check import check_prompts, uses_agents
+
+    agents = None
+    if uses_agents(recipe):  # tools / an environment: episodes instead of one-turn completions
+        from finetune.train.grpo.agents import Agents
+
+        from finetune.recipe.methods import method_setting
+
+        first = [json.loads(r) for r in prepared.train[:8]["record"]]
+        check_prompts(first, plain=(prepared.stats.get("formats") or {}).get("completion", 0))
+        agents = Agents.start(recipe, tokenizer, Path.cwd())
+        agents.check_room(first, recipe.sequence_len - method_setting(recipe, "max_completion_length"))
     # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder; reward
     # models load on the training device, in the run's precision
-    runner = RewardSet(recipe.rewards, base_dir=Path.cwd(), device=device, dtype=precision)
+    try:
+        runner = RewardSet(recipe.rewards, base_dir=Path.cwd(), device=device, dtype=precision,
+                           external=agents.external_rewards if agents else ())
+    except BaseException:
+        if agents is not None:
+            agents.close()
+        raise
     if not packs:
         log.info("GRPO scoring: each completion in a row of its own (this model family's packed rows are not "
                  "isolated: docs/models.md)")
     return {"grpo": grpo_settings(recipe, tokenizer, prepared, share_prompt and packs, packs), "rewards": runner,
             "sampler": GroupSampler(len(prepared.train), step_shape(recipe, world_size), recipe.seed),
-            "samples_path": Path(recipe.output_dir) / SAMPLES_FILE}
+            "samples_path": Path(recipe.output_dir) / SAMPLES_FILE, "agents": agents}
 
 
 def grpo_record(recipe, trainer) -> dict:
@@ -115,8 +133,10 @@ def grpo_record(recipe, trainer) -> dict:
             "seconds_per_generated_token": (loop / tokens) if loop and tokens else float("nan"),
             "shared_prompt": trainer.grpo.share_prompt,
             "reward_failures": trainer.rewards.failure_summary(),
+            **({"agents": trainer.agents.summary()} if trainer.agents is not None else {}),
             "last_metrics": {k: v for k, v in last.items() if k.startswith(("reward", "completions/", "frac_", "kl",
-                                                                             "entropy", "clip_ratio"))},
+                                                                             "entropy", "clip_ratio", "tools/",
+                                                                             "episodes/"))},
             "samples": str(Path(recipe.output_dir) / SAMPLES_FILE)}
 
 
@@ -133,8 +153,24 @@ def done_grpo(summary: dict, output_dir) -> dict:
         raise RewardError(f"the run ended after {summary['steps']} steps without a single reward: "
                           f"{curves['reason']}. run.json and diagnosis.json are in {output_dir}; the model saved "
                           "there learned nothing from a reward")
+    if grpo.get("agents"):
+        log.info(tool_words(grpo["agents"], grpo.get("last_metrics") or {}))
     log.info(f"done: {summary['steps']} steps, {reward_words(summary)}; saved to {output_dir}")
     return summary
+
+
+def tool_words(agents: dict, last: dict) -> str:
+    """`agents: 0.88 tool calls per episode, 12% failed (last step); failures: timeout 2, exception 1; 2 workers
+    replaced`."""
+    failures = ", ".join(f"{kind} {n}" for kind, n in sorted(agents["failures"].items(), key=lambda kv: -kv[1]))
+    calls = last.get("tools/call_frequency")
+    words = (f"agents: {calls:.2f} tool calls per episode, {last.get('tools/failure_frequency', 0.0):.0%} failed (last "
+             "step)" if calls is not None else "agents: no tool calls logged")
+    if failures:
+        words += f"; failures over the run: {failures}"
+    if agents["workers_replaced"]:
+        words += f"; {agents['workers_replaced']} tool workers replaced"
+    return words
 
 
 def reward_words(summary: dict) -> str:

@@ -75,18 +75,26 @@ def build_step(trainer, slots: list[dict], step: int):
     settings: GRPOSettings = trainer.grpo
     prompts = _prompts(_rows(slots), settings.group)
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    records = [p["record"] for p in prompts for _ in range(settings.group)]
+    seed = generation_seed(settings.seed, step, trainer.accelerator.process_index)
     started = time.perf_counter()
-    completions = generate_completions(
-        model, [p["prompt_ids"] for p in prompts], settings.group, settings.max_completion_length,
-        seed=generation_seed(settings.seed, step, trainer.accelerator.process_index), eos_ids=list(settings.eos_ids),
-        pad_id=settings.pad_id, temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    external = {}
+    if trainer.agents is not None:  # tools: multi-turn episodes, token in, token out (agents.py, episodes.py)
+        completions, external = trainer.agents.run_step(model, records, seed, settings,
+                                                        model.config.max_position_embeddings)
+        prompt_ids = completions.prompt_ids
+    else:
+        completions = generate_completions(
+            model, [p["prompt_ids"] for p in prompts], settings.group, settings.max_completion_length, seed=seed,
+            eos_ids=list(settings.eos_ids), pad_id=settings.pad_id, temperature=settings.temperature,
+            top_p=settings.top_p, top_k=settings.top_k)
+        prompt_ids = [p["prompt_ids"] for p in prompts for _ in range(settings.group)]
     trainer.generation_seconds += time.perf_counter() - started
     trainer.generated_completions += len(completions.ids)
     trainer.generated_tokens += sum(completions.lengths)
-    records = [p["record"] for p in prompts for _ in range(settings.group)]
     state = {"global_step": step, "max_steps": trainer.state.max_steps, "epoch": trainer.state.epoch}  # TRL's fields
     batch = trainer.rewards.score(**reward_inputs(trainer.processing_class, records, completions, settings.chat),
-                                  trainer_state=state)
+                                  trainer_state=state, external=external)
     values = torch.tensor(batch.values, dtype=torch.float32).T  # [N, F], NaN where missing
     weights = torch.tensor(trainer.rewards.weights, dtype=torch.float32)
     adv = group_advantages(values, weights, settings.group, settings.scale_rewards)  # raw: what is logged
@@ -95,8 +103,7 @@ def build_step(trainer, slots: list[dict], step: int):
         adv = dataclasses.replace(adv, advantages=group_advantages(
             zscore_groups(values, normalize, settings.group), weights, settings.group, settings.scale_rewards
         ).advantages)
-    micro = micro_batches([p["prompt_ids"] for p in prompts for _ in range(settings.group)], completions,
-                          adv.advantages, settings)
+    micro = micro_batches(prompt_ids, completions, adv.advantages, settings)
     _add_logps(trainer, model, micro, settings)
     normalizer = step_normalizer_all(trainer, micro, settings)
     metrics = step_metrics(adv, completions, batch, trainer.rewards.names)
@@ -110,15 +117,21 @@ def reward_inputs(tokenizer, records: list[dict], completions, chat: bool) -> di
     from finetune.data.grpo.prompts import reward_columns
 
     texts = tokenizer.batch_decode(completions.ids, skip_special_tokens=True)
+    episodes = getattr(completions, "episodes", None)  # an episode: its assistant and tool turns, as TRL passes them
     return {"prompts": [r["prompt"] for r in records],
-            "completions": [[{"role": "assistant", "content": t}] for t in texts] if chat else texts,
+            "completions": ([e.messages for e in episodes] if episodes is not None else
+                            [[{"role": "assistant", "content": t}] for t in texts] if chat else texts),
             "completion_ids": [list(ids) for ids in completions.ids],
             "columns": reward_columns(records)}
 
 
 def micro_batches(prompt_ids: list[list[int]], completions, advantages, settings: GRPOSettings) -> list[dict]:
+    """`prompt_ids`: one per completion. An episode's mask (`completions.masks`) is 0 on its tool-result tokens:
+    they are scored as context, never trained on, never counted."""
     from finetune.train.grpo.loss import drop_truncated
 
+    masks = getattr(completions, "masks", None)
+    groups = _scoring_groups(prompt_ids, settings.group)
     out = []
     for start in range(0, len(prompt_ids), settings.micro_batch):
         ids = [list(c) for c in completions.ids[start:start + settings.micro_batch]]
@@ -127,11 +140,25 @@ def micro_batches(prompt_ids: list[list[int]], completions, advantages, settings
         mask = torch.zeros((len(ids), width), dtype=torch.float32)
         for i, c in enumerate(ids):
             padded[i, :len(c)], mask[i, :len(c)] = torch.tensor(c, dtype=torch.long), 1.0
-        if settings.mask_truncated:
+        if settings.mask_truncated:  # DAPO: a completion cut at max_completion_length trains nothing (TRL's rule)
             mask = drop_truncated(mask, padded, settings.eos_ids)
+        if masks is not None:  # after drop_truncated, which finds each completion's last token from its mask
+            for i, c in enumerate(ids):
+                mask[i, :len(c)] *= torch.tensor(masks[start + i], dtype=torch.float32)
         out.append({"prompt_ids": prompt_ids[start:start + settings.micro_batch], "completion_ids": ids,
-                    "group": [n // settings.group for n in range(start, start + len(ids))],
+                    "group": groups[start:start + len(ids)],
                     "completion_mask": mask, "advantages": advantages[start:start + settings.micro_batch].clone()})
+    return out
+
+
+def _scoring_groups(prompt_ids: list[list[int]], group: int) -> list[int]:
+    """Which completions scoring may put after one copy of their prompt: a group's G, unless their prompts differ
+    (an environment's observations), then each its own."""
+    out = []
+    for g in range(0, len(prompt_ids), group):
+        members = prompt_ids[g:g + group]
+        same = all(list(p) == list(members[0]) for p in members)
+        out += [g // group] * len(members) if same else [-(g + k) - 1 for k in range(len(members))]
     return out
 
 
@@ -171,11 +198,15 @@ def step_normalizer_all(trainer, micro: list[dict], settings: GRPOSettings) -> t
 
 def step_metrics(adv, completions, batch, names: list[str]) -> dict:
     """TRL's step metrics (name -> (value, weight 1)): averaged over the steps of a logging window."""
-    lengths = [len(c) for c in completions.ids]
+    lengths = completions.lengths  # an episode's: the tokens the model generated, its tool results left out
     metrics = {"reward": adv.reward_mean, "reward_std": adv.reward_std, "frac_reward_zero_std": adv.zero_std_groups,
                "completions/mean_length": sum(lengths) / len(lengths), "completions/min_length": min(lengths),
                "completions/max_length": max(lengths),
                "completions/clipped_ratio": sum(completions.is_truncated) / len(lengths)}
+    if getattr(completions, "episodes", None) is not None:
+        from finetune.train.grpo.episodes import episode_metrics
+
+        metrics.update(episode_metrics(completions))
     for i, name in enumerate(names):
         metrics[f"rewards/{name}/mean"] = float(adv.function_mean[i])
         metrics[f"rewards/{name}/std"] = float(adv.function_std[i])
@@ -191,14 +222,20 @@ def samples(prompts: list[dict], completions, adv, group: int, tokenizer, by_fun
     def value(v) -> float | None:
         return None if math.isnan(float(v)) else float(v)
 
+    episodes = getattr(completions, "episodes", None)
     out = []
     for g, prompt in enumerate(prompts[:SAMPLES_PER_LOG]):
         members = range(g * group, (g + 1) * group)
-        out.append({"prompt": prompt["record"]["prompt"],
-                    "completions": tokenizer.batch_decode([completions.ids[i] for i in members], skip_special_tokens=True),
-                    "rewards": [value(adv.rewards[i]) for i in members],
-                    "rewards_by_function": {name: [value(values[i]) for i in members]
-                                            for name, values in by_function.items()},
-                    "advantages": [round(float(adv.advantages[i]), 4) for i in members],
-                    "truncated": [bool(completions.is_truncated[i]) for i in members]})
+        entry = {"prompt": prompt["record"]["prompt"],
+                 "completions": tokenizer.batch_decode([completions.ids[i] for i in members], skip_special_tokens=True),
+                 "rewards": [value(adv.rewards[i]) for i in members],
+                 "rewards_by_function": {name: [value(values[i]) for i in members]
+                                         for name, values in by_function.items()},
+                 "advantages": [round(float(adv.advantages[i]), 4) for i in members],
+                 "truncated": [bool(completions.is_truncated[i]) for i in members]}
+        if episodes is not None:  # each episode turn by turn: the model's turns and the tool results (role "tool")
+            entry["episodes"] = [{"turns": episodes[i].messages, "calls": episodes[i].calls,
+                                  "failures": episodes[i].failures, "cut_by_cap": episodes[i].cut_by_cap,
+                                  "rolled_back": episodes[i].rolled_back} for i in members]
+        out.append(entry)
     return out

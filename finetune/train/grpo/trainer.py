@@ -30,9 +30,10 @@ log = get_logger(__name__)
 
 
 class GRPOTrainer(Trainer):
-    def __init__(self, *args, grpo, rewards, sampler, samples_path=None, **kwargs):
+    def __init__(self, *args, grpo, rewards, sampler, samples_path=None, agents=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.grpo, self.rewards, self.group_sampler = grpo, rewards, sampler
+        self.agents = agents  # tools / an environment: each step's completions are episodes (agents.py)
         self.samples_path = samples_path
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's normalizer itself
         self._cycle = None  # (first step of the generation, its micro batches, normalizer) while mu > 1 reuses it
@@ -85,6 +86,8 @@ class GRPOTrainer(Trainer):
             return super().train(*args, **kwargs)
         finally:
             self.rewards.close()  # the reward workers end with the run, however it ends
+            if self.agents is not None:
+                self.agents.close()
 
     # --- the loss ------------------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -1,6 +1,8 @@
 """What a GRPO run's curves say: reward rising / flat / no signal (groups tied) / truncated (completions hit the
 limit) / collapsed (entropy near 0) / length hacking (the reward rising only with the length), each with the numbers
-behind it; and the same look at the first generation, before the first step.
+behind it; and the same look at the first generation, before the first step. A run with tools is also watched for
+episodes that stop calling them ("stopped calling tools") or that the iteration cap keeps cutting ("tool cap"): either
+takes the verdict, the reward's kept as `reward_verdict`.
 
 Before any of those, whether the rewards gave values at all, however short the run: "no reward" when no function
 gave a single value in any logged step (every call failed or returned None: nothing was learned), "rewards failing"
@@ -19,6 +21,12 @@ TIED_SHARE = 0.9  # 9 groups in 10 tied: almost no step has a completion better 
 COLLAPSED_ENTROPY = 0.05  # nats per token: sampling is near greedy, every completion the same
 LENGTH_GROWTH = 1.5  # completions half as long again, and the reward tracking the length (correlation >= 0.9)
 LENGTH_CORRELATION = 0.9
+# Agents: tool calls per episode falling to half of the first third's (from at least one call in ten episodes):
+# the policy is learning to answer without its tools (verl #1569: nobody is told); nine episodes in ten cut by
+# max_tool_calling_iterations: the episodes never finish, the reward scores cut transcripts.
+CALLS_FALL = 0.5
+CALLS_FLOOR = 0.1
+CAPPED_SHARE = 0.9
 
 
 def is_grpo(log_history: list[dict]) -> bool:
@@ -99,11 +107,36 @@ def diagnose(log_history: list[dict], reward_failures: dict | None = None) -> di
     if failing and failing["verdict"] == "no reward":
         return failing
     result = _learning(log_history)
+    tools = _tool_use(log_history)
+    if tools:
+        result = {**result, **tools, "reward_verdict": result["verdict"],
+                  "reason": f"{tools['reason']}. The reward: {result['verdict']}: {result['reason']}"}
     if failing:
         inner = f"{result['verdict']}: {result['reason']}"
         return {**result, **failing, "reward_verdict": result["verdict"],
                 "reason": f"{failing['reason']}. Their reward: {inner}"}
     return result
+
+
+def _tool_use(log_history: list[dict]) -> dict | None:
+    """Episodes that stop calling tools, or that the iteration cap keeps cutting (a run with tools only)."""
+    calls = series(log_history, "tools/call_frequency")
+    if len(calls) < 3:
+        return None
+    first, last = _thirds(calls)
+    capped = _thirds(series(log_history, "episodes/cut_by_cap"))[1]
+    if capped >= CAPPED_SHARE:
+        return {"verdict": "tool cap", "cut_by_cap": round(capped, 4), "reason": (
+            f"{capped:.0%} of episodes (last third) were still calling tools when max_tool_calling_iterations ended "
+            "them: the rewards score unfinished episodes; raise max_tool_calling_iterations, or check that the tools "
+            "answer what the model asks (completions.jsonl shows each episode turn by turn)")}
+    if first >= CALLS_FLOOR and last <= CALLS_FALL * first:
+        return {"verdict": "stopped calling tools", "calls_first": round(first, 4), "calls_last": round(last, 4),
+                "reason": (f"tool calls per episode fell {first:.2f} -> {last:.2f} (first third -> last third): the "
+                           "policy is learning to answer without its tools; if the task needs them, reward their use "
+                           "(or the answers only a tool can give), and check the tools' failures "
+                           "(tools/failure_frequency, run.json's grpo.agents)")}
+    return None
 
 
 def _learning(log_history: list[dict]) -> dict:
