@@ -105,7 +105,11 @@ def gemma3():
         text_config=text_config(Gemma3TextConfig, tokenizer, head_dim=16, query_pre_attn_scalar=16),
         mm_tokens_per_image=4, boi_token_index=ids("<start_of_image>"), eoi_token_index=ids("<end_of_image>"),
         image_token_index=ids("<image_soft_token>"), tie_word_embeddings=False)
-    return Gemma3ForConditionalGeneration(config), processor
+    model = Gemma3ForConditionalGeneration(config)
+    # transformers starts the projector's input projection at zero, so an untrained tiny model's image features are
+    # all zero and no image changes its outputs: random values, so a test can tell images apart
+    model.model.multi_modal_projector.mm_input_projection_weight.data.normal_(0, 0.2)
+    return model, processor
 
 
 def qwen2_vl():

@@ -6,6 +6,9 @@ the modules trained in full (modules_to_save) copied in. It is written in full p
 The LoRA variants merge through peft too: rsLoRA's scale is alpha / sqrt(r); DoRA's weight is
 m * (W + s*B@A) / |W + s*B@A| per output row; a PiSSA / OLoRA run saved its adapter converted for the original
 base (finetune/model/lora_variants.py), so it merges like any LoRA (tests/test_lora_variants.py checks each).
+A vision-language run merges whole: the tower, the projector and the language model (adapted or not), with the
+run's processor (tokenizer, image processor, chat template) beside them, so AutoModelForImageTextToText and
+AutoProcessor load the folder as they load the base.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 from finetune.atomic import honour_umask, temp_dir
 from finetune.errors import ModelError
-from finetune.model.trained import Trained, load_adapter_model
+from finetune.model.trained import Trained, load_adapter_model, saved_processor
 
 
 def _keep_prompt_format(run_folder: Path, merged_folder: Path) -> None:
@@ -35,11 +38,12 @@ def merge_adapter(trained: Trained, out_dir: Path, dtype: str = "fp32") -> Path:
                          "it can be used as it is")
     model, tokenizer = load_adapter_model(trained, dtype)
     merged = model.merge_and_unload()
+    processor = saved_processor(trained)  # a vision-language run's: it saves the tokenizer with the image side
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir(out_dir)  # honours the umask, like any other tool's output
     try:
         merged.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
+        (processor or tokenizer).save_pretrained(str(tmp))
         _keep_prompt_format(trained.folder, tmp)
         honour_umask(tmp)  # safetensors writes 0600 files (finetune/atomic.py)
         if out_dir.exists():

@@ -1,10 +1,13 @@
 """A trained run: find its adapter or model (a recipe's output_dir or a folder) and load it for use.
 
-Serving (inference.py), evaluation and export (finetune/export/: merge, GGUF) all start here.
+Serving (inference.py), evaluation and export (finetune/export/: merge, GGUF) all start here. A vision-language run
+(its base, or its full model, is one transformers loads with AutoModelForImageTextToText) loads with that class, and
+its processor (tokenizer, image processor, chat template) is the one the run saved beside the adapter or model.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +15,7 @@ from pathlib import Path
 from finetune.errors import ModelError
 
 DTYPES = ("fp32", "bf16", "fp16")
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")  # what AutoProcessor reads first
 
 
 @dataclass
@@ -24,6 +28,19 @@ class Trained:
     recipe: object | None = None
     checkpoint_of: Path | None = None  # a checkpoint evaluated in place of a run that did not finish: its output_dir
     checkpoint_step: int | None = None
+
+    @functools.cached_property
+    def vision(self) -> bool:
+        """Whether the run is a vision-language model's: read from its base's config (an adapter) or its own."""
+        from finetune.model.vision import is_vision_source
+
+        return is_vision_source(self.base_source if self.is_adapter else str(self.folder))
+
+    def model_class(self):
+        """The Auto class that loads the run's model (and its base): image-text-to-text or causal LM."""
+        from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText if self.vision else AutoModelForCausalLM
 
 
 def is_recipe_path(target: str) -> bool:
@@ -126,18 +143,44 @@ def saved_tokenizer(folder):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def saved_processor(trained: Trained):
+    """A vision-language run's processor as the run saved it (its tokenizer and chat template included); None for a
+    text run. A folder without one (an adapter copied alone) gets its base's processor with the run's tokenizer."""
+    if not trained.vision:
+        return None
+    from transformers import AutoProcessor
+
+    for source in (trained.folder, trained.base_source):
+        if source is not None and any((Path(source) / name).is_file() for name in PROCESSOR_FILES):
+            processor = AutoProcessor.from_pretrained(str(source))
+            if Path(source) != trained.folder:
+                processor.tokenizer = saved_tokenizer(trained.folder)
+            return processor
+    raise ModelError(f"`{trained.folder}` holds a vision-language model's run but no processor "
+                     f"({' / '.join(PROCESSOR_FILES)}) beside it or its base: copy the base model's processor files "
+                     "into the run folder")
+
+
+def load_full_model(trained: Trained, dtype: str = "fp32"):
+    """A fully fine-tuned run's model, with its own Auto class (a vision-language model whole)."""
+    try:
+        return trained.model_class().from_pretrained(str(trained.folder), dtype=torch_dtype(dtype))
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load the model in `{trained.folder}` ({exc.__class__.__name__}: "
+                         f"{str(exc)[:200]})") from None
+
+
 def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None, tokenizer=None):
     """(PeftModel, tokenizer): the base (unquantized unless asked), grown to the run's vocabulary, plus the adapter.
     `tokenizer`: the run's, when the caller has loaded it already."""
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     from finetune.model.loader import _not_found
 
     tokenizer = tokenizer or saved_tokenizer(trained.folder)
     try:
-        base = AutoModelForCausalLM.from_pretrained(trained.base_source, dtype=torch_dtype(dtype),
-                                                    quantization_config=quantization_config)
+        base = trained.model_class().from_pretrained(trained.base_source, dtype=torch_dtype(dtype),
+                                                     quantization_config=quantization_config)
     except (OSError, ValueError) as exc:
         raise _not_found(trained.base_source, exc) from None
     if len(tokenizer) > base.get_input_embeddings().num_embeddings:

@@ -201,3 +201,16 @@ def describe_parts(model, recipe, adapted: list[str] | None = None) -> str:
 
 def log_parts(model, recipe, adapted: list[str] | None = None) -> None:
     get_logger(__name__).info(f"vision-language model: {describe_parts(model, recipe, adapted)}")
+
+
+def is_vision_source(source: str | None, trust_remote_code: bool = False) -> bool:
+    """Whether a model folder or hub id holds a vision-language model (False when its config cannot be read here:
+    the loader that follows says why)."""
+    if source is None:
+        return False
+    from transformers import AutoConfig
+
+    try:
+        return is_image_text_config(AutoConfig.from_pretrained(str(source), trust_remote_code=trust_remote_code))
+    except (OSError, ValueError):
+        return False
