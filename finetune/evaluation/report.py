@@ -96,7 +96,23 @@ def verdict(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was evaluated"
 
 
-def markdown(report: dict, other: dict | None = None) -> str:
+def image_lines(images: list[str], out_dir: Path | None) -> list[str]:
+    """A prompt's images as a list under it: each file linked relative to the report (a markdown viewer shows it);
+    an image without a file (base64 in the records) as what it is."""
+    from urllib.parse import quote
+
+    lines = []
+    for i, image in enumerate(images, 1):
+        if out_dir is not None and os.path.isabs(image):
+            target = quote(os.path.relpath(image, out_dir).replace(os.sep, "/"))
+            lines.append(f"- <image {i}>: [{Path(image).name}]({target}) (`{image}`)")
+        else:
+            lines.append(f"- <image {i}>: {image}")
+    return ["images:", "", *lines, ""]
+
+
+def markdown(report: dict, other: dict | None = None, out_dir: Path | None = None) -> str:
+    """report.md; `out_dir`: where it is written (the prompts' images are linked relative to it)."""
     lines = [f"# Evaluation of `{report['run']}`", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"- model: {report['model']}", *([f"- base: {report['base']}"] if report.get("base") else []),
               f"- prompt format: {report['prompt_format']}",
@@ -122,7 +138,8 @@ def markdown(report: dict, other: dict | None = None) -> str:
         lines += ["## Answers", "", f"Greedy, at most {gen['max_new_tokens']} new tokens, {gen['prompt_format']} "
                   "format. ended / empty / loops are the checks (docs/evaluation.md).", ""]
         for i, row in enumerate(gen["prompts"], 1):
-            lines += [f"### Prompt {i}", "", "```text", row["prompt"], "```", "", f"reference: {row['reference']}", ""]
+            lines += [f"### Prompt {i}", "", "```text", row["prompt"], "```", ""]
+            lines += image_lines(row.get("images") or [], out_dir) + [f"reference: {row['reference']}", ""]
             for side in ("base", "tuned", "gguf"):
                 if side in row:
                     c = row[side]
@@ -202,6 +219,6 @@ def write_report(report: dict, out_dir: Path, other: dict | None = None) -> Path
     if other is not None:
         report = {**report, "compared_with": other.get("run")}
     plot(report, out_dir / "report.png")
-    write_text_atomic(out_dir / "report.md", markdown(report, other))
+    write_text_atomic(out_dir / "report.md", markdown(report, other, out_dir.resolve()))
     write_text_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str))
     return out_dir
