@@ -129,3 +129,86 @@ def test_image_mistakes_are_one_message_before_any_model_loads(run, tiny_model_d
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, (argv, err)
+
+
+# --- the runs page ---------------------------------------------------------------------------------------------
+
+HOSTILE = "<img src=x onerror=window.__pwned=1>.png"  # an image path that would run script if it became markup
+
+
+@pytest.fixture(scope="module")
+def page(run, tmp_path_factory):
+    """The runs page of the run, with a third eval sample whose images are a hostile path and a file gone."""
+    import shutil
+
+    root, _ = run
+    folder = tmp_path_factory.mktemp("vision-page")
+    shutil.copytree(root / "out", folder / "out")  # the run's own report stays as eval wrote it
+    report_path = folder / "out" / "eval" / "report.json"
+    report = json.loads(report_path.read_text())
+    extra = {**report["generation"]["prompts"][0], "images": [f"/nowhere/{HOSTILE}", str(root / "gone.png")]}
+    report["generation"]["prompts"].append(extra)
+    report_path.write_text(json.dumps(report))
+    assert main(["runs", str(folder / "out"), "-o", str(folder / "runs.html")]) == 0
+    return folder / "runs.html"
+
+
+def test_the_runs_page_inlines_each_samples_image_as_a_thumbnail(run, page):
+    import base64
+    import io
+
+    from PIL import Image
+    from test_runs import embedded
+
+    _, images = run
+    [data] = embedded(page.read_text())["runs"]
+    samples = [s for s in data["samples"] if s["source"] == "eval"]
+    assert len(samples) == 3
+    for sample in samples[:2]:
+        [image] = sample["images"]
+        assert image["thumbnail"].startswith("data:image/jpeg;base64,")
+        thumb = Image.open(io.BytesIO(base64.b64decode(image["thumbnail"].split(",", 1)[1])))
+        colour = next(name for name, path in images.items() if path.rsplit("/", 1)[1] == image["path"].rsplit("/", 1)[1])
+        assert thumb.size == (20, 16)  # small enough already: kept as it is
+        assert all(abs(a - b) < 12 for a, b in zip(thumb.getpixel((10, 8)), COLOURS[colour]))
+        assert image["path"].endswith(f"{colour}.png") and sample["reference"] == colour
+    assert [i["thumbnail"] for i in samples[2]["images"]] == [None, None]  # no file: the path alone
+    assert samples[2]["images"][0]["path"] == f"/nowhere/{HOSTILE}"
+    assert "<img" not in page.read_text().split('id="runs-data">', 1)[1].split("</script>", 1)[0]
+
+
+def test_a_thumbnail_is_at_most_its_edge_and_keeps_the_aspect(tmp_path):
+    from PIL import Image
+
+    from finetune.runs.read import THUMBNAIL_EDGE, _images
+
+    path = tmp_path / "wide.png"
+    Image.new("RGB", (1200, 300), (10, 20, 30)).save(path)
+    budget = [1]
+    first, second = _images([str(path), str(path)], budget)
+    import base64
+    import io
+
+    thumb = Image.open(io.BytesIO(base64.b64decode(first["thumbnail"].split(",", 1)[1])))
+    assert thumb.size == (THUMBNAIL_EDGE, THUMBNAIL_EDGE // 4)
+    assert second["thumbnail"] is None and budget == [0]  # past the page's budget: the path alone
+
+
+@pytest.mark.browser
+def test_the_page_shows_the_images_beside_their_answers_in_a_browser(page, driver):
+    driver.get(page.as_uri())
+    shown = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#sample-list .sample')).map(s => ({"
+        "images: Array.from(s.querySelectorAll('figure img')).map(i => [i.naturalWidth, i.complete]),"
+        "captions: Array.from(s.querySelectorAll('figcaption')).map(c => c.textContent),"
+        "answers: s.querySelectorAll('pre.answer').length}))")
+    eval_samples = shown[:3]
+    for sample in eval_samples[:2]:
+        assert sample["images"] == [[20, True]] and sample["answers"] == 2  # decoded, beside base and tuned
+        assert sample["captions"][0].startswith("<image 1> /")
+    assert eval_samples[2]["images"] == [] and eval_samples[2]["captions"][0] == f"<image 1> /nowhere/{HOSTILE}"
+    assert driver.execute_script("return window.__pwned") is None
+    assert driver.get_log("browser") == []  # no CSP violation: the thumbnails are data: images
+
+
+from test_runs import driver  # noqa: E402,F401  (the headless Chromium fixture; skips without chromium)

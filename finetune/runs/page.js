@@ -278,6 +278,7 @@
       (sample.step !== null && sample.step !== undefined ? " \u00b7 step " + sample.step : "");
     var node = el("div", {cls: "sample"}, el("div", {cls: "meta", text: meta}), el("div", {text: "prompt"}),
                   el("pre", {cls: "prompt", text: sample.prompt}));
+    if (sample.images && sample.images.length) node.appendChild(imageStrip(sample.images));
     if (sample.reference) node.appendChild(el("div", {cls: "meta", text: "reference: " + sample.reference}));
     sample.answers.forEach(function (a) {
       var label = a.label + (typeof a.reward === "number" ? " (reward " + fmt(a.reward) + ")" : "");
@@ -285,6 +286,25 @@
       node.appendChild(el("pre", {cls: "answer", text: a.text}));
     });
     return node;
+  }
+
+  // a prompt's images, beside its answers: the thumbnails page.py's reader inlined (data: URIs, which alone the
+  // page's Content-Security-Policy lets an <img> show), each captioned with its path as text
+  var THUMBNAIL = "data:image/jpeg;base64,";
+  function imageStrip(images) {
+    var strip = el("div", {cls: "images"});
+    images.forEach(function (image, i) {
+      var name = "<image " + (i + 1) + ">";
+      var fig = el("figure", {});
+      if (typeof image.thumbnail === "string" && image.thumbnail.indexOf(THUMBNAIL) === 0) {
+        fig.appendChild(el("img", {src: image.thumbnail, alt: name + " " + image.path}));
+      } else {
+        fig.appendChild(el("div", {cls: "no-image muted", text: "(not readable here)"}));
+      }
+      fig.appendChild(el("figcaption", {text: name + " " + image.path}));
+      strip.appendChild(fig);
+    });
+    return strip;
   }
 
   function samples() {
@@ -300,7 +320,8 @@
       list.textContent = "";
       all.forEach(function (pair) {
         var s = pair[1];
-        var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) { return a.text; })).join("\n").toLowerCase();
+        var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) { return a.text; }))
+          .concat((s.images || []).map(function (image) { return image.path; })).join("\n").toLowerCase();
         if (q && hay.indexOf(q) < 0) return;
         shown++;
         if (shown <= 300) list.appendChild(sampleNode(pair[0], s));
