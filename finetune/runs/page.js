@@ -289,7 +289,7 @@
   }
 
   // a prompt's images, beside its answers: the thumbnails page.py's reader inlined (data: URIs, which alone the
-  // page's Content-Security-Policy lets an <img> show), each captioned with its path as text
+  // page's Content-Security-Policy lets an image element show), each captioned with its path as text
   var THUMBNAIL = "data:image/jpeg;base64,";
   function imageStrip(images) {
     var strip = el("div", {cls: "images"});
