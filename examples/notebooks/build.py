@@ -1076,14 +1076,15 @@ N_HELDOUT = 16              # pictures the model never sees in training
 MAX_STEPS = 16              # optimizer steps: 16 x 8 = 128 pictures, one epoch
 MICRO_BATCH_SIZE = 8
 LEARNING_RATE = 3e-3        # the projector alone, from random weights: a high rate
-IMAGE_EDGE = 16             # pixels a side: one 16 x 16 picture is one image token after the projector
+IMAGE_EDGE = 32             # pixels a side: 4 x 4 patches of 8 px, shuffled 2 x 2 by the projector: 4 image tokens
 ''', tags=("parameters",)),
         md("""
 ## 1. A vision-language model: SmolLM2 behind a random vision tower
 
-The same layout as SmolVLM (`Idefics3ForConditionalGeneration`): the tower cuts a picture into 8 x 8 patches, the
+The same layout as SmolVLM (`Idefics3ForConditionalGeneration`): the tower cuts a picture into 8-px patches, the
 projector shuffles each 2 x 2 block of patch features into one vector of the language model's width, and the
-processor writes `<fake_token_around_image><global-img><image><fake_token_around_image>` where the picture sits.
+processor writes `<fake_token_around_image><global-img>`, the image tokens and `<fake_token_around_image>` where the
+picture sits.
 The language model's weights are SmolLM2's, loaded into the new model unchanged; the chat template is ChatML that
 renders an image part as `<image>`.
 """),
