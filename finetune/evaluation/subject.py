@@ -165,6 +165,9 @@ def find_gguf(subject: Subject, given: str | None) -> Path | None:
             raise FinetuneError(f"--gguf: `{given}` would be evaluated without its images: transformers loads only "
                                 "the language model of a GGUF, not llama.cpp's mmproj file. Evaluate the merged "
                                 "model (`finetune merge`, then `finetune eval` on the run) or the GGUF in llama.cpp")
+        if any((subject.folder / GGUF_DIR).glob("*.gguf")):
+            log.info(f"{subject.folder / GGUF_DIR}: a vision-language run's GGUF is not evaluated here (transformers "
+                     "reads its language model only, without llama.cpp's mmproj file)")
         return None
     if given:
         if not Path(given).is_file():
