@@ -157,16 +157,21 @@ def trl_trainer(args, mode: str):
                       peft_config=peft_config)
 
 
-def worker_trl(args) -> dict:
-    trainer = trl_trainer(args, args.trl_mode)
-    counter = Counter(trainer.data_collator)
-    trainer.data_collator = counter
+def counted_training(trainer, work: str, counter=Counter) -> dict:
+    """Train a TRL trainer with its collator counted, save the adapter; the numbers both benches print."""
+    counted = counter(trainer.data_collator)
+    trainer.data_collator = counted
     result = trainer.train()
-    trainer.save_model(str(Path(args.work) / "out"))
+    trainer.save_model(str(Path(work) / "out"))
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": trainer.state.global_step, "final_loss": losses[-1], "mean_loss": result.training_loss,
-            "train_runtime_s": result.metrics["train_runtime"], "slots": counter.slots, "real": counter.real,
-            "supervised": counter.supervised, "attn": trainer.model.config._attn_implementation,
+            "train_runtime_s": result.metrics["train_runtime"], "slots": counted.slots, "real": counted.real,
+            "supervised": counted.supervised}
+
+
+def worker_trl(args) -> dict:
+    trainer = trl_trainer(args, args.trl_mode)
+    return {**counted_training(trainer, args.work), "attn": trainer.model.config._attn_implementation,
             "padding_free": bool(getattr(trainer, "padding_free", False))}
 
 

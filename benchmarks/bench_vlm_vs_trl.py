@@ -42,7 +42,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_train_vs_trl import HYPER, ROOT, Counter, model_path_for, worker_finetune  # noqa: E402  (the SFT bench's)
+from bench_train_vs_trl import HYPER, ROOT, Counter, counted_training, model_path_for, worker_finetune  # noqa: E402
 
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's finetune; tiny_vision's builders
 
@@ -130,14 +130,7 @@ def worker_trl(args) -> dict:
                              target_modules=lora_layers(args.model_path), task_type="CAUSAL_LM")
     trainer = SFTTrainer(model=args.model_path, args=config, train_dataset=trl_dataset(args.data),
                          processing_class=AutoProcessor.from_pretrained(args.model_path), peft_config=peft_config)
-    counter = BatchCounter(trainer.data_collator)
-    trainer.data_collator = counter
-    result = trainer.train()
-    trainer.save_model(str(Path(args.work) / "out"))
-    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    return {"steps": trainer.state.global_step, "final_loss": losses[-1], "mean_loss": result.training_loss,
-            "train_runtime_s": result.metrics["train_runtime"], "slots": counter.slots, "real": counter.real,
-            "supervised": counter.supervised}
+    return counted_training(trainer, args.work, BatchCounter)
 
 
 def worker(args) -> dict:
