@@ -75,7 +75,8 @@ class Counter:
         return batch
 
 
-def worker_finetune(args) -> dict:
+def worker_finetune(args, recipe_extra: dict | None = None) -> dict:
+    """`recipe_extra`: keys that replace this comparison's (bench_moe_vs_trl.py: its LoRA targets)."""
     import yaml
 
     import finetune.data.collate as collate_module
@@ -110,7 +111,7 @@ def worker_finetune(args) -> dict:
         "warmup_steps": 0, "seed": HYPER["seed"], "precision": "fp32", "attn_implementation": "sdpa",
         "logging_steps": 1, "report_to": ["none"], "output_dir": str(work / "out"),
         "dataset_prepared_path": str(work / "prepared"),  # fresh: tokenization is part of the measured time
-        "cache_dir": args.cache_dir,
+        "cache_dir": args.cache_dir, **(recipe_extra or {}),
     }
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
     loaded = load_recipe(work / "recipe.yml")
@@ -121,14 +122,17 @@ def worker_finetune(args) -> dict:
     c = counters[-1]
     return {"steps": summary["steps"], "final_loss": losses[-1], "mean_loss": train_end[-1]["train_loss"],
             "train_runtime_s": summary["train_runtime_s"], "slots": c.slots, "real": c.real,
-            "supervised": c.supervised, "packing_efficiency": summary["data"]["packing"]["train"]["efficiency"]}
+            "supervised": c.supervised, "packing_efficiency": summary["data"]["packing"]["train"]["efficiency"],
+            "trainable": summary["trainable_parameters"],
+            "aux": [e.get("router_aux_loss") for e in summary["log_history"] if "loss" in e][-1]}  # MoE models
 
 
 TRL_MODES = ("default", "packed")
 
 
-def trl_trainer(args, mode: str):
-    """TRL's SFTTrainer on the same pre-tokenized input_ids + labels, in one of its two configurations."""
+def trl_trainer(args, mode: str, lora_extra: dict | None = None):
+    """TRL's SFTTrainer on the same pre-tokenized input_ids + labels, in one of its two configurations.
+    `lora_extra`: LoraConfig settings that replace this comparison's (bench_moe_vs_trl.py)."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoTokenizer
@@ -151,8 +155,9 @@ def trl_trainer(args, mode: str):
         bf16=False, fp16=False, gradient_checkpointing=False,  # like for like on CPU (see the module doc)
         model_init_kwargs={"dtype": "float32", "attn_implementation": "sdpa"}, **shape,
     )
-    peft_config = LoraConfig(r=HYPER["lora_r"], lora_alpha=HYPER["lora_alpha"], lora_dropout=HYPER["lora_dropout"],
-                             target_modules="all-linear", task_type="CAUSAL_LM")
+    peft_config = LoraConfig(**{"r": HYPER["lora_r"], "lora_alpha": HYPER["lora_alpha"],
+                                "lora_dropout": HYPER["lora_dropout"], "target_modules": "all-linear",
+                                "task_type": "CAUSAL_LM", **(lora_extra or {})})
     return SFTTrainer(model=args.model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
                       peft_config=peft_config)
 
@@ -169,10 +174,12 @@ def counted_training(trainer, work: str, counter=Counter) -> dict:
             "supervised": counted.supervised}
 
 
-def worker_trl(args) -> dict:
-    trainer = trl_trainer(args, args.trl_mode)
+def worker_trl(args, lora_extra: dict | None = None) -> dict:
+    trainer = trl_trainer(args, args.trl_mode, lora_extra)
     return {**counted_training(trainer, args.work), "attn": trainer.model.config._attn_implementation,
-            "padding_free": bool(getattr(trainer, "padding_free", False))}
+            "padding_free": bool(getattr(trainer, "padding_free", False)),
+            "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+            "aux": [e.get("aux_loss") for e in trainer.state.log_history if "loss" in e][-1]}  # MoE models
 
 
 def worker_trl_probe(args) -> dict:

@@ -5,11 +5,14 @@ against the installed versions, that what each one relies on still exists and st
 for, so an upgrade that moves it fails there (by name) instead of somewhere deep in a training run.
 
 Checked against: transformers 5.23.0, peft 0.21.2, accelerate 1.15.0, deepspeed 0.19.8, bitsandbytes 0.50.2,
-tqdm 4.70.1, torch 2.13.0, lm-eval 0.4.13. Nothing heavy is imported at module level (ingestion imports this module and
+tqdm 4.70.1, torch 2.13.0, lm-eval 0.4.13, huggingface_hub 2.4.0. Nothing heavy is imported at module level (ingestion imports this module and
 never imports torch).
 """
 
 from __future__ import annotations
+
+import os
+from contextlib import contextmanager
 
 
 # --- transformers ----------------------------------------------------------------------------------------
@@ -37,6 +40,14 @@ def set_loss_function(causal_lm, loss_function) -> None:
     causal_lm.loss_function = loss_function
 
 
+def set_router_aux_loss_coef(causal_lm, value) -> None:
+    """The weight a mixture-of-experts causal LM gives its load-balancing loss in this forward. transformers 5.23's
+    MoE `*ForCausalLM.__init__` copies `config.router_aux_loss_coef` into the instance attribute
+    `router_aux_loss_coef`, and `forward` adds `self.router_aux_loss_coef * aux_loss` to the loss when it computes
+    router logits (qwen3_moe, gpt_oss, mixtral, olmoe, qwen2_moe...). A number or a 0-dim tensor."""
+    causal_lm.router_aux_loss_coef = value
+
+
 def drop_quantizer(model) -> None:
     """Mark a model dequantized (a GGUF model is dequantized to floats on load). A quantized load sets
     `model.hf_quantizer` (read by transformers 5.23's save_pretrained) and `model.is_quantized` (read by
@@ -49,6 +60,37 @@ def drop_quantizer(model) -> None:
 
 # --- peft ------------------------------------------------------------------------------------------------
 
+def peft_moe_conversion(lora_config, model) -> None:
+    """Rewrite `lora_config` in place as peft will before it builds the adapters. peft 0.21.2's `inject_adapter`
+    first calls peft.utils.transformers_weight_conversion.convert_peft_config_for_transformers (for adapters trained
+    on transformers 4): for the model types transformers 5.23 maps to its mixtral / qwen2_moe weight conversions
+    (qwen3_moe, olmoe, deepseek_v3, glm4_moe, qwen3_next, minimax...), the transformers-4 names of the expert Linear
+    layers (gate_proj / up_proj / down_proj, mixtral's w1 / w3 / w2) and `all-linear` become `target_parameters`
+    on the fused 3-D weights (gate_up_proj at rank 2r and alpha 2 x alpha, down_proj) and the router `gate` becomes
+    `gate.weight`. Converting a converted config changes nothing, so finetune converts first and edits the result."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    convert_peft_config_for_transformers(lora_config, model=model, conversions=get_model_conversion_mapping(model))
+
+
+PEFT_READS_DEPRECATED = r"`is_gradient_checkpointing` is deprecated"  # transformers 5.23's FutureWarning, peft's read
+
+
+@contextmanager
+def peft_wrapping():
+    """A context for building or loading a PeftModel without transformers' FutureWarning about peft's own code:
+    peft 0.21.2's `PeftModel.__init__` reads `model.is_gradient_checkpointing`, which transformers 5.23 deprecated
+    for `is_activation_checkpointing` ("will be removed in v6"), so every verb that builds or loads an adapter (train,
+    eval, generate, chat, merge) printed it. Only that message, only while peft wraps the model; what peft reads is
+    unchanged (the alias returns is_activation_checkpointing). Drop this when peft reads the new name."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=PEFT_READS_DEPRECATED, category=FutureWarning)
+        yield
+
+
 def save_new_token_rows_only(peft_model) -> None:
     """Save this adapter without whole copies of the resized embeddings and lm_head. peft 0.21.2's
     `PeftModel.save_pretrained(save_embedding_layers="auto")` adds both whole matrices to the adapter whenever the
@@ -59,6 +101,24 @@ def save_new_token_rows_only(peft_model) -> None:
     import functools
 
     peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)
+
+
+def replace_lora_dropout(model, make) -> int:
+    """Replace each LoRA layer's `nn.Dropout` by `make(dropout)`; returns the count. peft 0.21 keeps a layer's
+    dropout per adapter in the ModuleDict `lora_dropout` (nn.Identity when p is 0: left as it is) and calls it on
+    the layer's input before lora_A; DoRA's variant calls the same module."""
+    import torch
+
+    swapped = 0
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if not isinstance(dropouts, torch.nn.ModuleDict):
+            continue
+        for name, dropout in list(dropouts.items()):
+            if type(dropout) is torch.nn.Dropout:
+                dropouts[name] = make(dropout)
+                swapped += 1
+    return swapped
 
 
 # --- torch.nn.Module instances (any library's) ---------------------------------------------------------
@@ -119,3 +179,21 @@ def disable_tqdm_monitor(tqdm_class) -> None:
     """No tqdm monitor thread (a thread must not exist when worker processes are forked). tqdm 4.70: the
     class attribute `monitor_interval`; 0 disables the monitor for bars created afterwards, process-wide."""
     tqdm_class.monitor_interval = 0
+
+
+# --- huggingface_hub --------------------------------------------------------------------------------------
+
+def set_hub_offline(offline: bool) -> bool:
+    """Switch the hub's offline mode for this process and the processes it starts; returns the previous switch.
+    huggingface_hub 2.4 reads HF_HUB_OFFLINE once, at its import, into `constants.HF_HUB_OFFLINE`, which
+    `is_offline_mode()` (its downloads', transformers' and datasets' check) reads on every call; the environment
+    variable is what a process started later (a launched worker, datasets' own config) reads."""
+    from huggingface_hub import constants
+
+    before = bool(constants.HF_HUB_OFFLINE)
+    constants.HF_HUB_OFFLINE = offline
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    else:
+        os.environ.pop("HF_HUB_OFFLINE", None)
+    return before

@@ -26,6 +26,8 @@ MARKER = "COMPLETE"  # JSON: step, time, fingerprint, files {relative path: size
 STEP_PREFIX = "step-"
 OWNER_FILE = ".finetune-run"  # JSON {"created": unix time}: the first file a run writes into its output_dir
 LOCK_FILE = ".finetune-lock"  # JSON {pid, host, started, command}: held while a run trains (train/output_lock.py)
+STOPPED_FILE = "stopped.json"  # JSON {kind, message, step, checkpoint, time}: why a run stopped (train/stop_record.py)
+RESOLVED_RECIPE = "recipe.resolved.yml"  # the recipe a run trains with, written when it starts and again at its end
 RUN_JSON_KEYS = ("recipe", "versions", "steps")  # run.json keys only finetune's run.json has together
 
 

@@ -53,8 +53,10 @@ def main() -> int:
             "steps": summary["steps"],
             "world_size": summary["plan"]["world_size"],
             "resumed_from": summary.get("resumed_from"),
-            # preference runs: seconds of the reference pass (None: read from the cache) and where the table is
-            "reference": {k: summary["preference"][k] for k in ("reference_pass_s", "reference_table")}
+            # preference runs: seconds of the reference pass (None: read from the cache), where the table is, how
+            # many items the run reads and how many of them its pass scored
+            "reference": {k: summary["preference"][k] for k in ("reference_pass_s", "reference_table",
+                                                                 "reference_items")}
             if "preference" in summary else None,
         }
     rank = int(os.environ["RANK"])

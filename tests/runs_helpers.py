@@ -3,13 +3,16 @@
     sft/out       LoRA SFT through `finetune train` with an `eval:` section (report, answers, run.html)
     <img ...>/out DPO through `finetune train`, with an eval section too; its folder name carries HTML
     grpo/out      GRPO, full fine-tune, its completions.jsonl; one sample line carries script (the trainer's shape)
-    crashed/out   SFT that raised at step 5 (as an out-of-memory error would): checkpoints, no run.json
+    crashed/out   SFT that raised at step 5 (as an out-of-memory error would): checkpoints, stopped.json, no run.json
+    interrupted/out  SFT stopped by Ctrl-C (SIGINT) during step 3, logging every 10 steps: its checkpoint at step 3
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
 from pathlib import Path
 
 import yaml
@@ -22,6 +25,7 @@ XSS_NAME = "<img src=x onerror=window.__pwned=1>"  # a folder name: no slash, so
 XSS_ANSWER = "<script>window.__pwned=2</script><img src=x onerror=window.__pwned=3>"
 XSS_PROMPT = "</script><script>window.__pwned=4</script>"
 CRASH_STEP = 5
+INTERRUPT_STEP = 3
 
 
 class Crash(TrainerCallback):
@@ -30,6 +34,14 @@ class Crash(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         if state.global_step + 1 == CRASH_STEP:
             raise RuntimeError("simulated crash (out of memory)")
+
+
+class CtrlC(TrainerCallback):
+    """Ctrl-C during step INTERRUPT_STEP: the run finishes the step, saves a checkpoint and stops (exit 130)."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == INTERRUPT_STEP:
+            os.kill(os.getpid(), signal.SIGINT)
 
 
 def _sft_recipe(folder: Path, base_model: Path, **overrides) -> Path:
@@ -65,8 +77,10 @@ def build_runs(root: Path, base_model: Path) -> dict[str, Path]:
     from finetune.recipe import load_recipe
     from finetune.train.run import run_training
 
+    from finetune.train.callbacks.interrupt import Interrupted
+
     runs = {"sft": root / "sft" / "out", "dpo": root / XSS_NAME / "out", "grpo": root / "grpo" / "out",
-            "crashed": root / "crashed" / "out"}
+            "crashed": root / "crashed" / "out", "interrupted": root / "interrupted" / "out"}
     sft = _sft_recipe(root / "sft", base_model, eval={"generations": 2, "max_new_tokens": 6})
     assert main(["train", str(sft)]) == 0
     assert main(["train", str(_dpo_recipe(root / XSS_NAME, base_model))]) == 0
@@ -84,4 +98,39 @@ def build_runs(root: Path, base_model: Path) -> dict[str, Path]:
         assert "simulated crash" in str(err)
     else:
         raise AssertionError("the crash never came")
+    stopped = load_recipe(_sft_recipe(root / "interrupted", base_model, logging_steps=10, val_set_size=0, eval_steps=None))
+    try:
+        run_training(stopped, extra_callbacks=[CtrlC()])
+    except Interrupted:
+        pass
+    else:
+        raise AssertionError("the Ctrl-C never came")
     return runs
+
+
+def synthetic_runs(root: Path, sft_run: Path) -> list[Path]:
+    """Twelve run folders written by hand (no training) for what only the page shows: r00 logged every 10 steps over
+    6 steps (one learning rate, 5e-4; a kl of 0; an unrounded float setting), r01 has the "unknown"
+    verdict with its reason, r05 alone has an evaluation (the real SFT run's report), the rest a loss curve each."""
+    import shutil
+
+    folders = []
+    for i in range(12):
+        folder = root / f"r{i:02d}"
+        folder.mkdir(parents=True)
+        history = [{"step": s, "loss": 2.0 - 0.1 * s - 0.01 * i} for s in range(1, 7)]
+        recipe = {"base_model": "m", "adapter": "lora", "learning_rate": 1e-3, "logging_steps": 1, "max_steps": 6}
+        if i == 0:
+            history = [{"step": 1, "loss": 0.0, "grad_norm": 0.5, "learning_rate": 5e-4, "kl": 0.0, "epoch": 0.1,
+                        "step_losses": [[1, 0.0]]},
+                       {"step": 6, "kl": 0.0, "step_losses": [[s, 0.0] for s in range(2, 7)]}]
+            recipe.update(logging_steps=10, lora_dropout=0.1 + 0.2)  # 0.30000000000000004
+        (folder / "run.json").write_text(json.dumps({"recipe": recipe, "versions": {"torch": "2"}, "steps": 6,
+                                                     "log_history": history}))
+        if i == 1:
+            (folder / "diagnosis.json").write_text(json.dumps({
+                "verdict": "unknown", "reason": "no reward was logged (set logging_steps lower than the step count)"}))
+        if i == 5:
+            shutil.copytree(sft_run / "eval", folder / "eval")
+        folders.append(folder)
+    return folders

@@ -4,6 +4,7 @@ relies on still exists and still does what finetune uses it for. A failure here 
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -164,3 +165,92 @@ def test_lm_eval_load_yaml_merges_an_include_relative_to_the_file(tmp_path):
     (tmp_path / "task.yaml").write_text("include: base.yaml\ntask: mine\ndoc_to_text: '{{question}}'\n")
     config = compat.lm_eval_load_yaml(tmp_path / "task.yaml")
     assert config == {"output_type": "multiple_choice", "doc_to_text": "{{question}}", "task": "mine"}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from tiny import build_tokenizer
+
+    return build_tokenizer()
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "mixtral", "olmoe"])
+def test_moe_forward_weighs_its_aux_loss_by_the_instance_coefficient(family, tokenizer):
+    from transformers import AutoModelForCausalLM
+
+    from tiny import family_config
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config(family, tokenizer), attn_implementation="eager")
+    ids = torch.randint(1, 100, (1, 8))
+    compat.set_router_aux_loss_coef(model, 0.0)
+    plain = model(input_ids=ids, labels=ids, output_router_logits=True)
+    compat.set_router_aux_loss_coef(model, torch.tensor(2.0))
+    weighted = model(input_ids=ids, labels=ids, output_router_logits=True)
+    torch.testing.assert_close(weighted.loss, plain.loss + 2.0 * plain.aux_loss)
+
+
+def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once(tokenizer):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tiny import family_config
+
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_moe", tokenizer))
+    config = LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")
+    compat.peft_moe_conversion(config, model)
+    assert {"gate_up_proj", "down_proj", "gate.weight"} <= set(config.target_parameters)
+    assert config.rank_pattern == {r".*\.gate_up_proj": 8}
+    once = (sorted(config.target_modules), sorted(config.target_parameters), dict(config.rank_pattern))
+    compat.peft_moe_conversion(config, model)
+    assert (sorted(config.target_modules), sorted(config.target_parameters), dict(config.rank_pattern)) == once
+    built = get_peft_model(model, LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear")).peft_config
+    assert (sorted(built["default"].target_modules), sorted(built["default"].target_parameters)) == once[:2]
+
+
+def test_peft_reads_the_deprecated_checkpointing_alias_and_peft_wrapping_silences_only_that(tiny_llama):
+    """Issue 43, item 14: a transformers FutureWarning on every command that builds or loads an adapter."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    def built(wrap: bool) -> list[str]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if wrap:
+                with compat.peft_wrapping():
+                    get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+                warnings.warn("still shown", FutureWarning)  # the filter ends with the context
+            else:
+                get_peft_model(tiny_llama, LoraConfig(r=2, target_modules=["q_proj"]))
+        return [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+
+    assert any("is_gradient_checkpointing" in m for m in built(wrap=False))  # gone from peft: drop peft_wrapping
+    assert built(wrap=True) == ["still shown"]
+
+
+def test_building_and_loading_an_adapter_prints_no_future_warning(tmp_path, make_recipe):
+    import warnings
+
+    from finetune.model import build_model
+    from finetune.model.loader import load_tokenizer
+    from finetune.recipe import load_recipe
+
+    recipe = load_recipe(make_recipe(adapter="lora", lora_r=2))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = build_model(recipe, load_tokenizer(recipe), "fp32", "sdpa")
+        model.save_pretrained(tmp_path / "adapter")
+    assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_set_hub_offline_is_what_the_downloads_check_and_what_a_started_process_reads(monkeypatch):
+    from huggingface_hub import constants, is_offline_mode
+    from transformers.utils import hub as transformers_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # restored after the test, as the environment below
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert compat.set_hub_offline(True) is False
+    assert is_offline_mode() and transformers_hub.is_offline_mode() and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert compat.set_hub_offline(False) is True
+    assert not is_offline_mode() and "HF_HUB_OFFLINE" not in os.environ

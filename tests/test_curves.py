@@ -35,7 +35,8 @@ def test_eval_minimum_then_rise_is_overfit_with_step_and_checkpoint(tmp_path):
                  output_dir=tmp_path)
     assert d["verdict"] == "overfit" and d["best_eval_step"] == 50
     assert d["checkpoint"] == str(tmp_path / "checkpoint-60")  # nearest, preferring one at/after the minimum
-    assert d["gap"] == pytest.approx(d["final_eval_loss"] - d["final_train_loss"])
+    # the gap's train side is the level the closing line prints: the mean of the last steps, not the last step
+    assert d["gap"] == pytest.approx(d["final_eval_loss"] - d["train_loss_levels"]["last"], abs=1e-5)
 
 
 def test_both_flattened_with_small_gap_is_well_fit():
@@ -60,10 +61,13 @@ def test_a_run_stopped_early_in_its_first_epoch_with_the_loss_still_drifting_dow
     d = diagnose(_with_epoch(history, 0.05))
     assert d["verdict"] == "underfit", d
     assert "5% of one epoch" in d["reason"] and "still trending down" in d["reason"]
-    # early in the first epoch with a flat tail: well-fit, and the reason says how little data it saw
-    flat = _with_epoch(_history(lambda s: 2.0 * math.exp(-s / 10) + 1.0 + 0.1 * math.sin(2.7 * s)), 0.05)
-    d = diagnose(flat)
-    assert d["verdict"] == "well-fit" and "after 5% of one epoch" in d["reason"]
+    # early in the first epoch with a flat tail: well-fit, and the reason says how little data it saw ...
+    flat = _history(lambda s: 2.0 * math.exp(-s / 10) + 1.0 + 0.1 * math.sin(2.7 * s))
+    d = diagnose(_with_epoch(flat, 0.25))
+    assert d["verdict"] == "well-fit" and "after 25% of one epoch" in d["reason"]
+    # ... unless it saw too little of its data to call it fit (issue 43, item 6): its own verdict
+    d = diagnose(_with_epoch(flat, 0.05))
+    assert d["verdict"] == "too short" and "stopped after 5% of one epoch" in d["reason"], d
 
 
 def test_no_logged_loss_says_how_to_fix():
@@ -151,8 +155,24 @@ def test_every_step_loss_is_used_over_the_sparse_logged_losses():
 
 def test_too_short_to_judge_only_when_it_is():
     short = diagnose(_history(lambda s: 2.0 - 0.1 * s, steps=5))
-    assert short["verdict"] == "unknown" and "too short to judge: 5" in short["reason"]
-    assert diagnose(_history(lambda s: 0.5 + 2.0 * math.exp(-s / 2), steps=8))["verdict"] == "well-fit"
+    assert short["verdict"] == "too short" and "too short to judge: 5" in short["reason"]
+    assert diagnose(_history(lambda s: 0.5 + 2.0 * math.exp(-s / 2), steps=16))["verdict"] == "well-fit"
+    # a loss that rose is diverged from 8 steps: that needs no trend
+    assert diagnose(_history(lambda s: 1.0 + 0.2 * s, steps=8))["verdict"] == "diverged"
+
+
+def test_eight_zig_zagging_steps_over_4_percent_of_an_epoch_are_too_short_not_well_fit():
+    """Issue 43, item 6: 8 steps covering 4% of an epoch were "well-fit ... flattened", their gap (+0.516) from the
+    last step's loss while the closing line's levels implied +0.214."""
+    losses = [2.6, 1.9, 2.4, 1.6, 2.2, 1.5, 2.1, 1.4]
+    history = [{"step": s, "loss": loss, "epoch": 0.005 * s} for s, loss in enumerate(losses, 1)]
+    history.append({"step": 8, "eval_loss": 1.92, "epoch": 0.04})
+    d = diagnose(history)
+    assert d["verdict"] == "too short", d
+    assert "8 training losses" in d["reason"] and "16 needed" in d["reason"]
+    levels = d["train_loss_levels"]
+    assert levels["last"] == pytest.approx((2.1 + 1.5 + 1.4) / 3, abs=1e-6)  # what the closing line prints
+    assert d["gap"] == pytest.approx(1.92 - levels["last"], abs=1e-5)
 
 
 def test_a_real_default_length_run_gets_a_verdict_from_every_step(make_recipe, tmp_path):
@@ -172,4 +192,4 @@ def test_a_real_default_length_run_gets_a_verdict_from_every_step(make_recipe, t
             interval = [per_step[s] for s in range(entry["step"] - 9, entry["step"] + 1)]
             assert sum(interval) / len(interval) == pytest.approx(entry["loss"], rel=1e-3)
     assert summary["curves"]["verdict"] in ("well-fit", "underfit", "overfit"), summary["curves"]
-    assert "too short" not in summary["curves"]["reason"]
+    assert "too short" not in summary["curves"]["reason"] and summary["curves"]["verdict"] != "too short"

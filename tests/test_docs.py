@@ -147,3 +147,13 @@ def test_mkdocs_build_strict(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "site" / "troubleshooting" / "index.html").is_file()
+
+
+def test_every_field_a_records_map_may_name_is_in_the_data_sources_table():
+    """Issue 43, item 14: `map: {prompt: COLUMN}` worked but was missing from docs/data-sources.md's table."""
+    from finetune.recipe.data import RECORDS_MAP_FIELDS
+
+    table = (ROOT / "docs" / "data-sources.md").read_text().split("## Field mappings")[1].split("\n\n`roles:`")[0]
+    named = {name for line in table.splitlines() if line.startswith("| `")
+             for name in re.findall(r"`([a-z_]+)`", line.split("|")[1])}
+    assert set(RECORDS_MAP_FIELDS) <= named, set(RECORDS_MAP_FIELDS) - named

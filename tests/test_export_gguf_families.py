@@ -131,6 +131,24 @@ def test_family_exports_with_the_same_logits_and_llama_cpp_keys(exported, tiny_t
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_finetune_eval_reads_a_gguf_back_whole_or_says_it_cannot(exported, tiny_tokenizer, model_type):
+    """`finetune eval`'s GGUF drift reads the export with transformers: given the run's config, a family its GGUF
+    loader maps gives the model's logits; one it reads without some weights (Mixtral's experts: a Llama with fresh
+    MLPs) or not at all (gpt-oss) is one message, never a drift measured against freshly drawn weights."""
+    from finetune.errors import ModelError
+    from finetune.evaluation.subject import load_gguf
+
+    model, _, out = exported(model_type)
+    if model_type not in _TRANSFORMERS_READS:
+        with pytest.raises(ModelError, match="transformers cannot read .* back whole"):
+            load_gguf(out, tiny_tokenizer, model.config)
+        return
+    ids = tiny_tokenizer("the cat sat on the mat")["input_ids"]
+    got = _logits(load_gguf(out, tiny_tokenizer, model.config), ids)
+    torch.testing.assert_close(got, _logits(model, ids), rtol=1e-4, atol=1e-4)
+
+
 def test_expert_and_sink_tensors_are_laid_out_as_llama_cpp_reads_them(exported):
     """llama.cpp's ffn_{gate,up,down}_exps are [n_expert, out, in]; gpt-oss's fused gate_up is [E, in, 2*out] with
     gate and up alternating (its converter's [::2] / [1::2]); the router and sinks stay F32 as llama.cpp keeps

@@ -225,6 +225,28 @@ def test_finetune_plan_prints_fsdp_lines(recipe_path, capsys):
     assert "a run uses one" in capsys.readouterr().err
 
 
+def test_plan_fsdp_refuses_what_train_refuses_in_the_same_words(recipe_path, make_recipe, capsys):
+    """Issue 43, item 9: `finetune plan --fsdp` said FITS for DPO (and GRPO, QLoRA...), which train refuses."""
+    import random
+
+    from test_preference_data import chat_pair
+    from tests.conftest import write_jsonl
+
+    pairs = write_jsonl(recipe_path.parent / "pairs.jsonl", [chat_pair(random.Random(0)) for _ in range(8)])
+    cases = [(recipe_path, ["compile=true"]),
+             (recipe_path, ["method=dpo", "datasets=[{path: pairs.jsonl, type: preference}]"])]
+    for path, overrides in cases:
+        with pytest.raises(RecipeError) as caught:  # train: the recipe with `fsdp` does not load
+            load_recipe(path, [*overrides, "fsdp=true"])
+        refused = [p for p in caught.value.problems if "fsdp" in p]
+        assert refused and pairs.is_file()
+        sets = [a for o in overrides for a in ("--set", o)]
+        assert main(["plan", str(path), *sets, "--fsdp", "--no-data", "--gpu-memory-gib", "80"]) == 2
+        out = capsys.readouterr()
+        assert "FITS" not in out.out and all(p in out.err for p in refused) and "Traceback" not in out.err
+    assert main(["plan", str(recipe_path), "--fsdp", "--no-data", "--gpu-memory-gib", "80"]) == 0  # SFT LoRA plans
+
+
 # --- axolotl recipes ----------------------------------------------------------------------------------------
 
 AXOLOTL_FSDP2 = """
@@ -323,6 +345,23 @@ def test_axolotl_fsdp1_recipe_maps_its_settings_and_notes_the_fsdp1_only_ones(tm
     for key in ("use_orig_params", "backward_prefetch_policy", "sync_module_states"):
         assert f"fsdp_config.{key}" in text and "FSDP1-only" in text.split(f"fsdp_config.{key}")[1][:80]
     assert "fsdp_config.state_dict_type: LOCAL_STATE_DICT: FSDP1-only" in text
+
+
+def test_every_fsdp_setting_is_said_and_the_dropped_count_counts_them(tmp_path, capsys):
+    """Issue 43, item 13: `auto_wrap_policy` and `activation_checkpointing` vanished without a comment (the latter
+    when `gradient_checkpointing: true` had already set `full`), and the count left out fsdp_config's drops."""
+    code, text, ported = _port(tmp_path, AXOLOTL_FSDP1.replace("adapter: lora", "adapter: lora\ngradient_checkpointing: "
+                                                                "true\nbogus_key: 1") + "  fsdp_auto_wrap_policy: "
+                               "TRANSFORMER_BASED_WRAP\n  fsdp_activation_checkpointing: true\n")
+    assert code == 0
+    assert "fsdp_config.auto_wrap_policy: TRANSFORMER_BASED_WRAP: finetune's behaviour already" in text
+    comments = text.split("gradient_checkpointing: full")[0].rsplit("\nadapter: lora", 1)[1]
+    assert "axolotl `gradient_checkpointing: true` is written `full`" in comments
+    assert "from axolotl `fsdp_config.activation_checkpointing: true`" in comments
+    assert ported["gradient_checkpointing"] == "full"
+    # dropped: bogus_key (top level), use_orig_params, backward_prefetch_policy, sync_module_states (fsdp_config)
+    assert text.count("dropped") - text.count("was dropped") == 4
+    assert "4 axolotl settings dropped" in capsys.readouterr().out
 
 
 def test_axolotl_no_shard_is_plain_data_parallelism(tmp_path):

@@ -75,6 +75,7 @@ def test_a_short_run_whose_only_reward_never_gave_a_value_fails_at_its_end(tmp_p
     assert json.loads((tmp_path / "out" / "diagnosis.json").read_text())["verdict"] == "no reward"
     assert any(line.startswith("learning curve: no reward") for line in lines)
     assert not any(line.startswith("done:") for line in lines)  # no "train loss 0.0000 -> 0.0000"
+    assert not (tmp_path / "out" / "stopped.json").exists()  # it recorded itself: a finished run, not a stopped one
 
 
 def test_rewards_that_never_gave_a_value_are_in_the_done_line_and_the_verdict(partly_failing):

@@ -84,6 +84,13 @@ def test_prompts_are_the_ids_the_model_generates_after_and_keep_their_columns(tm
         expected = tokenizer(record["prompt"], add_special_tokens=True)["input_ids"]
     assert row["prompt_ids"] == list(expected)
     assert prepared.stats["train"]["examples"] == 12 and prepared.stats["eval"]["examples"] == 4
+    # issue 43, item 14: plain text reaches a model whose tokenizer has a chat template without it, and is said so
+    from finetune.data.grpo.prompts import template_note
+
+    assert tokenizer.chat_template and prepared.stats["formats"] == ({"chat": 16} if chat else {"completion": 16})
+    note = template_note(prepared.stats, tokenizer)
+    assert (note is None) if chat else note.startswith("16 of 16 prompts are plain text: they reach the model as "
+                                                       "written (its BOS, no chat template)")
 
 
 def test_a_prompt_longer_than_its_room_is_dropped_counted_or_cut_from_its_start(tmp_path, tiny_model_dir):

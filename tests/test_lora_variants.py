@@ -325,6 +325,20 @@ def test_lr_helper_names_rsloras_scale_and_loraplus_b_rate(make_recipe):
     assert lora_variant_lines(load_recipe(make_recipe(adapter="lora")), 2e-4) == []
 
 
+@pytest.mark.parametrize("keys, line", [
+    ({"peft_use_dora": True}, "DoRA: keeps the plain-LoRA learning rate (the DoRA paper's comparison)"),
+    ({"peft_init_lora_weights": "pissa"}, "pissa: the adapters start from the weight's decomposition, not at zero; "
+                                          "keeps the plain-LoRA learning rate"),
+    ({"peft_init_lora_weights": "eva"}, "eva: A starts at the principal directions"),
+])
+def test_the_variants_log_line_reads_as_a_sentence(make_recipe, keys, line):
+    """Issue 43, item 14: the run's log squeezed the table's column away: "DoRA the plain-LoRA learning rate"."""
+    from finetune.plan.lr_lora import as_sentence, lora_variant_lines
+
+    lines = lora_variant_lines(load_recipe(make_recipe(adapter="lora", **keys)), 2e-4)
+    assert len(lines) == 1 and as_sentence(lines[0]).startswith(line)
+
+
 # --- port ---------------------------------------------------------------------------------------------------
 
 AXOLOTL_DORA = """

@@ -9,11 +9,11 @@ import pytest
 from finetune.plan.activations import activation_memory
 
 
-def _saved_bytes(model, ids) -> int:
-    """Bytes of distinct storages autograd saves for backward, parameters excluded."""
+def saved_bytes(run, parameters) -> int:
+    """Bytes of distinct storages autograd saves for backward while `run()` runs, `parameters` excluded."""
     import torch
 
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in parameters}
     seen: dict[int, int] = {}
 
     def pack(t):
@@ -23,8 +23,12 @@ def _saved_bytes(model, ids) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids)
+        run()
     return sum(seen.values())
+
+
+def _saved_bytes(model, ids) -> int:
+    return saved_bytes(lambda: model(input_ids=ids, labels=ids), model.parameters())
 
 
 @pytest.mark.parametrize("compute,attn,checkpointing", [

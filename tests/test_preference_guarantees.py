@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -179,6 +180,39 @@ def test_a_second_run_reads_the_reference_table_and_a_changed_model_or_data_reco
     assert changed_data["preference"]["reference_pass_s"] is not None
     assert Path(changed_data["preference"]["reference_table"]) not in (table_path, new_path)
     assert len(list(table_path.parent.glob("*.pt"))) == 3
+
+
+def scored_rows(summary: dict) -> set[int]:
+    table = torch.load(summary["preference"]["reference_table"])
+    return set((~torch.isnan(table).any(dim=1)).nonzero().flatten().tolist())
+
+
+def test_the_reference_pass_scores_only_the_pairs_the_run_reads_and_a_longer_run_adds_the_rest(tmp_path,
+                                                                                               tiny_model_dir, caplog):
+    """Issue 43, item 7: a 6-step run scored all 166 pairs, with no progress shown. 32 pairs, 8 held out: 2 steps of
+    4 pairs read 8 train pairs and the 8 eval pairs; a longer run on the same data and model scores only what it
+    adds; a resumed run that reads pairs its first run did not is refused (its model is no longer the starting
+    one). A pair the pass left out that a step read would make its loss NaN: the run stops (`on_nonfinite: stop`)."""
+    import logging
+
+    settings = dict(n=32, val_set_size=8, micro_batch_size=4, gradient_accumulation_steps=1, checkpoint_interval=2)
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        short = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="short", max_steps=2, **settings))
+    assert "reference log-probs: one no-grad pass over the 16 pairs this run reads (of 32 in the data)" in caplog.text
+    progress = [m for m in caplog.messages if re.match(r"reference log-probs: \d+ of 16 pairs \(\d+%, ", m)]
+    assert progress and progress[-1].startswith("reference log-probs: 16 of 16 pairs (100%")  # off a terminal
+    first = scored_rows(short)
+    assert len(first) == 16 and set(range(24, 32)) <= first  # 8 train pairs, every eval pair
+    assert short["eval_loss_before"] == pytest.approx(math.log(2), abs=1e-6) and short["steps"] == 2
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        longer = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="longer", max_steps=4, **settings))
+    assert "over the 8 pairs this run reads (of 32 in the data; 16 more in the cached table)" in caplog.text
+    assert longer["preference"]["reference_table"] == short["preference"]["reference_table"]
+    assert first < scored_rows(longer) and len(scored_rows(longer)) == 24
+    assert per_step(longer)[:2] == per_step(short)  # the same order and the same cached numbers for steps 1-2
+    with pytest.raises(DataError, match="resuming needs the reference log-probs of 8 pairs this run reads"):
+        run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="short", max_steps=6, **settings))
 
 
 # --- exact resume --------------------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""`finetune runs`: four real run folders (tests/runs_helpers.py: SFT with eval, DPO with eval under a folder name
-carrying HTML, GRPO with a script-carrying sample, an SFT run that crashed at step 5) on one page.
+"""`finetune runs`: five real run folders (tests/runs_helpers.py: SFT with eval, DPO with eval under a folder name
+carrying HTML, GRPO with a script-carrying sample, an SFT run that crashed at step 5, one stopped by Ctrl-C at step 3)
+on one page, and twelve written by hand for what only the page shows.
 
 The page's data and the server are checked here in Python; tests marked `browser` open the page in Debian's
 headless Chromium and assert what a person sees (they skip when chromium / chromium-driver are absent:
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from runs_helpers import CRASH_STEP, XSS_ANSWER, XSS_NAME, XSS_PROMPT, build_runs
+from runs_helpers import CRASH_STEP, INTERRUPT_STEP, XSS_ANSWER, XSS_NAME, XSS_PROMPT, build_runs, synthetic_runs
 from finetune.cli import main
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
@@ -58,14 +59,14 @@ def by_kind(data: dict, runs: dict) -> dict[str, dict]:
 
 def test_every_run_is_found_and_the_crashed_one_is_listed_as_crashed(runs, page):
     data = by_kind(embedded(page.read_text()), runs)
-    assert set(data) == {"sft", "dpo", "grpo", "crashed"}
+    assert set(data) == {"sft", "dpo", "grpo", "crashed", "interrupted"}
     assert {k: r["status"] for k, r in data.items()} == {"sft": "finished", "dpo": "finished", "grpo": "finished",
-                                                          "crashed": "crashed"}
+                                                          "crashed": "crashed", "interrupted": "interrupted"}
     assert [data[k]["summary"]["method"] for k in ("sft", "dpo", "grpo")] == ["sft", "dpo", "grpo"]
     crashed = data["crashed"]
     assert crashed["summary"]["steps"] == CRASH_STEP - 1  # from its last checkpoint's trainer_state.json
     assert [p[0] for p in crashed["curves"]["loss"]] == list(range(1, CRASH_STEP))
-    assert crashed["settings"]["recipe.learning_rate"] == "0.01"  # the checkpoint's fingerprint of the recipe
+    assert crashed["settings"]["recipe.learning_rate"] == "0.01"
     assert data["dpo"]["name"] == f"{XSS_NAME}/out"
     for kind in ("sft", "dpo", "grpo"):  # the verdict is diagnosis.json's
         diagnosis = json.loads((runs[kind] / "diagnosis.json").read_text())
@@ -80,6 +81,56 @@ def test_every_run_is_found_and_the_crashed_one_is_listed_as_crashed(runs, page)
     sft_run = json.loads((runs["sft"] / "run.json").read_text())
     assert data["sft"]["curves"]["eval_loss"][0] == [0, 0.0, sft_run["eval_loss_before"]]  # before training
     assert data["sft"]["curves"]["eval_loss"][-1][2] == pytest.approx(sft_run["final_eval_loss"])
+
+
+def test_a_run_stopped_by_an_error_or_ctrl_c_says_why_and_where_it_resumes(runs, page):
+    """Issue 43, item 5: a stopped run's reason in its folder (stopped.json) and on the page; Ctrl-C is
+    "interrupted" at its checkpoint's step (logging every 10 steps, its history's last step is 1)."""
+    data = by_kind(embedded(page.read_text()), runs)
+    crashed, stopped = data["crashed"], data["interrupted"]
+    record = json.loads((runs["crashed"] / "stopped.json").read_text())
+    assert record["kind"] == "error" and record["message"] == "RuntimeError: simulated crash (out of memory)"
+    assert record["checkpoint"]["step"] == CRASH_STEP - 1
+    assert crashed["stop"] == {"kind": "error", "message": record["message"]}
+    assert "stopped on an error at step 4: RuntimeError: simulated crash (out of memory)" in crashed["status_reason"]
+    assert f"last complete checkpoint at step {CRASH_STEP - 1}" in crashed["status_reason"]
+    assert stopped["summary"]["steps"] == stopped["summary"]["checkpoint_step"] == INTERRUPT_STEP
+    # every step's loss up to the checkpoint is in it (logged at step 1 only: the old page's step)
+    assert [p[0] for p in stopped["curves"]["loss"]] == list(range(1, INTERRUPT_STEP + 1))
+    assert stopped["status_reason"].startswith(f"interrupted at step {INTERRUPT_STEP}: checkpoint saved")
+    # what it trains with, from recipe.resolved.yml (written when a run starts): plain values, paths, max_steps
+    settings = crashed["settings"]
+    assert settings["recipe.max_steps"] == "8" and settings["recipe.output_dir"].endswith("crashed/out")
+    assert settings["recipe.datasets[0].path"].endswith("chat.jsonl")
+    assert not [v for v in settings.values() if "DatasetSpec" in v or "path='" in v]
+
+
+def test_a_stopped_run_without_a_checkpoint_says_so(tmp_path):
+    from finetune.run_folder import OWNER_FILE
+    from finetune.runs.read import read_run
+
+    error, killed = tmp_path / "error", tmp_path / "killed"
+    for folder in (error, killed):
+        folder.mkdir()
+        (folder / OWNER_FILE).write_text("{}")
+    (error / "stopped.json").write_text(json.dumps({"kind": "error", "message": "ModelError: out of memory",
+                                                    "step": 0, "checkpoint": None, "time": 0}))
+    for folder, said in ((error, "stopped on an error at step 0: ModelError: out of memory"), (killed, "was killed")):
+        run = read_run(folder, "r")
+        assert run["status"] == "crashed" and said in run["status_reason"]
+        assert "no checkpoint: `finetune train` with the same recipe starts it again" in run["status_reason"]
+        assert "resumes" not in run["status_reason"] and run["summary"]["checkpoint_step"] is None
+
+
+def test_settings_are_plain_rounded_and_list_sections_meet_on_one_row(runs, page, tmp_path):
+    data = by_kind(embedded(page.read_text()), runs)
+    grpo, sft = data["grpo"]["settings"], data["sft"]["settings"]
+    assert grpo["recipe.rewards"] == "1 item (the recipe.rewards[i] rows)" and sft["recipe.rewards"] == "[]"
+    assert grpo["recipe.rewards[0].function"].endswith("rewards.py:even_tokens")
+    synthetic = synthetic_runs(tmp_path / "s", runs["sft"])
+    from finetune.runs.read import read_run
+
+    assert read_run(synthetic[0], "r")["settings"]["recipe.lora_dropout"] == "0.3"  # 0.1 + 0.2 = 0.30000000000000004
 
 
 def test_each_run_writes_its_own_page_when_it_ends(runs):
@@ -264,7 +315,7 @@ def test_the_page_opens_from_file_with_no_request_and_no_error(driver, page, run
     assert driver.get_log("browser") == []  # no console error, no CSP violation
     rows = driver.execute_script("return Array.from(document.querySelectorAll('.runs-table tbody tr')).map(r => "
                                  "[r.querySelector('.name').textContent, r.dataset.status, "
-                                 "r.querySelector('.verdict').textContent])")
+                                 "(r.querySelector('.verdict .badge') || r.querySelector('.verdict')).textContent])")
     data = by_kind(embedded(page.read_text()), runs)
     shown = {name: (status, verdict) for name, status, verdict in rows}
     assert shown[data["crashed"]["name"]] == ("crashed", "no verdict")
@@ -279,7 +330,7 @@ def test_curves_are_overlaid_one_series_per_run_on_every_axis(opened, page, runs
     everyone = sorted(r["name"] for r in data.values())
     assert sorted(legend(opened, "loss")) == everyone
     assert legend(opened, "rewards/margins") == [data["dpo"]["name"]]
-    assert legend(opened, "reward") == [data["grpo"]["name"]]
+    assert legend(opened, "reward") == [f"{data['grpo']['name']} \u00b7 mean", f"{data['grpo']['name']} \u00b7 std"]
     metrics = opened.execute_script("return Array.from(document.querySelectorAll('.chart')).map(c => c.dataset.metric)")
     assert metrics[:4] == ["loss", "eval_loss", "learning_rate", "grad_norm"]
     from selenium.webdriver.support.ui import Select
@@ -298,8 +349,10 @@ def test_curves_are_overlaid_one_series_per_run_on_every_axis(opened, page, runs
 @browser
 def test_settings_show_only_what_differs_until_the_toggle(opened, page):
     data = embedded(page.read_text())["runs"]
+    # a recipe key a run that recorded its recipe lacks is "(not set)" there (GRPO's rewards[0] in an SFT run)
     differing = {k for k in {k for r in data for k in r["settings"]}
-                 if len({r["settings"][k] for r in data if k in r["settings"]}) > 1}
+                 if len({r["settings"].get(k, "(not set)") for r in data if k in r["settings"] or
+                         k.startswith("recipe.")}) > 1}
     shown = set(visible_texts(opened, "table.settings tbody tr td:first-child"))
     assert shown == differing
     assert {"recipe.method", "recipe.learning_rate", "recipe.adapter"} <= shown
@@ -369,6 +422,83 @@ def test_html_in_a_run_name_and_in_answers_stays_text_and_never_runs(opened, pag
         opened.execute_script("window.scrollTo(0, 0)")
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         opened.save_screenshot(str(SCREENSHOT))
+
+
+@browser
+def test_a_stopped_run_shows_its_reason_and_the_step_it_resumes_from(opened, page, runs):
+    data = by_kind(embedded(page.read_text()), runs)
+    rows = opened.execute_script(
+        "return Object.fromEntries(Array.from(document.querySelectorAll('.runs-table tbody tr')).map(r => "
+        "[r.querySelector('.name').textContent, [r.dataset.status, r.querySelector('.steps').textContent, "
+        "(r.querySelector('.status-reason') || {}).textContent]]))")
+    status, steps, reason = rows[data["crashed"]["name"]]
+    assert status == "crashed" and steps == f"checkpoint at {CRASH_STEP - 1} of 8"
+    assert "RuntimeError: simulated crash (out of memory)" in reason and "resumes from it" in reason
+    status, steps, reason = rows[data["interrupted"]["name"]]
+    assert status == "interrupted" and steps == f"checkpoint at {INTERRUPT_STEP} of 8"
+    assert reason.startswith(f"interrupted at step {INTERRUPT_STEP}")
+    assert rows[data["sft"]["name"]][2] is None  # a finished run: no reason line
+
+
+@browser
+def test_grpo_metrics_are_grouped_and_cut_completions_marked(opened, page, runs):
+    data = by_kind(embedded(page.read_text()), runs)
+    grpo = data["grpo"]["name"]
+    metrics = opened.execute_script("return Array.from(document.querySelectorAll('.chart')).map(c => c.dataset.metric)")
+    assert not [m for m in metrics if "even_tokens" in m or m.startswith("completions/m")]  # not one chart each
+    assert {"rewards/*/mean", "rewards/*/std", "rewards/*/missing", "completions/length", "clip_ratio"} <= set(metrics)
+    assert legend(opened, "rewards/*/mean") == [f"{grpo} \u00b7 even_tokens"]
+    assert legend(opened, "reward") == [f"{grpo} \u00b7 mean", f"{grpo} \u00b7 std"]
+    assert sorted(legend(opened, "completions/length")) == [f"{grpo} \u00b7 {m}" for m in ("max", "mean", "min")]
+    marks = opened.execute_script(
+        "return Array.from(document.querySelectorAll('#sample-list .sample')).filter(s => s.querySelector('.meta')"
+        ".textContent.includes('GRPO')).map(s => s.querySelectorAll('.truncated-mark').length)")
+    cut = [sum(line["truncated"]) for line in map(json.loads, (runs["grpo"] / "completions.jsonl").open())][-len(marks):]
+    assert marks == cut and sum(cut) > 0 and marks[-1] == 0  # the last line (the script-carrying one) ended
+    assert opened.get_log("browser") == []
+
+
+@pytest.fixture(scope="module")
+def synthetic_page(runs, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synthetic")
+    synthetic_runs(root / "runs", runs["sft"])
+    out = root / "page.html"
+    assert main(["runs", str(root / "runs"), "-o", str(out)]) == 0
+    return out
+
+
+def chart_attribute(driver, metric: str, name: str) -> str:
+    return driver.execute_script("return document.querySelector(`.chart[data-metric='${arguments[0]}']`)"
+                                 ".getAttribute(arguments[1])", metric, name)
+
+
+@browser
+def test_axes_read_right_for_small_constant_and_zero_values(driver, synthetic_page):
+    """Issue 43, runs page: a constant learning rate of 5e-4 read "0.001", 2e-4..1e-3 "0.001 0.001 0.001 0", an
+    all-zero metric drew on a 0-100 axis, and one logged value was one dot with no word why."""
+    driver.get(synthetic_page.as_uri())
+    ticks = chart_attribute(driver, "learning_rate", "data-y-ticks").split()
+    assert "5e-4" in ticks and len(set(ticks)) == len(ticks) and "0.001" not in ticks, ticks
+    assert chart_attribute(driver, "kl", "data-y-range") == "0 1"  # all zero: not 0 to 100
+    notes = driver.execute_script("return Array.from(document.querySelectorAll(`.chart[data-metric='grad_norm'] "
+                                  ".note.sparse`)).map(n => n.textContent)")
+    assert notes == ["r00: 1 value in 6 steps: logged every 10 steps (logging_steps; the loss is kept at every step)"]
+    assert driver.get_log("browser") == []
+
+
+@browser
+def test_twelve_runs_twelve_colours_an_unknown_verdict_says_why_and_the_baseline_has_an_evaluation(driver,
+                                                                                                  synthetic_page):
+    driver.get(synthetic_page.as_uri())
+    colours = driver.execute_script("return Array.from(document.querySelectorAll('.runs-table .swatch'))"
+                                    ".map(s => getComputedStyle(s).backgroundColor)")
+    assert len(colours) == 12 and len(set(colours)) == 12
+    reasons = driver.execute_script("return Array.from(document.querySelectorAll('.runs-table tbody tr')).map(r => "
+                                    "(r.querySelector('.verdict-reason') || {}).textContent || null)")
+    assert reasons[1] == "no reward was logged (set logging_steps lower than the step count)"
+    assert reasons[0] is None  # no verdict at all: nothing to explain
+    assert driver.find_element("id", "baseline").get_attribute("value") == "5"  # r05, the one with an evaluation
+    assert driver.get_log("browser") == []
 
 
 @browser

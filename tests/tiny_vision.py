@@ -89,6 +89,7 @@ def idefics3():
 def gemma3():
     """Gemma 3: a SigLIP tower pooled to a square of soft tokens, <start_of_image> in the text expanded to
     "\\n\\n<start_of_image>" + soft tokens + "<end_of_image>\\n\\n"; image tokens attend both ways (token_type_ids)."""
+    import torch
     from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3Processor, Gemma3TextConfig
     from transformers import SiglipVisionConfig
     from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil

@@ -2,6 +2,8 @@
 
     finetune export recipe.yml --gguf                       # output_dir/gguf/<run>.f16.gguf
     finetune export outputs/run --gguf --quant q8_0 -o run.q8_0.gguf
+
+A vision-language run also gets llama.cpp's mmproj file (its vision tower and projector): mmproj-<run>.<quant>.gguf.
 """
 
 from __future__ import annotations
@@ -31,13 +33,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from finetune.export.gguf import export
+    from finetune.export.gguf_mmproj import export_vision
     from finetune.model.trained import locate
 
     trained = locate(args.target, args.overrides)
     out = Path(args.output) if args.output else trained.folder / "gguf" / f"{trained.folder.name}.{args.quant}.gguf"
-    done = export(trained, out, args.quant)
+    # a vision-language run: its language model, and its tower and projector as llama.cpp's mmproj file beside it
+    done = (export_vision if trained.vision else export)(trained, out, args.quant)
     mib = done.size_bytes / 2**20
     print(f"[finetune] wrote {done.gguf_path} ({mib:,.1f} MiB, {done.tensor_count} tensors, {args.quant}, "
           f"pre-tokenizer {done.pre_tokenizer}) and {done.modelfile_path}", file=sys.stderr)
+    if done.mmproj_path is not None:  # a vision-language run: llama.cpp's --mmproj file beside the model
+        print(f"[finetune] the vision tower and projector: {done.mmproj_path} (llama-mtmd-cli -m {done.gguf_path.name} "
+              f"--mmproj {done.mmproj_path.name})", file=sys.stderr)
     print(done.gguf_path)
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from finetune.model.families import FAMILIES, GENERIC_PATHS, Family
+from finetune.model.families import FAMILIES, GENERIC_PATHS, VISION_FAMILIES, Family
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,9 +95,24 @@ def models_markdown() -> str:
         "",
         *rows,
         "",
+        *vision_section(),
         *CHAT_TEMPLATES,
     ]
     return "\n".join(lines)
+
+
+def vision_section() -> list[str]:
+    """The vision-language rows: what packing does with images, per family (their matrix: tests/test_vision_*.py)."""
+    rows = ["| family | models | packing | attention, notes |", "| --- | --- | --- | --- |"]
+    for row in VISION_FAMILIES.values():
+        notes = row.attention + (f"; {row.notes}" if row.notes else "")
+        rows.append(f"| `{row.model_type}` | {_cell(row.name)} | {_cell(_yes(row.packing))} | {_cell(notes)} |")
+    return ["## Vision-language families", "",
+            "Loaded with `AutoModelForImageTextToText` and trained with SFT and the preference methods on records with",
+            "images ([Vision-language models](vision.md)); tests/test_vision_families.py holds each row (a packed row's",
+            "loss equal to its rows' alone where packing is allowed). flex_attention stays off for them (not proven",
+            "with image tokens). Another vision-language `model_type` trains on the generic path, as above.", "",
+            *rows, ""]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -288,6 +288,20 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
     return lines
 
 
+def compute_line(shape, trainable, seq_len: int) -> str:
+    """Model FLOPs per trained token (plan/flops.py): a mixture-of-experts token counts its top-k experts only."""
+    from finetune.plan.flops import flops_per_token
+
+    flops = flops_per_token(shape, seq_len, trainable.active_adapter_params if trainable is not None else None)
+    amount = f"{flops / 1e9:,.3f} GFLOP" if flops >= 1e8 else f"{flops / 1e6:,.3f} MFLOP"
+    line = (f"compute: {amount} per trained token at {seq_len} tokens (forward + backward; "
+            f"{shape.active_matmul_params:,} weights in its matmuls")
+    if shape.expert_params:
+        line += (f": of the experts' {shape.expert_params:,} weights the token's top-k use "
+                 f"{shape.active_expert_params:,}; memory holds them all")
+    return line + "); MFU and tokens/s in the training logs count the same"
+
+
 def _fsdp_knobs(args: argparse.Namespace, recipe) -> dict:
     """FSDP2: the recipe's `fsdp:` (its reshard and offload settings), or `--fsdp` with the defaults."""
     from finetune.plan.run_memory import fsdp_shape
@@ -296,10 +310,51 @@ def _fsdp_knobs(args: argparse.Namespace, recipe) -> dict:
     if args.fsdp and not knobs:
         knobs = {"fsdp": True}
     if knobs and args.zero_stage:
-        from finetune.errors import FinetuneError
-
         raise FinetuneError("--zero-stage plans DeepSpeed ZeRO and `fsdp` plans FSDP2: a run uses one; drop one")
+    if args.fsdp and recipe is not None and recipe.fsdp is None:  # a recipe with `fsdp:` was checked as it loaded
+        _refuse_what_train_refuses(recipe)
     return knobs
+
+
+def _refuse_what_train_refuses(recipe) -> None:
+    """`--fsdp` on a recipe without `fsdp:`: what `finetune train` would refuse with `fsdp: true`, in its words
+    (recipe/distributed.py's fsdp_problems, the one source for both), instead of a plan for a run that never starts."""
+    from finetune.recipe.distributed import FSDPSpec, fsdp_problems
+
+    problems = fsdp_problems(recipe.model_copy(update={"fsdp": FSDPSpec()}))
+    if problems:
+        raise FinetuneError("--fsdp: `finetune train` refuses this recipe under `fsdp`, so there is no FSDP plan "
+                            "for it:\n" + "\n".join(f"  - {problem}" for problem in problems))
+
+
+def _vision(args: argparse.Namespace, recipe, config, adapter: str):
+    """A vision-language model's parts and one image at the pixel budget (finetune/model/vision_budget.py); None
+    for a text model."""
+    from finetune.model.targets import is_image_text_config
+
+    if not is_image_text_config(config):
+        return None
+    from finetune.model.vision_budget import plan_vision
+
+    if recipe is not None:
+        from finetune.model.vision import tokenizer_and_processor
+
+        return plan_vision(config, tokenizer_and_processor(recipe)[1], recipe, adapter)
+    from transformers import AutoProcessor
+
+    from finetune.recipe.vision import VisionKeys
+
+    try:
+        processor = AutoProcessor.from_pretrained(args.source)
+    except (OSError, ValueError, ImportError) as exc:
+        raise FinetuneError(f"`{args.source}` is a vision-language model, and planning it needs its processor (an "
+                            f"image's tokens): {exc.__class__.__name__}: {str(exc)[:200]}; pass its folder with the "
+                            "processor files, or a recipe") from None
+    return plan_vision(config, processor, VisionKeys(), adapter)
+
+
+def _vision_counts(vision) -> dict:
+    return {} if vision is None else {"model": vision.model, "frozen": vision.frozen, "unquantized": vision.unquantized}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -314,14 +369,22 @@ def run(args: argparse.Namespace) -> int:
     targets = recipe.lora_target_modules if recipe is not None else defaults["lora_target_modules"].get_default()
     to_save = recipe.lora_modules_to_save if recipe is not None else defaults["lora_modules_to_save"].get_default()
     dora = recipe is not None and recipe.peft_use_dora  # + magnitudes, and their saved outputs (plan/budget.py)
-    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora)
+    parameters = recipe.lora_target_parameters if recipe is not None else None  # fused MoE experts
+    vision = _vision(args, recipe, config, knobs["adapter"])  # a vision-language model's tower and projector
+    shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora, parameters,
+                                     **_vision_counts(vision))
     inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],
                         gradient_checkpointing=knobs["gradient_checkpointing"], attn=knobs["attn"],
                         zero_stage=args.zero_stage, num_gpus=args.num_gpus, **_batch_shape(knobs),
-                        **_fsdp_knobs(args, recipe))
+                        **_fsdp_knobs(args, recipe), vision=vision.shape if vision else None)
     print("\n".join(format_plan(plan_memory(inputs), knobs, shape, inputs.trainable)))
+    print(compute_line(shape, inputs.trainable if knobs["adapter"] != "none" else None, knobs["seq_len"]))
+    if vision is not None:
+        from finetune.plan.vision import describe
+
+        print(describe(vision.shape, inputs.micro_batch_rows()[0], 4 if knobs["precision"] == "fp32" else 2))
     warning = _precision_warning(args, knobs["precision"])
     if warning:
         print(warning)

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
               "relative to this file (axolotl reads them from the working directory). "
               "docs/porting-from-axolotl.md"]
     _write(output, render(ported, header))
-    print(f"wrote {output}: {len(ported.settings)} keys set, {len(ported.dropped)} axolotl keys dropped "
+    print(f"wrote {output}: {len(ported.settings)} keys set, {ported.dropped_count} axolotl settings dropped "
           f"(each with a comment saying why)")
     problems = [f"  - {line}" for line in ported.blocked.values()]
     try:  # the rest of the recipe too, so one run lists every edit

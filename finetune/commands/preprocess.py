@@ -38,8 +38,9 @@ def marked(tokenizer, input_ids: list[int], labels: list[int], image_ids=frozens
     return "".join(out)
 
 
-def show_preference(tokenizer, store, n: int) -> None:
-    """The first n training items of a preference store: prompt, then each response marked as supervised."""
+def show_preference(tokenizer, store, n: int, image_ids=frozenset()) -> None:
+    """The first n training items of a preference store: prompt, then each response marked as supervised; a run of
+    image tokens in a prompt (a vision-language model's) as the token and its count."""
     for item in range(min(n, store.n_train)):
         sequences = store.sequences(item)
         prompt = sequences[0][0]
@@ -48,7 +49,7 @@ def show_preference(tokenizer, store, n: int) -> None:
         sizes = ", ".join(f"{name.split(',')[0]} {len(response)}" for name, (_, response) in zip(names, sequences))
         print(f"\n--- {'example' if store.unpaired else 'pair'} {item} (prompt {len(prompt)} tokens; {sizes}; "
               "supervised in [[ ]]) ---")
-        print(f"[prompt]\n{tokenizer.decode(prompt)}")
+        print(f"[prompt]\n{marked(tokenizer, prompt, [IGNORE_INDEX] * len(prompt), image_ids)}")
         for name, (_, response) in zip(names, sequences):
             print(f"[{name}]\n{marked(tokenizer, response, response)}")
 
@@ -63,8 +64,11 @@ def _preference_counts(recipe, s: dict) -> None:
     for name in ("train", "eval"):
         part = s[name]
         labels = f" ({part['desirable']} desirable, {part['undesirable']} undesirable)" if "desirable" in part else ""
+        images = f", {part['image_tokens']:,} image tokens ({part['images']:,} images)" if "image_tokens" in part else ""
         print(f"{name}: {part['examples']} {unit}{labels}, {part['tokens']:,} tokens, "
-              f"{part['supervised_tokens']:,} response tokens (supervised)")
+              f"{part['supervised_tokens']:,} response tokens (supervised){images}")
+    if s.get("dropped_images"):  # records left out because of their images, by reason
+        print("  left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in s["dropped_images"].items()))
     for name, packed in s.get("packing", {}).items():
         print(f"{name}: packed into {packed['rows']:,} rows of {packed['sequence_len']:,} tokens "
               f"({100 * packed['efficiency']:.0f}% filled)")
@@ -94,6 +98,10 @@ def show_grpo(recipe, tokenizer, prepared, n: int) -> int:
     return report_rewards(recipe, records, lambda text: tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def _image_ids(processor) -> frozenset:
+    return frozenset(i for i in getattr(processor, "image_token_ids", ()) if i is not None)
+
+
 def run(args: argparse.Namespace) -> int:
     from finetune.data import build_dataset
     from finetune.model.vision import tokenizer_and_processor
@@ -109,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         return show_grpo(recipe, tokenizer, prepared, args.show)
     if recipe.method != "sft":
         _preference_counts(recipe, s)
-        show_preference(tokenizer, prepared.store, args.show)
+        show_preference(tokenizer, prepared.store, args.show, _image_ids(processor))
         return 0
     print(f"records: {s['records']}; dropped: {s['dropped_too_long']} over sequence_len {recipe.sequence_len}, "
           f"{s['dropped_no_supervised_tokens']} with no supervised tokens; truncated: {s['truncated']}")
@@ -124,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         images = f", {part['image_tokens']:,} image tokens ({part['images']:,} images)" if "image_tokens" in part else ""
         print(f"{name}: {part['examples']} examples, {part['tokens']:,} tokens, "
               f"{part['supervised_tokens']:,} supervised{images}")
-    image_ids = frozenset(i for i in getattr(processor, "image_token_ids", ()) if i is not None)
+    image_ids = _image_ids(processor)
     for i in range(min(args.show, len(prepared.train))):
         row = prepared.train[i]
         images = (f", {len(json.loads(row['images']))} image(s): each run of image tokens shows as TOKENxCOUNT"

@@ -33,8 +33,10 @@ def build_report(args: argparse.Namespace):
     from finetune.model.targets import inspect_model, is_image_text_config, meta_model
 
     targets = saved = recipe = None
-    dora = False
+    dora, recipe_keys = False, {}
     if is_recipe(args.model):
+        from finetune.model import resolve_precision
+        from finetune.model.moe import saved_bytes
         from finetune.recipe import load_recipe
 
         recipe = load_recipe(args.model, args.overrides)
@@ -42,6 +44,8 @@ def build_report(args: argparse.Namespace):
         if recipe.adapter != "none":
             targets, saved = recipe.lora_target_modules, recipe.lora_modules_to_save
             dora = recipe.peft_use_dora  # + one magnitude per output feature of each adapted layer
+            recipe_keys = dict(target_parameters=recipe.lora_target_parameters, train_router=recipe.train_router,
+                               saved_bytes=saved_bytes(resolve_precision(recipe)), alpha=recipe.lora_alpha)
         cache_dir = recipe.cache_dir
     else:
         from finetune.recipe.data import _default_cache_dir
@@ -53,27 +57,76 @@ def build_report(args: argparse.Namespace):
 
     config = load_config(resolve_model_path(source, cache_dir), trust)
     model = meta_model(config, trust)
-    parts = part_of = None
+    parts = part_of = names = None
     if is_image_text_config(config):  # a vision-language model: its three parts, and which the recipe freezes
-        from finetune.model.vision import report_parts
+        from finetune.model.vision import lora_target_names, report_parts
 
         parts, part_of = report_parts(model, recipe)
-    return inspect_model(model, source, rank, targets, saved, dora, parts, part_of)
+        if targets is not None:  # its adapters go only where its parts are not frozen: the layers training adapts
+            names = lora_target_names(model, recipe)
+    recipe_breakdown, warning = moe_breakdown(model, rank, targets, saved, dora, recipe_keys, names)
+    report = inspect_model(model, source, rank, targets, saved, dora, parts, part_of, recipe_breakdown, warning)
+    report.training = part_training(report, recipe)
+    return report
+
+
+def moe_breakdown(model, rank: int, targets, saved, dora: bool, recipe_keys: dict, names: list[str] | None = None):
+    """(what the recipe's adapters train per kind of weight, the expert warning or None). Without a recipe, a
+    mixture-of-experts model shows what all-linear + its fused experts would train; a dense one nothing. `names`: the
+    layers the recipe's targets come to (a vision-language model's outside its frozen parts), when not the targets."""
+    from finetune.model.moe import breakdown, expert_warning
+    from finetune.plan.moe import moe_layout
+
+    if targets is not None:
+        report = breakdown(model, rank, names if names is not None else targets, recipe_keys.get("target_parameters"),
+                           saved, recipe_keys.get("train_router", False), dora, recipe_keys.get("saved_bytes", 4),
+                           recipe_keys.get("alpha", 16))
+        return report, expert_warning(report, targets, recipe_keys.get("target_parameters"))
+    layout = moe_layout(model)
+    if layout is None:
+        return None, None
+    fused = [e.suffix for e in layout.experts if e.fused] or None
+    report = breakdown(model, rank, "all-linear", fused)
+    report.label = "all-linear" + (f" + lora_target_parameters: [{', '.join(fused)}]" if fused else "")
+    return report, None
+
+
+def part_training(report, recipe) -> dict[str, str]:
+    """What trains in each part of a vision-language model under the recipe: its adapter, freeze keys and targets."""
+    from finetune.model.targets import matched_groups
+
+    out = {}
+    for part, (_, frozen) in report.parts.items():
+        groups = [g for g in report.groups if g.part == part]
+        weights = sum(g.parameters for g in groups)
+        linear = sum(g.count for g in groups if g.targetable and not g.output_layer)
+        if frozen:
+            out[part] = f"frozen: no gradients, no adapters ({weights:,} weights)"
+        elif recipe is None:
+            out[part] = f"trains: in full, or adapters on its {linear} linear layers ({weights:,} weights)"
+        elif recipe.adapter == "none":
+            out[part] = f"trains in full: {weights:,} weights"
+        else:
+            adapted = [g for g in matched_groups(groups, recipe.lora_target_modules) if not g.output_layer]
+            size = sum(g.count * (report.rank * (g.in_features + g.out_features) + (g.out_features if report.dora
+                                                                                    else 0)) for g in adapted)
+            out[part] = (f"LoRA on {sum(g.count for g in adapted)} of its {linear} linear layers: {size:,} adapter "
+                         f"parameters (its {weights:,} weights frozen)")
+    return out
 
 
 def format_report(report) -> str:
     rows = [("module pattern", "class", "shape", "count", "params", "LoRA")]
     frozen = {part for part, (_, is_frozen) in report.parts.items() if is_frozen}
     for g in report.groups:
-        lora = "output layer" if g.output_layer else ("frozen part" if g.targetable and g.part in frozen else
-                                                      "yes" if g.targetable else "")
+        lora = ("output layer" if g.output_layer else "frozen part" if g.targetable and g.part in frozen
+                else "yes" if g.targetable else "lora_target_parameters" if g.fused_experts else "")
         rows.append((g.pattern, g.cls, g.shape, str(g.count), f"{g.parameters:,}", lora))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = [f"{report.architecture} ({report.model_type}) from {report.source}: "
              f"{report.total_parameters:,} parameters (config only, no weights loaded)", ""]
-    for part, (prefixes, is_frozen) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
-        how = "frozen: no gradients, no adapters" if is_frozen else "trains: in full, or adapters on its linear layers"
-        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {how}")
+    for part, (prefixes, _) in report.parts.items():  # a vision-language model (finetune/model/vision.py)
+        lines.append(f"{part.replace('_', ' ')} ({', '.join(prefixes) or 'none'}): {report.training[part]}")
     lines += [""] if report.parts else []
     lines += ["  ".join(c.ljust(w) if i in (0, 1, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
               .rstrip() for r in rows]
@@ -86,7 +139,36 @@ def format_report(report) -> str:
                      f"lora_target_modules: {targets}{saved}")
     lines += ["", "The output layer is left out of all-linear (as peft does); train it in full with "
                   "lora_modules_to_save instead."]
+    if report.recipe is not None:
+        lines += ["", *recipe_lines(report.recipe)]
+    if report.warning:
+        lines += ["", f"warning: {report.warning}"]
     return "\n".join(lines)
+
+
+def recipe_lines(recipe) -> list[str]:
+    """What the recipe's adapters train, per kind of weight (expert, shared expert, router, attention, other for a
+    mixture-of-experts model), and the adapter's size on disk."""
+    layout = recipe.layout
+    lines = []
+    if layout is not None:
+        top_k = f"top-{layout.top_k}" if layout.top_k else "top-k unknown"
+        lines.append(f"Mixture-of-experts: {layout.num_experts} experts per MoE layer ({top_k}), "
+                     f"{'fused 3-D weights (lora_target_parameters)' if layout.fused else 'one Linear per expert'}; "
+                     f"routers {', '.join(sorted({n.rsplit('.', 1)[-1] for n in layout.routers})) or '-'}.")
+    rows = [("weights", "params", "trained", "share", "LoRA added", "full copies")]
+    for r in recipe.rows:
+        if layout is None and r.kind not in ("attention", "other") or not r.parameters:
+            continue
+        share = f"{100 * r.adapted / r.parameters:.1f}%"
+        rows.append((r.kind, f"{r.parameters:,}", f"{r.adapted:,}", share, f"{r.lora:,}", f"{r.saved:,}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines.append(f"What {recipe.label} train{'s' if recipe.label.startswith('all-linear') else ''}:")
+    lines += ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    lines.append(f"  adapter: {recipe.trainable:,} trainable parameters, {recipe.adapter_bytes / 1e6:.3f} MB "
+                 f"({recipe.adapter_bytes:,} bytes: LoRA weights in fp32, full copies in the base's dtype)")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:

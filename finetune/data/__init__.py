@@ -14,13 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from finetune.data.dedup import recipe_records
-from finetune.data.cache import cache_key, data_hash, load_prepared, save_prepared, tokenizer_fingerprint
+from finetune.data.cache import (cache_key, data_hash, drop_prepared, load_prepared, save_prepared,
+                                 tokenizer_fingerprint)
 from finetune.data.encode import encode_stream
 from finetune.data.formats import Example
 from finetune.data.vision import IMAGE_REJECT
 from finetune.errors import DataError
 from finetune.ingest.record_images import has_images
 from finetune.ingest.records import require_records_file
+from finetune.log import get_logger
 from finetune.recipe.data import RECORD_TYPES
 
 
@@ -208,7 +210,7 @@ def _to_dataset(examples: list[Example], images: bool = False):
 def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]], Prepared]:
     """(the record files, the cache entry for them as a Prepared): filled from the cache when it holds one
     (`reused`), else empty for store_entry to fill. A processor's image settings enter the key with the tokenizer."""
-    from finetune.data.vision import processor_fingerprint
+    from finetune.data.vision import images_changed, processor_fingerprint
 
     files = record_files(recipe)
     files_hash = data_hash(files)
@@ -216,6 +218,11 @@ def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]
     root = prepared_root(recipe)
     prepared = Prepared(None, None, {}, key, files_hash, str(root / key))
     cached = load_prepared(root, key)
+    if cached is not None and images_changed(*cached):  # an image edited or removed since: its rows' tokens are stale
+        get_logger(__name__).info("data: an image the cached rows were tokenized from changed or went away since: "
+                                  "tokenizing again")
+        drop_prepared(root, key)
+        cached = None
     if cached is not None:
         dd, prepared.stats = cached
         prepared.train, prepared.eval, prepared.reused = dd["train"], dd.get("eval"), True
@@ -227,6 +234,9 @@ def cache_entry(recipe, tokenizer, processor=None) -> tuple[list[tuple[str, str]
 
 def store_entry(prepared: Prepared, dataset_dict, stats: dict) -> Prepared:
     """Save freshly tokenized splits under the entry's key; the entry now holds them."""
+    from finetune.data.vision import image_files
+
+    stats = {**stats, **image_files(dataset_dict)}  # what the rows' image tokens were counted from
     save_prepared(Path(prepared.cache_path).parent, prepared.key, dataset_dict, stats)
     prepared.train, prepared.eval, prepared.stats = dataset_dict["train"], dataset_dict.get("eval"), stats
     return prepared
@@ -242,7 +252,7 @@ def build_dataset(recipe, tokenizer, processor=None) -> Prepared:
 
     check_vision_method(recipe, processor)
     if is_preference(recipe):
-        return build_preference_dataset(recipe, tokenizer)
+        return build_preference_dataset(recipe, tokenizer, processor)
     if is_grpo(recipe):
         return build_prompt_dataset(recipe, tokenizer)
     files, prepared = cache_entry(recipe, tokenizer, processor)
@@ -289,17 +299,21 @@ def pack_prepared(recipe, prepared: Prepared) -> Prepared:
     return prepared
 
 
-def build_preference_dataset(recipe, tokenizer) -> Prepared:
+def build_preference_dataset(recipe, tokenizer, processor=None) -> Prepared:
     """Preference methods: tokenized pairs (KTO: unpaired examples), cached like SFT examples; the Trainer's
-    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py)."""
+    datasets are rows of pair ids into `Prepared.store` (finetune/data/preference/rows.py). `processor`: a
+    vision-language model's, which expands the prompts' images (finetune/data/vision/pairs.py)."""
     from datasets import DatasetDict
 
     from finetune.data.preference.pairs import item_stats, to_dataset, tokenize_preferences
+    from finetune.data.vision import image_stats
 
-    files, prepared = cache_entry(recipe, tokenizer)
+    files, prepared = cache_entry(recipe, tokenizer, processor)
+    prepared.processor = processor
     if prepared.reused:
         return preference_prepared(recipe, prepared)
-    items, outcome = tokenize_preferences(recipe, tokenizer, files)
+    items, outcome = tokenize_preferences(recipe, tokenizer, files, processor=processor)
+    vision = processor is not None
     train, held = split(items, recipe)
     stats = {
         "records": outcome.get("records", 0),
@@ -308,10 +322,11 @@ def build_preference_dataset(recipe, tokenizer) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
-        "train": item_stats(train),
-        "eval": item_stats(held),
+        "train": item_stats(train, vision),
+        "eval": item_stats(held, vision),
+        **image_stats(Counter(outcome), vision),
     }
-    dd = DatasetDict({"train": to_dataset(train), **({"eval": to_dataset(held)} if held else {})})
+    dd = DatasetDict({"train": to_dataset(train, vision), **({"eval": to_dataset(held, vision)} if held else {})})
     return preference_prepared(recipe, store_entry(prepared, dd, stats))
 
 

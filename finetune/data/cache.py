@@ -69,6 +69,11 @@ def load_prepared(root: str | os.PathLike, key: str):
     return load_from_disk(str(folder / "data")), json.loads((folder / "stats.json").read_text())
 
 
+def drop_prepared(root: str | os.PathLike, key: str) -> None:
+    """Remove a cache entry (its rows are stale), so that the entry tokenized again takes its place."""
+    shutil.rmtree(Path(root) / key, ignore_errors=True)
+
+
 def save_prepared(root: str | os.PathLike, key: str, dataset_dict, stats: dict) -> None:
     """Write to a temporary folder, then rename: a crash never leaves a cache entry that looks complete."""
     root = Path(root)

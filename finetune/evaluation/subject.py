@@ -239,7 +239,7 @@ class Models:
         if name == "tuned":
             yield self.tuned
         elif name == "gguf":
-            model = load_gguf(self.gguf, self.tokenizer)
+            model = load_gguf(self.gguf, self.tokenizer, self.tuned.config)
             try:
                 yield model
             finally:
@@ -282,9 +282,22 @@ def _load(source, model_class=None, **kwargs):
         raise ModelError(f"cannot load the model at `{source}`: {exc}") from None
 
 
-def load_gguf(path: Path, tokenizer):
-    """A GGUF export, dequantized by transformers (gguf_file=), grown to the run's vocabulary if needed."""
-    model = _load(path.parent, gguf_file=path.name)
+def load_gguf(path: Path, tokenizer, config=None):
+    """A GGUF export, dequantized by transformers (gguf_file=), grown to the run's vocabulary if needed. `config`: the
+    run's model config (a GGUF does not hold every hyperparameter transformers needs; it guesses the rest). A GGUF
+    transformers reads back without some of the run's weights (its GGUF loader does not map every family llama.cpp
+    runs: Mixtral's experts) or not at all is a ModelError, never a drift measured against freshly drawn weights."""
+    try:
+        model, info = _load(path.parent, gguf_file=path.name, config=config, output_loading_info=True)
+        missing = sorted(info.get("missing_keys") or [])
+        why = f"it reads it without {len(missing)} of the model's weights, e.g. `{missing[0]}`" if missing else ""
+    except (TypeError, KeyError, RuntimeError, NotImplementedError) as exc:  # a family it has no reader for
+        why = f"its GGUF loader fails: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    if why:
+        raise ModelError(f"transformers cannot read `{path}` back whole (a `{getattr(config, 'model_type', '?')}`: "
+                         f"{why}), so there is no GGUF drift to measure here; llama.cpp reads the file itself "
+                         f"(docs/export.md). Evaluate without it: move it out of `{path.parent}`, or pass --gguf "
+                         "another file")
     if len(tokenizer) > model.get_input_embeddings().num_embeddings:
         raise ModelError(f"`{path}` has {model.get_input_embeddings().num_embeddings} token embeddings, the run's "
                          f"tokenizer {len(tokenizer)}: it is not an export of this run")

@@ -24,6 +24,7 @@ class Exported:
     size_bytes: int
     tensor_count: int
     pre_tokenizer: str
+    mmproj_path: Path | None = None  # a vision-language run's tower and projector (export/gguf_mmproj.py)
 
 
 def _log(message: str) -> None:
@@ -49,11 +50,10 @@ def load_model(trained, tokenizer):
 
         _log(f"merging the adapter in {trained.folder} into {trained.base_source} (fp32, unquantized)")
         return load_adapter_model(trained, "fp32", tokenizer=tokenizer)[0].merge_and_unload()
-    import torch
-    from transformers import AutoModelForCausalLM
+    from finetune.model.trained import load_full_model
 
     _log(f"loading the model in {trained.folder}")
-    return AutoModelForCausalLM.from_pretrained(str(trained.folder), dtype=torch.float32)
+    return load_full_model(trained, "fp32")
 
 
 def check_family(folder: Path):

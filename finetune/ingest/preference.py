@@ -6,7 +6,11 @@ Canonical forms, the contract the data stage reads (`read_records` returns them,
   preference, conversational  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}
   unpaired (KTO)              {"prompt": str | [messages], "completion": str | [messages], "label": bool}
 
-Messages are exactly {"role": "system" | "user" | "assistant", "content": str}. A conversational prompt is
+Messages are exactly {"role": "system" | "user" | "assistant", "content": str}; a prompt's user message may
+instead hold a list of text and image parts (the chat records' canonical parts, finetune/ingest/record_images.py),
+its images placed from any layout the chat records accept: parts, TRL's `images` column with {"type": "image"}
+placeholders (or none: the images lead the first user turn), LLaMA-Factory's `<image>` tags with `images`. An
+answer is text: an image in chosen, rejected or a completion is refused. A conversational prompt is
 non-empty and ends with a user message; chosen, rejected and a conversational completion are non-empty and
 hold assistant messages only. Prompt and answers are both plain or both conversational. Plain strings are
 kept verbatim, whitespace at their edges included: the prompt and an answer join as written (TRL's plain
@@ -30,8 +34,11 @@ Pure Python: no torch, no data/.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 from finetune.contract import alpaca_prompt
+from finetune.ingest.record_images import PartProblem, Store, image_parts, prompt_images
 
 PREFERENCE_SHAPES = ("preference", "unpaired")
 SIDES = {"preference": ("prompt", "chosen", "rejected"), "unpaired": ("prompt", "completion")}
@@ -48,12 +55,22 @@ class RecordProblem(ValueError):
         self.reason = reason
 
 
-def canonical(record: dict, shape: str) -> dict:
-    """The canonical form of a preference or unpaired record. Raises RecordProblem."""
-    return canonical_preference(record) if shape == "preference" else canonical_unpaired(record)
+@dataclass(frozen=True)
+class ImageSource:
+    """Where a record's images are read from: relative paths start at `base_dir` (the data file's folder); with a
+    `store` (the records cache), image bytes are written there and the part points to the file."""
+
+    base_dir: Path
+    store: Store | None = None
 
 
-def canonical_preference(record: dict) -> dict:
+def canonical(record: dict, shape: str, images: ImageSource | None = None) -> dict:
+    """The canonical form of a preference or unpaired record. Raises RecordProblem, or ImageRejected for its images
+    (`images`: where they are read from; None refuses a record with images)."""
+    return canonical_preference(record, images) if shape == "preference" else canonical_unpaired(record, images)
+
+
+def canonical_preference(record: dict, images: ImageSource | None = None) -> dict:
     """{prompt, chosen, rejected} from any accepted pair form. Raises RecordProblem."""
     if "conversations" in record:
         pair = _sharegpt(record)
@@ -63,6 +80,7 @@ def canonical_preference(record: dict) -> dict:
         pair = _explicit(record, SIDES["preference"])
     else:
         pair = _implicit(record)
+    pair = _placed(pair, record.get("images"), images, ("chosen", "rejected"))
     _check_prompt(pair["prompt"])
     for key in ("chosen", "rejected"):
         _check_answer(pair[key], key)
@@ -71,7 +89,7 @@ def canonical_preference(record: dict) -> dict:
     return pair
 
 
-def canonical_unpaired(record: dict) -> dict:
+def canonical_unpaired(record: dict, images: ImageSource | None = None) -> dict:
     """{prompt, completion, label} from KTO's form. Raises RecordProblem."""
     if "label" not in record:
         raise RecordProblem('an unpaired record needs "label": true for a desirable completion, false for an '
@@ -82,6 +100,7 @@ def canonical_unpaired(record: dict) -> dict:
                             "for a desirable completion, false for an undesirable one")
     out = _split_conversation(record) if "messages" in record and "completion" not in record \
         else _explicit(record, SIDES["unpaired"])
+    out = _placed(out, record.get("images"), images, ("completion",))
     _check_prompt(out["prompt"])
     _check_answer(out["completion"], "completion")
     return {**out, "label": label}
@@ -89,7 +108,8 @@ def canonical_unpaired(record: dict) -> dict:
 
 def texts(record: dict, shape: str, taught_only: bool = False) -> list[str]:
     """The strings of a canonical record, in a fixed order; with `taught_only`, only those training would
-    teach: a pair's chosen answer, an unpaired completion labelled true (never a rejected answer)."""
+    teach: a pair's chosen answer, an unpaired completion labelled true (never a rejected answer). For the cleaning
+    steps, which read records without images (canonical() refuses those without an ImageSource)."""
     return [t for key in _keys(record, shape, taught_only) for t in _side_texts(record[key])]
 
 
@@ -232,12 +252,14 @@ def _message(value: object, where: str) -> dict:
     if not isinstance(value, dict):
         raise RecordProblem(f'{where} must be a message {{"role": ..., "content": ...}}, got {_kind(value)}')
     role_key, content_key = ("from", "value") if "from" in value and "role" not in value else ("role", "content")
-    if role_key not in value or not isinstance(value.get(content_key), str):
-        raise RecordProblem(f'{where} needs "{role_key}" and "{content_key}" (a string)')
+    content = value.get(content_key)
+    if role_key not in value or not (isinstance(content, str) or (content_key == "content" and isinstance(content, list))):
+        raise RecordProblem(f'{where} needs "{role_key}" and "{content_key}" (a string, or a list of text and image '
+                            'parts)')
     role = value[role_key]
     if not isinstance(role, str) or role not in ROLE_NAMES:
         raise RecordProblem(f"{where}.{role_key} is {role!r}; expected one of {_ROLES_SAID}")
-    return {"role": ROLE_NAMES[role], "content": value[content_key]}
+    return {"role": ROLE_NAMES[role], "content": content}
 
 
 def _role(message: dict) -> object:
@@ -245,7 +267,54 @@ def _role(message: dict) -> object:
 
 
 def _drop_empty_system(messages: list[dict]) -> list[dict]:
-    return [m for m in messages if m["role"] != "system" or m["content"].strip()]
+    return [m for m in messages if m["role"] != "system" or not isinstance(m["content"], str) or m["content"].strip()]
+
+
+def _placed(out: dict, listed: object, source: ImageSource | None, answers: tuple[str, ...]) -> dict:
+    """`out` with its answers as text and its prompt's images in canonical parts (`listed`: the record's `images`
+    column). Raises RecordProblem, or ImageRejected (a bad count of placeholders, a URL, bytes the store cannot
+    read)."""
+    out = {**out, **{key: _answer(out[key], key) for key in answers}}
+    prompt, given = out["prompt"], listed is not None and listed != []
+    if isinstance(prompt, str):
+        if given:
+            raise RecordProblem('a record with "images" needs a conversational prompt (a list of messages) to show '
+                                "them in; a plain-text prompt has no place for an image")
+        return out
+    if listed is None and not any(isinstance(m["content"], list) for m in prompt):
+        return out
+    if source is None:  # text parts only: joined back into each message's string
+        if given or image_parts({"prompt": prompt}):
+            raise RecordProblem("a preference record with images: the cleaning steps (`type: records`) read text "
+                                "only; list the file as a records dataset (`type: auto`), which reads its images")
+        source, listed = ImageSource(Path(".")), None
+    try:
+        return {**out, "prompt": prompt_images(prompt, listed, source.base_dir, source.store)}
+    except PartProblem as problem:
+        raise RecordProblem(str(problem)) from None
+
+
+def _answer(side: str | list[dict], key: str) -> str | list[dict]:
+    """An answer's messages with their text parts joined into one string; an image in an answer is refused."""
+    if isinstance(side, str):
+        return side
+    out = []
+    for i, message in enumerate(side):
+        content = message["content"]
+        if isinstance(content, list):
+            if any(not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str)
+                   for p in content):
+                raise RecordProblem(f'{key}[{i}] holds an image (or a part that is not text): "{key}" is the '
+                                    "model's answer, in text; images go in the prompt's user turn")
+            content = "".join(p["text"] for p in content)
+        out.append({**message, "content": content})
+    return out
+
+
+def _text(content: str | list[dict]) -> str:
+    """A message's text: the string, or its text parts joined."""
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content
+                                                              if p.get("type") == "text")
 
 
 def _check_prompt(prompt: str | list[dict]) -> None:
@@ -256,7 +325,7 @@ def _check_prompt(prompt: str | list[dict]) -> None:
     if not prompt:
         raise RecordProblem('the prompt is empty: it needs at least one user message', "empty_side")
     for i, message in enumerate(prompt):
-        if not message["content"].strip():
+        if not _text(message["content"]).strip() and not isinstance(message["content"], list):
             raise RecordProblem(f"prompt message {i} ({message['role']}) is empty", "empty_side")
     if prompt[-1]["role"] != "user":
         raise RecordProblem(f"the prompt ends with {_a(prompt[-1]['role'])} message; it must end with the user turn "

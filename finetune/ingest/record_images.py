@@ -48,8 +48,12 @@ class PartProblem(ValueError):
 
 
 def image_parts(record: dict) -> list[dict]:
-    """The image parts of a record, in order (every message's list content, first to last)."""
-    return [part for message in record.get("messages") or [] if isinstance(message, dict)
+    """The image parts of a record, in order (every message's list content, first to last): a chat record's
+    messages, or a preference record's prompt."""
+    messages = record.get("messages")
+    if messages is None and isinstance(record.get("prompt"), list):
+        messages = record["prompt"]
+    return [part for message in messages or [] if isinstance(message, dict)
             and isinstance(message.get("content"), list) for part in message["content"]
             if isinstance(part, dict) and part.get("type") == "image"]
 
@@ -88,6 +92,21 @@ def canonical_images(record: dict, images: object, base_dir: Path, store: Store 
             message = {**message, "content": _joined(parts)}
         out.append(message)
     return {**record, "messages": out}
+
+
+def prompt_images(prompt: list[dict], images: object, base_dir: Path, store: Store | None = None) -> list[dict]:
+    """A preference record's prompt messages with their images placed and canonical, as a chat record's are
+    (`images`: the record's `images` column). An image belongs to a user turn. Raises ImageRejected or PartProblem."""
+    try:
+        prompt = canonical_images({"messages": prompt}, images, base_dir, store)["messages"]
+    except PartProblem as problem:
+        raise PartProblem(f"prompt: {str(problem).replace('messages[', 'prompt[')}") from None
+    for i, message in enumerate(prompt):
+        if message.get("role") != "user" and image_parts({"messages": [message]}):
+            raise PartProblem(f"prompt[{i}] is {'an' if message.get('role') == 'assistant' else 'a'} "
+                              f"{message.get('role')} message with an image: images go in the user turns the answers "
+                              "reply to")
+    return prompt
 
 
 def _parts(messages: list) -> list:

@@ -26,7 +26,7 @@ from pathlib import Path
 from finetune.atomic import temp_file
 from finetune.errors import DataError
 from finetune.ingest.images import ImageRejected
-from finetune.ingest.preference import PREFERENCE_SHAPES, RecordProblem, canonical
+from finetune.ingest.preference import PREFERENCE_SHAPES, ImageSource, RecordProblem, canonical
 from finetune.ingest.record_images import PartProblem, canonical_images
 
 SFT_SHAPES = ("completion", "instruction", "chat")
@@ -67,12 +67,13 @@ def a_shape(shape: str) -> str:
     return f"an {shape}" if shape[0] in "aeiou" else f"a {shape}"
 
 
-def checked_record(record: object, shape: str) -> tuple[dict | None, str | None]:
+def checked_record(record: object, shape: str, images: ImageSource | None = None) -> tuple[dict | None, str | None]:
     """(the record to use, None) or (None, why it is not a valid record of `shape`). Supervised records are
-    used as they are; preference and unpaired records in their canonical form."""
+    used as they are; preference and unpaired records in their canonical form, their prompt's images read from
+    `images` (raises ImageRejected for them)."""
     if shape in PREFERENCE_SHAPES and isinstance(record, dict):
         try:
-            return canonical(record, shape), None
+            return canonical(record, shape, images), None
         except RecordProblem as problem:
             return None, str(problem)
     problem = record_problem(record, shape)
@@ -258,7 +259,10 @@ def read_records(path: str | os.PathLike, shape: str = "auto") -> list[tuple[str
                 raise DataError(_mixed(path, where, rec_shape, *first))
         if rec_shape in SFT_SHAPES and isinstance(record, dict) and (rec_shape == "chat" or "images" in record):
             record = _with_images(path, where, record)
-        checked, problem = checked_record(record, rec_shape)
+        try:  # a pair's prompt images: paths relative to the file's folder made absolute
+            checked, problem = checked_record(record, rec_shape, ImageSource(Path(path).absolute().parent))
+        except ImageRejected as rejected:
+            raise DataError(f"`{path}` {where}: {rejected.detail}") from None
         if problem:
             raise DataError(f"`{path}` {where}: {problem}")
         out.append((rec_shape, checked))

@@ -29,7 +29,8 @@ from finetune.ingest import from_dataset
 from finetune.ingest.images import ImageRejected, check_image
 from finetune.ingest.record_images import PartProblem, Store, canonical_images, image_parts, image_store
 from finetune.ingest.record_map import record_mapper, sharegpt_record
-from finetune.ingest.records import SFT_SHAPES, a_shape, checked_record, detect_shape, iter_json_objects
+from finetune.ingest.preference import ImageSource
+from finetune.ingest.records import PROMPT_SHAPE, SFT_SHAPES, checked_record, detect_shape, iter_json_objects
 
 RECORDS_FORMAT = 2  # bump when the mapping changes what it writes for the same input (2: images, text parts joined)
 JSON_SUFFIXES = (".jsonl", ".json")
@@ -178,14 +179,17 @@ class RowReader:
             return None, "invalid_record", ("no record shape: no text, instruction/output, messages or chosen/rejected "
                                             "field")
         images = row.get(self.column) if self.column else record.get("images")
-        if shape not in SFT_SHAPES and images:
-            raise DataError(f"`{self.spec.path}` {where}: {a_shape(shape)} record with images; images are read with "
-                            "supervised chat records (method: sft) so far, not with preference or prompt records")
+        if shape == PROMPT_SHAPE and images:
+            raise DataError(f"`{self.spec.path}` {where}: a prompt record with images; GRPO does not read images (its "
+                            "rollouts generate from text prompts). Images train with chat records (`method: sft`) "
+                            "and preference records (`method: dpo`, ipo, orpo, simpo, kto: docs/vision.md)")
         try:
             if shape in SFT_SHAPES and (shape == "chat" or images is not None):
                 record = canonical_images({k: v for k, v in record.items() if k != self.column}, images,
                                           self.base_dir, self.store)
-            record, why = checked_record(record, shape)
+            elif images is not None:  # a pair's prompt: its images placed (and stored) as a chat record's are
+                record = {**{k: v for k, v in record.items() if k != self.column}, "images": images}
+            record, why = checked_record(record, shape, ImageSource(self.base_dir, self.store))
             if record is None:
                 return None, "invalid_record", why
             for part in image_parts(record):

@@ -8,12 +8,13 @@ from __future__ import annotations
 import functools
 import os
 
-from finetune.compat import parameter_count, save_new_token_rows_only
+from finetune.compat import parameter_count, peft_wrapping, save_new_token_rows_only
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.model.bnb import require_bitsandbytes
 from finetune.model.checkpointing import checkpoint_mlps
 from finetune.model.loader import _not_found, adapter_folder, load_tokenizer, resolve_model_path
+from finetune.model.moe import MoeSetup, check_target_parameters, prepare_experts
 from finetune.model.targets import check_targets, module_groups, ties_embeddings
 from finetune.model.tokens import fit_embeddings
 from finetune.model.vision import freeze_parts, is_vision_model, log_parts, lora_target_names
@@ -81,9 +82,10 @@ def describe_quantization(recipe, precision: str) -> str:
 
 
 def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embeddings: bool = False,
-                    trainable_tokens: dict[str, list[int]] | None = None):
-    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save`: the recipe's;
-    `trainable_tokens`: the embedding (and lm_head) rows of the recipe's new tokens (fit_embeddings)."""
+                    trainable_tokens: dict[str, list[int]] | None = None, exclude_modules: list[str] | None = None):
+    """peft LoraConfig for `adapter: lora|qlora`, or None for a full fine-tune. `modules_to_save`: the recipe's
+    (and the routers with `train_router`); `trainable_tokens`: the embedding (and lm_head) rows of the recipe's new
+    tokens (fit_embeddings); `exclude_modules`: what no adapter may reach (frozen routers, model/moe.py)."""
     if recipe.adapter == "none":
         return None
     from peft import EvaConfig, LoraConfig
@@ -93,6 +95,9 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         lora_alpha=recipe.lora_alpha,
         lora_dropout=recipe.lora_dropout,
         target_modules=recipe.lora_target_modules,
+        # mixture-of-experts: the fused 3-D expert weights, one rank-r adapter per expert (docs/moe.md)
+        target_parameters=recipe.lora_target_parameters,
+        exclude_modules=exclude_modules or None,
         modules_to_save=modules_to_save,
         trainable_token_indices=trainable_tokens,  # the rows of new tokens (finetune/model/tokens.py)
         # a tied embedding / lm_head pair stays one trained matrix instead of two diverging copies
@@ -163,8 +168,12 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
     adapter = adapter_folder(recipe.base_model)
-    lora = get_lora_config(recipe, recipe.lora_modules_to_save or None, tie_embeddings=ties_embeddings(model),
-                           trainable_tokens=trainable_tokens)
+    moe = prepare_experts(model, recipe, precision) if adapter is None else MoeSetup()
+    lora = get_lora_config(recipe, (recipe.lora_modules_to_save or []) + moe.saved or None,
+                           tie_embeddings=ties_embeddings(model), trainable_tokens=trainable_tokens,
+                           exclude_modules=moe.excluded)
+    if lora is not None:
+        moe.apply(lora)  # a mixture-of-experts model: peft's own conversion for fused experts, frozen routers out
     vision = is_vision_model(model)
     if adapter is not None:
         model = continue_adapter(model, adapter, recipe)
@@ -175,13 +184,17 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
             lora.target_modules = lora_target_names(model, recipe)
             log_parts(model, recipe, lora.target_modules)
         else:
-            check_targets(module_groups(model), recipe.lora_target_modules)
+            modules = moe.targets.modules if moe.targets else recipe.lora_target_modules  # after peft's conversion
+            if modules or not (recipe.lora_target_parameters or moe.targets and moe.targets.parameters):
+                check_targets(module_groups(model), modules)  # [] is fine with parameter targets only
+        check_target_parameters(model, recipe.lora_target_parameters)
         if trainable_tokens and mutates_base(recipe):
             raise ModelError(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` cannot train new tokens' "
                              "rows (trainable_token_indices): peft's conversion for the original base "
                              "keeps only A and B; use the default init, or add no tokens")
         try:
-            model = get_peft_model(model, lora)
+            with peft_wrapping():
+                model = get_peft_model(model, lora)
         except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
             raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
                              "Drop the LoRA variant key it names (docs/lora.md), or use another base") from None
@@ -214,8 +227,10 @@ def continue_adapter(model, folder, recipe):
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
         # peft froze the base's weights when it put the adapter on: after merging, every weight trains again
-        return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
-    model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
+        with peft_wrapping():
+            return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
+    with peft_wrapping():
+        model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "
              f"DoRA {'on' if config.use_dora else 'off'}, rsLoRA {'on' if config.use_rslora else 'off'}, its own "

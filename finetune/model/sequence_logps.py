@@ -84,8 +84,11 @@ def response_logps(model, head, batch: dict, full_logits: bool = False):
     `model` is what the Trainer calls (wrapped or not); `head` its LM head module."""
     import torch
 
+    from finetune.data.preference.collate import VISION_INPUTS
+
     rows, positions, targets, owner = supervised_targets(batch)
-    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    # a vision-language model's pixels and modality ids beside the ids (finetune/data/preference/collate.py)
+    inputs = {**{k: batch[k] for k in MODEL_INPUTS if k in batch}, **batch.get(VISION_INPUTS, {})}
     if full_logits:
         logits = model(**inputs, use_cache=False).logits
         token_logps = logits[rows, positions].float().log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

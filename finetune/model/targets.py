@@ -11,13 +11,10 @@ downloaded), so a 70B model is inspected in a second. Counts follow peft exactly
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import asdict, dataclass, field
 
 from finetune.errors import ModelError
-
-_LAYER_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)")
-ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+from finetune.plan.moe import ATTENTION_NAMES, pattern_of  # one rule: the inspector's groups and the MoE kinds
 
 
 @dataclass
@@ -31,6 +28,7 @@ class ModuleGroup:
     parameters: int  # all of them together
     targetable: bool  # a Linear / Conv1D LoRA can adapt
     output_layer: bool = False  # lm_head: left out of `all-linear`
+    fused_experts: bool = False  # holds 3-D expert weights: LoRA reaches them with lora_target_parameters only
     in_features: int = 0
     out_features: int = 0
     names: list[str] = field(default_factory=list, repr=False)
@@ -68,7 +66,7 @@ def linear_features(module) -> tuple[int, int] | None:
 
 
 def _group_key(name: str) -> str:
-    return _LAYER_INDEX.sub("*", name)
+    return pattern_of(name)
 
 
 def module_groups(model, part_of=None) -> list[ModuleGroup]:
@@ -85,13 +83,15 @@ def module_groups(model, part_of=None) -> list[ModuleGroup]:
         group = groups.get(key)
         if group is None:
             weight = getattr(module, "weight", None)
+            stacked = [p for p in own if p.dim() == 3]  # fused experts: (experts, a, b) each
             shape = (f"{features[0]} -> {features[1]}" if features
-                     else "x".join(str(d) for d in weight.shape) if weight is not None else "-")
+                     else "x".join(str(d) for d in weight.shape) if weight is not None
+                     else ", ".join("x".join(str(d) for d in p.shape) for p in stacked) if stacked else "-")
             group = groups[key] = ModuleGroup(
                 pattern=key, cls=type(module).__name__, shape=shape, count=0, parameters=0,
                 targetable=features is not None, output_layer=module is output,
                 in_features=features[0] if features else 0, out_features=features[1] if features else 0,
-                part=(part_of(name) or "") if part_of else "")
+                part=(part_of(name) or "") if part_of else "", fused_experts=bool(stacked))
         group.count += 1
         group.parameters += sum(p.numel() for p in own)
         group.names.append(name)
@@ -175,7 +175,7 @@ def default_qv_targets(model, groups) -> list[str]:
 
 
 def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False,
-            frozen=()) -> list[Preset]:
+            frozen=(), recipe_breakdown=None) -> list[Preset]:
     base_total = unique_parameter_count(model)
     attention = sorted({g.suffix for g in groups if g.targetable and not g.output_layer
                         and set(g.pattern.split(".")) & set(ATTENTION_NAMES)})
@@ -189,8 +189,19 @@ def presets(model, groups, rank: int, recipe_targets=None, recipe_saved=None, do
     out.append(make("all-linear", "all-linear", []))
     out.append(make("all-linear + embeddings/lm_head saved", "all-linear", embedding_module_names(model)))
     if recipe_targets is not None:
-        check_targets(groups, recipe_targets)
-        out.append(make("recipe", recipe_targets, recipe_saved or []))
+        settled = recipe_breakdown.targets if recipe_breakdown is not None else None
+        modules = settled.modules if settled is not None else recipe_targets  # after peft's conversion
+        if modules or settled is None or not settled.parameters:
+            check_targets(groups, modules)
+        if recipe_breakdown is None or frozen:  # a vision-language model's row counts only its unfrozen parts
+            out.append(make("recipe", recipe_targets, recipe_saved or []))
+            return out
+        # the recipe's row counts what build_model hands peft: parameter targets, frozen or trained routers too
+        trainable = recipe_breakdown.trainable
+        target_list = recipe_targets if recipe_targets == "all-linear" else sorted(set(recipe_targets))
+        if settled is not None and settled.converted:  # what peft adapts for those names
+            target_list = [*([modules] if isinstance(modules, str) else modules), *settled.parameters]
+        out.append(Preset("recipe", target_list, list(recipe_saved or []), trainable, base_total + trainable))
     return out
 
 
@@ -226,24 +237,34 @@ class Report:
     presets: list[Preset]
     dora: bool = False  # the counts include DoRA's magnitude vectors
     parts: dict = field(default_factory=dict)  # a vision-language model's parts: name -> (module prefixes, frozen)
+    # what the recipe's adapters train per kind of weight, the adapter's bytes (model/moe.py); None without a recipe
+    recipe: object = None
+    warning: str | None = None  # a mixture-of-experts recipe whose adapters reach almost no expert
+    training: dict = field(default_factory=dict)  # ... and what trains in each under the recipe: part -> words
 
     def to_json(self) -> dict:
         modules = [{k: v for k, v in asdict(g).items() if k != "names"} for g in self.groups]
         return {
             "source": self.source, "architecture": self.architecture, "model_type": self.model_type,
             "rank": self.rank, "dora": self.dora, "total_parameters": self.total_parameters, "modules": modules,
-            "parts": {part: {"modules": prefixes, "frozen": frozen} for part, (prefixes, frozen) in self.parts.items()},
+            "parts": {part: {"modules": prefixes, "frozen": frozen, "trains": self.training.get(part)}
+                      for part, (prefixes, frozen) in self.parts.items()},
             "presets": [{**asdict(p), "trainable_percent": round(p.trainable_percent, 4)} for p in self.presets],
+            "recipe": self.recipe.to_json() if self.recipe is not None else None, "warning": self.warning,
         }
 
 
 def inspect_model(model, source: str, rank: int, recipe_targets=None, recipe_saved=None, dora: bool = False,
-                  parts: dict | None = None, part_of=None) -> Report:
-    """`parts` / `part_of`: a vision-language model's parts (name -> (prefixes, frozen)) and name -> part."""
+                  parts: dict | None = None, part_of=None, recipe_breakdown=None,
+                  warning: str | None = None) -> Report:
+    """`parts` / `part_of`: a vision-language model's parts (name -> (prefixes, frozen)) and name -> part;
+    `recipe_breakdown`: what the recipe's adapters train per kind of weight (model/moe.py breakdown), which the
+    recipe's preset row counts; `warning`: model/moe.py's expert_warning."""
     groups = module_groups(model, part_of)
     frozen = {name for name, (_, is_frozen) in (parts or {}).items() if is_frozen}
     return Report(source=source, architecture=type(model).__name__,
                   model_type=getattr(model.config, "model_type", "?"), rank=rank,
                   total_parameters=unique_parameter_count(model), groups=groups,
-                  presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora, frozen), dora=dora,
-                  parts=parts or {})
+                  presets=presets(model, groups, rank, recipe_targets, recipe_saved, dora, frozen,
+                                  recipe_breakdown if recipe_targets is not None else None), dora=dora,
+                  parts=parts or {}, recipe=recipe_breakdown, warning=warning)

@@ -188,4 +188,7 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
         # rows start as training started them (transformers' mean_resizing: the old rows' mean, with 1e-5 of their
         # covariance), so "base" with the adapter switched off is the model the run started from
         base.resize_token_embeddings(len(tokenizer), mean_resizing=True)
-    return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer
+    from finetune.compat import peft_wrapping
+
+    with peft_wrapping():
+        return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer

@@ -30,6 +30,7 @@ from finetune.plan.activations import activation_memory, checkpointing_mode
 from finetune.plan.grpo import Generation, kv_cache_bytes
 from finetune.plan.memory import CUDA_CONTEXT_BYTES, FRAGMENTATION, GIB, MemoryEstimate, TrainingSetup, estimate_memory
 from finetune.plan.shape import ModelShape, Trainable
+from finetune.plan.vision import VisionShape, activation_bytes
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class PlanInputs:
     fsdp: bool = False  # FSDP2 shards over num_gpus (the recipe's `fsdp:`); its two knobs below
     fsdp_reshard_after_forward: bool = True
     fsdp_offload_params: bool = False
+    vision: VisionShape | None = None  # a vision-language model's vision side: one image a sequence (plan/vision.py)
 
     def generation(self) -> Generation | None:
         """What a GRPO step generates, in the compute dtype (bf16 / fp16, autocast's too: 2 bytes; fp32: 4)."""
@@ -86,15 +88,17 @@ def training_setup(inputs: PlanInputs) -> TrainingSetup:
     half = inputs.precision in ("bf16", "fp16")
     deepspeed = inputs.zero_stage > 0
     trainable = inputs.trainable
-    # peft adds adapters beside the base (modules_to_save as copies), so the whole base stays, frozen
-    frozen = 0 if inputs.adapter == "none" else inputs.shape.total_params - trainable.quantized_params
+    # peft adds adapters beside the base (modules_to_save as copies), so the whole base stays, frozen; a full
+    # fine-tune's frozen weights are a vision-language model's frozen parts (its tower), held as the rest are
+    frozen = inputs.shape.total_params - (trainable.quantized_params if inputs.adapter != "none"
+                                          else trainable.trainable_params)
     common = dict(trainable=trainable, frozen_params=frozen, optimizer=inputs.optimizer,
                   zero_stage=3 if inputs.fsdp else inputs.zero_stage,  # FSDP2 shards what ZeRO-3 shards
                   num_gpus=inputs.num_gpus, hidden_size=inputs.shape.hidden_size)
     if inputs.adapter == "none":
         if deepspeed and half:  # DeepSpeed: 16-bit weights and gradients, fp32 master + states
-            return TrainingSetup(trainable_bytes=2, master_weights=True, **common)
-        return TrainingSetup(trainable_bytes=4, **common)  # fp32 weights; autocast does the 16-bit math
+            return TrainingSetup(trainable_bytes=2, frozen_bytes=2, master_weights=True, **common)
+        return TrainingSetup(trainable_bytes=4, frozen_bytes=4, **common)  # fp32 weights; autocast does the 16-bit math
     if inputs.adapter == "qlora":
         return TrainingSetup(trainable_bytes=4, frozen_bytes=4, quant_bits=4, double_quant=True, **common)
     return TrainingSetup(trainable_bytes=4, frozen_bytes=2 if half else 4, **common)
@@ -128,6 +132,16 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
             extra //= inputs.shape.num_layers  # only the recomputed layer holds them
         # and, one layer at a time, B@A (through an in x in identity) and W + s*B@A for the column norms
         extra += 3 * trainable.dora_weight_elements * e
+    if inputs.adapter != "none" and trainable.rebuilt_weight_elements:
+        # adapters on fused experts (peft's ParamWrapper): each forward rebuilds the adapted expert weights, W + s*B@A,
+        # and the expert matmuls keep them for the backward pass: up to every MoE layer's (one, recomputed, under
+        # full checkpointing). Measured: 65% of this bound held on a 2-layer qwen3_moe (gate_up kept, most of down)
+        e = 4 if mode == "fp32" else 2
+        rebuilt = trainable.rebuilt_weight_elements * e
+        full = checkpointing_mode(inputs.gradient_checkpointing) == "full"
+        extra += rebuilt // inputs.shape.num_layers if full else rebuilt
+    if inputs.vision is not None:  # the tower's and projector's saved tensors, one image a sequence
+        extra += activation_bytes(inputs.vision, rows, 4 if mode == "fp32" else 2)
     # QLoRA's 4-bit matmuls bypass autocast, so no bf16 weight cache; LoRA's frozen base is already 16-bit.
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
     generation = inputs.generation()

@@ -7,6 +7,10 @@ Attention scores add 12 x layers x hidden x seq_len per token (QK^T and AV: 2 x 
 with backward; PaLM, Chowdhery et al. 2022, appendix B). Recomputation under gradient checkpointing is
 not counted (that would be hardware FLOPs): MFU measures useful work.
 
+Mixture-of-experts: a token goes through its top-k routed experts only, so the weights counted are the ACTIVE ones
+(shape.active_matmul_params: all but the experts the token skips; plan/moe.py), and `lora_params` are the adapters
+the token uses (Trainable.active_adapter_params). Norms and biases are not matmuls and are not counted.
+
     MFU = achieved model FLOP/s / (peak FLOP/s per GPU x GPUs)
 """
 
@@ -19,14 +23,21 @@ def attention_flops_per_token(shape: ModelShape, seq_len: int) -> float:
     return 12.0 * shape.num_layers * shape.hidden_size * seq_len
 
 
+def _weights(shape: ModelShape, lora_params: int | None) -> float:
+    active = shape.active_matmul_params
+    return 6.0 * active if lora_params is None else 4.0 * active + 6.0 * lora_params
+
+
 def flops_per_token(shape: ModelShape, seq_len: int, lora_params: int | None = None) -> float:
     """Training FLOPs (forward + backward) per token: a full fine-tune when `lora_params` is None,
-    else a frozen base (4 x its matmul params) plus trained adapters (6 x lora_params)."""
-    if lora_params is None:
-        weights = 6.0 * shape.matmul_params
-    else:
-        weights = 4.0 * shape.matmul_params + 6.0 * lora_params
-    return weights + attention_flops_per_token(shape, seq_len)
+    else a frozen base (4 x its active matmul params) plus trained adapters (6 x lora_params)."""
+    return _weights(shape, lora_params) + attention_flops_per_token(shape, seq_len)
+
+
+def forward_flops_per_token(shape: ModelShape, seq_len: int) -> float:
+    """The forward pass alone, per token: 2 FLOPs per active weight, attention's QK^T and AV (4 x layers x hidden
+    x seq_len). What torch.utils.flop_counter counts for one token's forward (tests/test_moe.py)."""
+    return 2.0 * shape.active_matmul_params + attention_flops_per_token(shape, seq_len) / 3
 
 
 def mfu(achieved_flops_per_s: float, peak_flops_per_device: float, num_devices: int = 1) -> float:
@@ -49,5 +60,4 @@ def training_flops(shape: ModelShape, tokens: int, segment_lengths_squared: int,
                    lora_params: int | None = None) -> float:
     """Model FLOPs to train on `tokens` real tokens made of examples whose squared lengths sum as given
     (padding excluded: it is not useful work, and MFU counts useful work)."""
-    weights = 6.0 * shape.matmul_params if lora_params is None else 4.0 * shape.matmul_params + 6.0 * lora_params
-    return weights * tokens + attention_flops(shape, segment_lengths_squared)
+    return _weights(shape, lora_params) * tokens + attention_flops(shape, segment_lengths_squared)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 PEFT_LORAPLUS_LR_EMBEDDING = 1e-6  # peft.optimizers.create_loraplus_optimizer's default
+LABEL_WIDTH = 27  # the table's first column (`finetune lr` prints these lines under its own)
 
 
 def lora_variant_lines(recipe, learning_rate: float | None) -> list[str]:
@@ -39,13 +40,18 @@ def lora_variant_lines(recipe, learning_rate: float | None) -> list[str]:
                      f"(learning_rate x {recipe.loraplus_lr_ratio:g}), A at {lr(1)}, LoRA on embeddings at "
                      f"{format_lr(embedding)}; with a large ratio, about half the plain-LoRA learning rate (peft)")
     if recipe.peft_use_dora:
-        lines.append("DoRA                       the plain-LoRA learning rate (the DoRA paper's comparison); the "
-                     "magnitudes train at it too")
+        lines.append("DoRA                       keeps the plain-LoRA learning rate (the DoRA paper's comparison); "
+                     "the magnitudes train at it too")
     init = recipe.peft_init_lora_weights
     if init == "eva":
         lines.append("eva                        A starts at the principal directions of each layer's inputs, B at "
-                     "zero; the plain-LoRA learning rate (the EVA paper's comparison)")
+                     "zero; keeps the plain-LoRA learning rate (the EVA paper's comparison)")
     elif isinstance(init, str) and init != "gaussian":
-        lines.append(f"{init:<27}the adapters start from the weight's decomposition, not at zero; the plain-LoRA "
-                     "learning rate (the PiSSA paper's comparison)")
+        lines.append(f"{init:<{LABEL_WIDTH}}the adapters start from the weight's decomposition, not at zero; keeps the "
+                     "plain-LoRA learning rate (the PiSSA paper's comparison)")
     return lines
+
+
+def as_sentence(line: str) -> str:
+    """A line of lora_variant_lines' table as one log line: `LABEL: text` (the table's column becomes a colon)."""
+    return f"{line[:LABEL_WIDTH].strip()}: {' '.join(line[LABEL_WIDTH:].split())}"

@@ -1,5 +1,9 @@
 """Exact parameter counts from a model config: the model is built on torch's `meta` device (no memory,
-no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions."""
+no weights downloaded) and its modules are counted. Imports torch/transformers inside the functions.
+
+A vision-language model is counted whole (finetune/model/vision_budget.py builds it): `frozen(name)` says which
+weights its freeze keys leave out of training (no gradients, no adapters), `unquantized(name)` which stay out of
+QLoRA's 4-bit storage (its tower and projector)."""
 
 from __future__ import annotations
 
@@ -42,9 +46,28 @@ def _blocks_linears(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_emb]
 
 
-def model_shape(model) -> ModelShape:
+def _added_by_peft(name: str) -> bool:
+    return ".lora_" in name or ".modules_to_save." in name
+
+
+def _non_matmul(model) -> int:
+    """Norm weights, biases and attention sinks: parameters no matmul multiplies with."""
+    from finetune.plan.moe import shape_of
+
+    seen, total = set(), 0
+    for name, p in model.named_parameters():
+        if id(p) not in seen and not _added_by_peft(name) and (len(shape_of(p)) < 2 or name.endswith("bias")):
+            seen.add(id(p))
+            total += parameter_count(p)
+    return total
+
+
+def model_shape(model, unquantized=None) -> ModelShape:
+    from finetune.plan.moe import moe_layout
+
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    params = {id(p): p for p in model.parameters()}  # tied weights once
+    # tied weights once; a peft model's adapters and full copies are what it trains, not the model's shape
+    params = {id(p): p for n, p in model.named_parameters() if not _added_by_peft(n)}
     # parameter_count, not numel: a loaded 4-bit base packs 2 weights a byte, a ZeRO-3 shard holds a
     # placeholder (the throughput callback measures the trained model; FLOPs count every weight)
     total = sum(parameter_count(p) for p in params.values())
@@ -52,6 +75,7 @@ def model_shape(model) -> ModelShape:
     out = model.get_output_embeddings()
     tied = out is not None and out.weight is emb
     heads = cfg.num_attention_heads
+    moe = moe_layout(model)
     return ModelShape(
         num_layers=cfg.num_hidden_layers,
         hidden_size=cfg.hidden_size,
@@ -61,13 +85,17 @@ def model_shape(model) -> ModelShape:
         vocab_size=cfg.vocab_size,
         total_params=total,
         embedding_params=parameter_count(emb),
-        quantizable_params=sum(parameter_count(m.weight) for _, m in _blocks_linears(model)),
+        quantizable_params=sum(parameter_count(m.weight) for n, m in _blocks_linears(model)
+                               if unquantized is None or not unquantized(n)),
         tied_embeddings=tied,
+        expert_params=moe.expert_params if moe else 0,
+        active_expert_params=moe.active_expert_params if moe else 0,
+        non_matmul_params=_non_matmul(model),
     )
 
 
-def full_trainable(model) -> Trainable:
-    params = {id(p): p for p in model.parameters()}
+def full_trainable(model, frozen=None) -> Trainable:
+    params = {id(p): p for n, p in model.named_parameters() if frozen is None or not frozen(n)}
     return Trainable(trainable_params=sum(p.numel() for p in params.values()), trainable_tensors=len(params))
 
 
@@ -77,32 +105,62 @@ def _matches(name: str, targets) -> bool:
     return any(name == t or name.endswith("." + t) for t in targets)
 
 
-def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False) -> Trainable:
+def lora_trainable(model, r: int, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                   target_parameters=None, frozen=None) -> Trainable:
     """LoRA counts as peft builds them: A (r x in) and B (out x r) per adapted Linear, no bias; `all-linear`
-    means every Linear but the output layer; DoRA adds one magnitude per output feature (a tensor per layer).
-    modules_to_save are trained as full copies."""
-    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, target_modules)]
-    if not linears:
+    means every Linear but the output layer (and a mixture-of-experts' routers, frozen); DoRA adds one magnitude
+    per output feature (a tensor per layer). `target_parameters` (fused 3-D expert weights): one rank-r adapter
+    per expert (plan/moe.py). modules_to_save are trained as full copies. `frozen(name)`: a vision-language model's
+    frozen parts, which get no adapters."""
+    from finetune.plan.moe import lora_targets, moe_layout, parameter_lora_size, pattern_of, targeted_parameters
+
+    layout = moe_layout(model)
+    # what peft adapts for these names: its conversion for fused experts, the frozen routers left out
+    settled = lora_targets(model, r, 2 * r, target_modules, target_parameters, layout=layout)
+    routers = {pattern_of(n).rsplit("*.", 1)[-1] for n in layout.routers} if layout else set()
+    linears = [(n, m) for n, m in _blocks_linears(model) if _matches(n, settled.modules or [])
+               and not (settled.modules == "all-linear" and _matches(n, routers))
+               and (frozen is None or not frozen(n))]
+    parameters = targeted_parameters(model, settled.parameters)
+    if not linears and not parameters:
         raise FinetuneError(
             f"lora_target_modules {target_modules} match no Linear module of this model; "
             "run `finetune targets` to list them"
         )
     params = sum(r * (m.in_features + m.out_features) + (m.out_features if dora else 0) for _, m in linears)
-    tensors = (3 if dora else 2) * len(linears)
+    on_parameters = [(name, parameter_lora_size(shape, settled.rank_of(name, r))) for name, shape in parameters]
+    params += sum(n for _, n in on_parameters)
+    tensors = (3 if dora else 2) * len(linears) + 2 * len(parameters)
+    # adapters inside the routed experts: a token runs through its top-k experts' only (plan/flops.py)
+    in_experts = sum(n for name, n in on_parameters if layout.kind_of(name) == "expert") if layout else 0
+    in_experts += sum(r * (m.in_features + m.out_features) for n, m in linears
+                      if layout and layout.kind_of(f"{n}.weight") == "expert")
     for name in modules_to_save or []:
         for qualified, module in model.named_modules():
             if qualified == name or qualified.endswith("." + name):
                 own = list(module.parameters())
                 params += sum(p.numel() for p in own)
                 tensors += len(own)
+    dora_features = sum(m.out_features for _, m in linears) if dora else 0
     return Trainable(trainable_params=params, trainable_tensors=tensors,
                      adapter_input_features=sum(m.in_features for _, m in linears),
-                     dora_output_features=sum(m.out_features for _, m in linears) if dora else 0,
-                     dora_weight_elements=max(m.in_features * m.out_features for _, m in linears) if dora else 0)
+                     dora_output_features=dora_features,
+                     dora_weight_elements=max((m.in_features * m.out_features for _, m in linears), default=0)
+                     if dora else 0,
+                     inactive_adapter_params=round(in_experts * (1 - layout.active_fraction)) if layout else 0,
+                     rebuilt_weight_elements=sum(_elements(shape) for _, shape in parameters))
 
 
-def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False):
-    """(ModelShape, full Trainable, LoRA Trainable) for a config."""
-    model = meta_model(config)
-    return (model_shape(model), full_trainable(model),
-            lora_trainable(model, lora_r, target_modules, modules_to_save, dora))
+def _elements(shape: tuple) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+    return count
+
+
+def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False,
+                target_parameters=None, model=None, frozen=None, unquantized=None):
+    """(ModelShape, full Trainable, LoRA Trainable) for a config (or its meta `model`, already built)."""
+    model = model if model is not None else meta_model(config)
+    return (model_shape(model, unquantized), full_trainable(model, frozen),
+            lora_trainable(model, lora_r, target_modules, modules_to_save, dora, target_parameters, frozen))

@@ -22,7 +22,7 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
         return None
     adapter = "qlora" if recipe.load_in_4bit and recipe.adapter != "none" else recipe.adapter
     shape, full, lora = count_model(config, recipe.lora_r, recipe.lora_target_modules, recipe.lora_modules_to_save,
-                                    dora=recipe.peft_use_dora)
+                                    dora=recipe.peft_use_dora, target_parameters=recipe.lora_target_parameters)
     inputs = PlanInputs(shape, full, lora, adapter=adapter, precision=precision, optimizer=optimizer,
                         seq_len=recipe.sequence_len, micro_batch_size=recipe.micro_batch_size,
                         gradient_checkpointing=recipe.gradient_checkpointing,

@@ -19,6 +19,10 @@ class ModelShape:
     embedding_params: int  # the input embedding (a lookup, not a matmul)
     quantizable_params: int  # weights of the Linear layers inside the blocks (what bitsandbytes quantizes)
     tied_embeddings: bool = False
+    # mixture-of-experts (plan/moe.py): the routed experts' weights, and the share of them one token uses (top-k)
+    expert_params: int = 0
+    active_expert_params: int = 0
+    non_matmul_params: int = 0  # norms, biases, attention sinks: no matmul (model_size.py fills it; 0: not counted)
 
     @property
     def kv_dim(self) -> int:
@@ -29,6 +33,12 @@ class ModelShape:
         """Parameters that take part in a matmul per token: all but the input embedding (which the
         lm_head reuses, as a matmul, when tied)."""
         return self.total_params - (0 if self.tied_embeddings else self.embedding_params)
+
+    @property
+    def active_matmul_params(self) -> int:
+        """The weights one token multiplies with: no norms or biases, and of an MoE's routed experts only its
+        top-k (FLOPs count these; memory holds every weight)."""
+        return self.matmul_params - self.non_matmul_params - (self.expert_params - self.active_expert_params)
 
 
 @dataclass(frozen=True)
@@ -43,4 +53,13 @@ class Trainable:
     # magnitude's gradient), and the largest adapted weight's elements (W + s*B@A, rebuilt each forward for its norm)
     dora_output_features: int = 0
     dora_weight_elements: int = 0
+    # the adapters on routed experts that one token does not use (all but its top-k experts): not in its FLOPs
+    inactive_adapter_params: int = 0
+    # parameter targets (fused experts): peft rebuilds each adapted weight as W + s*B@A in every forward, and the
+    # expert matmuls keep it for the backward pass; all of them together, elements
+    rebuilt_weight_elements: int = 0
+
+    @property
+    def active_adapter_params(self) -> int:
+        return self.trainable_params - self.inactive_adapter_params
 

@@ -1,6 +1,7 @@
 """An axolotl recipe (a dict) -> a finetune recipe (a dict) and the YAML text with a comment on every key
 that changed or was dropped, saying why. Pure: no files, no torch; commands/port.py does the I/O. The tables are
-axolotl.py's (every recipe), preference/'s (`rl: dpo` and the other preference methods) and grpo.py's (`rl: grpo`).
+finetune/recipe/axolotl/'s and axolotl.py's (every recipe), axolotl_vision.py's (vision-language keys), fsdp.py's,
+preference/'s (`rl: dpo` and the other preference methods) and grpo.py's (`rl: grpo`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, fsdp, grpo
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
+from finetune.recipe.axolotl import chat_templates, keys as axolotl_keys
 from finetune.recipe.data import DatasetSpec
 from finetune.recipe.methods import METHOD_SETTINGS
 from finetune.recipe.training import OPTIMIZERS
@@ -41,6 +43,20 @@ class Ported:
     blocked: dict[str, str] = field(default_factory=dict)  # key -> "`key: value`: why"
     data_edits: list[str] = field(default_factory=list)  # records finetune does not read as they are: convert first
     todo: list[str] = field(default_factory=list)  # what to do before training, said once the recipe is written
+    # settings inside a key (`datasets[0].field_x`, `fsdp_config.KEY`) left out, each said in its key's comments
+    nested_dropped: list[str] = field(default_factory=list)
+    headers: list[str] = field(default_factory=list)  # `dropped` entries that head a block (`trl:`), not keys
+
+    @property
+    def dropped_count(self) -> int:
+        """How many axolotl settings the recipe leaves out, each with a comment: top-level keys and keys inside
+        one (a dataset's, fsdp_config's)."""
+        return sum(written not in self.headers for _, written, _ in self.dropped) + len(self.nested_dropped)
+
+    def note_dropped(self, key: str, where: str, text: str) -> None:
+        """`where` (a setting inside `key`) is left out: said on `key`, counted."""
+        self.note(key, text)
+        self.nested_dropped.append(where)
 
     def note(self, key: str, text: str) -> None:
         self.comments.setdefault(key, []).append(text)
@@ -77,7 +93,7 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     if key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
-        ported, note = axolotl.gradient_checkpointing(value)
+        ported, note = axolotl_keys.gradient_checkpointing(value)
     elif key == "optimizer" and value not in OPTIMIZERS:
         return out.drop(key, value, f"not in finetune; it has {', '.join(OPTIMIZERS)} (default adamw_torch)")
     elif key in ("lr_scheduler", "attn_implementation"):
@@ -92,7 +108,7 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
 def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") -> dict | None:
     where = f"datasets[{i}]"
     if not isinstance(spec, dict):
-        out.note("datasets", f"{where}: not a mapping; left out")
+        out.note_dropped("datasets", where, f"{where}: not a mapping; left out")
         return None
     records = (grpo.dataset(spec, source_dir) if method == "grpo" else preference_records.dataset(spec, method)) \
         if method != "sft" else None
@@ -105,7 +121,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
             out.note("datasets", f"{where}.path: `{value}` -> `{records.path}`: the records once converted (see "
                      "BEFORE TRAINING)")
         elif key == "type":
-            ported, note = axolotl.dataset_type(value)
+            ported, note = axolotl_keys.dataset_type(value)
             if ported:
                 result["type"] = ported
                 if ported != value:
@@ -119,25 +135,40 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
                 out.hub_paths.append(value)
                 out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id: finetune loads it "
                          "from the hub with `datasets` when training; where the hub cannot be reached, download it "
-                         f"(huggingface-cli download --repo-type dataset {value} --local-dir data/) and point `path` "
+                         f"(hf download --repo-type dataset {value} --local-dir data/) and point `path` "
                          "at the folder")
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)
         elif records is not None and (key in preference_records.LAYOUT_KEYS or key in records.key_notes):
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, "
-                     f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, "
+                             f"{records.key_notes.get(key, 'finetune reads fixed field names (see the type note)')}")
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
-        elif key in axolotl.DATASET_KEYS:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+            out.note_dropped("datasets", f"{where}.{key}",
+                             f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
+        elif key in axolotl_keys.DATASET_KEYS:
+            out.note_dropped("datasets", f"{where}.{key}",
+                             f"{where}.{key}: {_inline(value)}: dropped, {axolotl_keys.DATASET_KEYS[key].hint}")
         elif key in _DATASET_KEYS:
             result[key] = value
         else:
-            out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, not a finetune key and not in the "
-                     "axolotl table (docs/recipe.md lists the dataset keys)")
+            out.note_dropped("datasets", f"{where}.{key}", f"{where}.{key}: {_inline(value)}: dropped, not a "
+                             "finetune key and not in the axolotl table (docs/recipe.md lists the dataset keys)")
     if records is not None and "type" not in spec:
         _preference_type(where, spec, records, result, out)
     return result
+
+
+def _roles_to_train(specs: list, out: Ported) -> None:
+    """axolotl sets `roles_to_train` per dataset; finetune's is one top-level key (recipe/data.py)."""
+    values = [spec.get("roles_to_train") or ["assistant"] for spec in specs if isinstance(spec, dict)]
+    if all(value == ["assistant"] for value in values):
+        return  # axolotl's default and finetune's
+    ported, why = axolotl.roles_to_train(values)
+    if ported is None:
+        out.block("roles_to_train", values, f"the datasets' roles_to_train {_inline(values)}: {why}")
+    else:
+        out.settings["roles_to_train"] = ported
+        out.note("roles_to_train", f"from the datasets' axolotl `roles_to_train` ({_inline(values)})")
 
 
 _MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system", "roles")
@@ -158,7 +189,8 @@ def _mapped_key(where: str, key: str, value: Any, spec: dict, result: dict, out:
         out.note("datasets", f"{where}.{key}: {_inline(value)} -> `{said}: {_inline(mapped)}`"
                  + (f"; {note}" if note else ""))
     else:
-        out.note("datasets", f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
+        out.note_dropped("datasets", f"{where}.{key}",
+                         f"{where}.{key}: {_inline(value)}: dropped, " + (note or "finetune's behaviour already"))
 
 
 def _preference_type(where: str, spec: dict, records: preference_records.DatasetPort, result: dict,
@@ -175,7 +207,7 @@ def _preference_type(where: str, spec: dict, records: preference_records.Dataset
 
 def port_axolotl(config: dict, source_dir) -> Ported:
     """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: gdpo...)."""
-    for key, why in axolotl.UNPORTABLE.items():
+    for key, why in axolotl_keys.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
     rl = config.get("rl")
@@ -190,18 +222,22 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         if key == "datasets" and isinstance(value, list):
             specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+            if method == "sft":
+                _roles_to_train(value, out)
         elif key in fsdp.TOP_KEYS:
             pass  # read together once the other keys are in (_fsdp_recipe)
+        elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:
+            axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
         elif key in preference.RL_KEYS and value is not None:
             _rl_key(key, value, rl_ports.get(key), out)
         elif rl and key in axolotl.RL_DIFFERENT and value is not None:
             _under_rl(key, value, out)
-        elif key in axolotl.KEYS and axolotl.KEYS[key].blocks and value not in (None, False, [], ""):
-            out.block(key, value, axolotl.KEYS[key].hint)
-        elif key in axolotl.KEYS:
-            entry = axolotl.KEYS[key]
+        elif key in axolotl_keys.KEYS and axolotl_keys.KEYS[key].blocks and value not in (None, False, [], ""):
+            out.block(key, value, axolotl_keys.KEYS[key].hint)
+        elif key in axolotl_keys.KEYS:
+            entry = axolotl_keys.KEYS[key]
             settings = entry.convert(value, config) if entry.convert and value is not None else {}
             if not settings:
                 out.drop(key, value, _EMPTY if value is None else "dropped, " + entry.hint)
@@ -211,7 +247,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         elif value is None:
             out.drop(key, value, _EMPTY)
         elif key == "chat_template":  # which family's template axolotl names, beside this base model
-            ported, note = axolotl.chat_template(value, config.get("base_model"), source_dir)
+            ported, note = chat_templates.chat_template(value, config.get("base_model"), source_dir)
             out.settings[key] = ported
             if note:
                 out.note(key, note)
@@ -220,6 +256,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         else:
             out.drop(key, value, "dropped: not a finetune key and not in the axolotl table; check docs/recipe.md")
     _fsdp_recipe(config, out)
+    axolotl_vision.finish(config, out)  # regex LoRA targets; what trains in a vision-language model
     if config.get("lora_target_linear") is True and isinstance(config.get("lora_target_modules"), list):
         out.settings["lora_target_modules"] = "all-linear"  # axolotl adds every linear layer to the list
         out.note("lora_target_modules", "the axolotl list is replaced: `lora_target_linear: true` adds every "
@@ -246,9 +283,9 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
         return
     ported = fsdp.port(config)
     for name, value in ported.settings.items():
-        if name == "gradient_checkpointing" and out.settings.get(name) != value:
-            out.comments[name] = [f"from axolotl `fsdp_config.activation_checkpointing: true` (FSDP2 checkpoints "
-                                  "each decoder layer itself under `fsdp`)"]
+        if name == "gradient_checkpointing":  # beside what axolotl's own gradient_checkpointing said, if it did
+            out.note(name, "from axolotl `fsdp_config.activation_checkpointing: true` (FSDP2 checkpoints each "
+                     "decoder layer itself under `fsdp`)")
         out.settings[name] = value
     if "fsdp" not in out.settings:  # NO_SHARD: plain data parallelism
         for key, value in given.items():
@@ -257,6 +294,7 @@ def _fsdp_recipe(config: dict, out: Ported) -> None:
     out.note("fsdp", f"from axolotl {', '.join(f'`{key}`' for key in given)}: FSDP2 (docs/distributed.md)")
     for text in ported.notes:
         out.note("fsdp", text)
+    out.nested_dropped += ported.dropped
 
 
 def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
@@ -267,6 +305,7 @@ def _grpo_key(key: str, value: Any, ports: dict, out: Ported) -> None:
     elif key == "trl" and isinstance(value, dict):
         out.dropped.append((len(out.settings), "trl:", "axolotl's settings for TRL's GRPOConfig, key by key below: "
                             "each as the finetune key it became (`from axolotl trl.KEY`), or dropped with why"))
+        out.headers.append("trl:")
         blocked = {}
         for name, setting in value.items():
             port = ports.get(f"trl.{name}")

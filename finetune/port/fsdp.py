@@ -21,10 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from finetune.recipe.distributed import FSDPSpec
+
 QUANTIZED = ("dropped: QLoRA under FSDP2 is not in finetune (accelerate leaves bitsandbytes' uint8-packed weights "
              "out of the sharding unless stored in a float dtype; axolotl patches accelerate and bitsandbytes for "
              "it): the QLoRA recipe trains on one GPU, over several with `--num-processes N` or `deepspeed: zero2`")
 TOP_KEYS = ("fsdp", "fsdp_config", "fsdp_version", "fsdp_final_state_dict_type")
+# a ported setting equal to finetune's default (the recipe's, recipe/distributed.py) is left out, with a comment
+DEFAULTS = {key: FSDPSpec.model_fields[key].default for key in ("offload_params", "reshard_after_forward",
+                                                                "state_dict_type")}
 
 _FSDP1_ONLY = ("FSDP1-only (axolotl's FSDP1 -> FSDP2 table marks it REMOVED: FSDP2 prefetches and keeps original "
                "parameters by design): dropped")
@@ -45,6 +50,12 @@ _NOTES = {
 class FSDPPort:
     settings: dict = field(default_factory=dict)  # finetune keys: `fsdp`, maybe `gradient_checkpointing`
     notes: list[str] = field(default_factory=list)  # said on the `fsdp` key of the ported recipe
+    dropped: list[str] = field(default_factory=list)  # the axolotl settings (`fsdp_config.KEY`) with no effect here
+
+    def drop(self, where: str, text: str) -> None:
+        """`where` (`fsdp_config.KEY`, `fsdp: ITEM`) is left out of the recipe: `text` says why."""
+        self.notes.append(text)
+        self.dropped.append(where)
 
 
 def used(config: dict) -> bool:
@@ -72,14 +83,14 @@ def port(config: dict) -> FSDPPort:
     for key, value in options.items():
         _option(key, value, spec, out)
     if config.get("fsdp_final_state_dict_type"):
-        out.notes.append(f"fsdp_final_state_dict_type: {config['fsdp_final_state_dict_type']}: not needed: the "
-                         "final save is always the whole model or adapter; dropped")
-    if spec.get("offload_params") is False:
-        del spec["offload_params"]  # the default: the section says only what differs
-    if spec.get("reshard_after_forward") is True:
-        del spec["reshard_after_forward"]
-    if spec.get("state_dict_type") == "FULL_STATE_DICT":
-        del spec["state_dict_type"]
+        out.drop("fsdp_final_state_dict_type", f"fsdp_final_state_dict_type: {config['fsdp_final_state_dict_type']}: "
+                 "not needed: the final save is always the whole model or adapter; dropped")
+    defaults = [key for key, value in DEFAULTS.items() if spec.get(key) == value]
+    for key in defaults:  # the section says only what differs, and this comment says why the rest is not written
+        del spec[key]
+    if defaults:
+        out.notes.append(f"{', '.join(f'{key}: {_show(DEFAULTS[key])}' for key in defaults)}: finetune's "
+                         "defaults under `fsdp`, so not written")
     if spec.pop("no_shard", False):
         out.notes.append("NO_SHARD / no_shard is plain data parallelism: no `fsdp` section "
                          "(`--num-processes N` runs DDP)")
@@ -108,7 +119,7 @@ def _legacy_list(value: Any, spec: dict, out: FSDPPort) -> None:
             out.notes.append(f"fsdp: {item}: not in finetune (FSDP1's shard-within-a-node): every process shards "
                              "over all of them")
         else:
-            out.notes.append(f"fsdp: {item}: not an FSDP option finetune knows; dropped")
+            out.drop(f"fsdp: {item}", f"fsdp: {item}: not an FSDP option finetune knows; dropped")
 
 
 def _option(key: str, value: Any, spec: dict, out: FSDPPort) -> None:
@@ -128,16 +139,19 @@ def _option(key: str, value: Any, spec: dict, out: FSDPPort) -> None:
             out.notes.append(f"fsdp_config.{key}: {value}: not in finetune (FSDP1's shard-within-a-node): every "
                              "process shards over all of them")
         else:
-            out.notes.append(f"fsdp_config.{key}: {value}: not a sharding strategy; dropped")
+            out.drop(f"fsdp_config.{key}", f"fsdp_config.{key}: {value}: not a sharding strategy; dropped")
     elif key == "state_dict_type":
         name = str(value).upper()
         spec["state_dict_type"] = "FULL_STATE_DICT" if name == "FULL_STATE_DICT" else "SHARDED_STATE_DICT"
         if name not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
             out.notes.append(f"fsdp_config.state_dict_type: {value}: FSDP1-only; checkpoints are SHARDED_STATE_DICT")
     elif key == "auto_wrap_policy":
-        if str(value).upper() != "TRANSFORMER_BASED_WRAP":
-            out.notes.append(f"fsdp_config.auto_wrap_policy: {value}: not in finetune: FSDP2 shards one decoder "
-                             "layer at a time (TRANSFORMER_BASED_WRAP); dropped")
+        if str(value).upper() == "TRANSFORMER_BASED_WRAP":
+            out.notes.append(f"fsdp_config.auto_wrap_policy: {value}: finetune's behaviour already (FSDP2 shards one "
+                             "decoder layer at a time: `transformer_layer_cls_to_wrap`), so not written")
+        else:
+            out.drop(f"fsdp_config.{key}", f"fsdp_config.auto_wrap_policy: {value}: not in finetune: FSDP2 shards "
+                     "one decoder layer at a time (TRANSFORMER_BASED_WRAP); dropped")
     elif key == "transformer_layer_cls_to_wrap":
         names = value if isinstance(value, list) else str(value).split(",")
         names = [str(n).strip() for n in names if str(n).strip()]
@@ -147,10 +161,14 @@ def _option(key: str, value: Any, spec: dict, out: FSDPPort) -> None:
             out.notes.append(f"fsdp_config.transformer_layer_cls_to_wrap: {', '.join(names)}: finetune wraps one "
                              f"class, `{names[0]}` (its default is the model's decoder layer)")
     elif key == "activation_checkpointing":
-        if _bool(value):  # said on the `gradient_checkpointing` key
+        if _bool(value):  # said on the `gradient_checkpointing` key (port/convert.py)
             out.settings["gradient_checkpointing"] = "full"
+        else:
+            out.notes.append(f"fsdp_config.activation_checkpointing: {_show(value)}: finetune's "
+                             "`gradient_checkpointing` decides (`full`: FSDP2 checkpoints each decoder layer)")
     elif key in _NOTES:
         if _NOTES[key]:
-            out.notes.append(f"fsdp_config.{key}: {_show(value)}: {_NOTES[key]}")
+            out.drop(f"fsdp_config.{key}", f"fsdp_config.{key}: {_show(value)}: {_NOTES[key]}")
     else:
-        out.notes.append(f"fsdp_config.{key}: {_show(value)}: not in finetune's `fsdp:` section; dropped")
+        out.drop(f"fsdp_config.{key}", f"fsdp_config.{key}: {_show(value)}: not in finetune's `fsdp:` section; "
+                 "dropped")

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from finetune.recipe.axolotl.keys import GRPO_HINTS, IN_PROCESS
+
 # TRL's loss aggregations finetune trains (finetune/recipe/grpo.py); TRL 1.16 also has cispo, sapo, luspo...
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 # `trl.*` keys with the same name and meaning in finetune
@@ -34,11 +36,9 @@ class KeyPort:
     block: str = ""
 
 
-_IN_PROCESS = ("not needed: finetune generates with the model as it trains, in the training process, so there is no "
-               "vLLM server to start, configure or sync weights to")
 _DELETE = "delete the line to train without it, or keep training this recipe with axolotl"
 
-# `trl.*` keys finetune has no setting for: why each is dropped (the vLLM ones: _IN_PROCESS)
+# `trl.*` keys finetune has no setting for: why each is dropped (the vLLM ones: IN_PROCESS)
 TRL_DROPPED: dict[str, str] = {
     **dict.fromkeys(("use_data_producer", "async_prefetch", "prefetch_depth", "streaming_partial_batch",
                      "streaming_min_groups"),
@@ -74,20 +74,14 @@ TRL_DROPPED: dict[str, str] = {
                                    "but its KL term",
 }
 
-# top-level axolotl keys of a GRPO recipe
+# top-level axolotl keys of a GRPO recipe (the GRPO-only ones: `finetune validate` names them too)
 TOP_DROPPED: dict[str, str] = {
-    "vllm": _IN_PROCESS,
-    "skip_prepare_dataset": "not needed: finetune tokenizes the prompt records once and caches them",
-    "batch_flattening": "not needed: finetune scores each prompt's completions packed in rows already",
+    **GRPO_HINTS,
     "sample_packing": "not needed: GRPO packs the completions it generates itself (a prompt held once, its "
                       "completions after it); finetune refuses `sample_packing` with `method: grpo`",
     "train_on_inputs": "not needed: GRPO's loss is on the completions only (finetune refuses `train_on_inputs` with "
                        "`method: grpo`)",
 }
-
-
-# for `finetune validate`: axolotl's GRPO-only top-level keys (sample_packing, train_on_inputs are finetune keys too)
-HINTS = {key: TOP_DROPPED[key] for key in ("vllm", "skip_prepare_dataset", "batch_flattening")}
 
 
 def trl_key(key: str, value: Any) -> KeyPort:
@@ -106,7 +100,7 @@ def trl_key(key: str, value: Any) -> KeyPort:
             return KeyPort({key: scaling}, note)
         return KeyPort(drop=f"dropped: `{value}` is not a reward scaling finetune has (group, batch, none)")
     if key.startswith("vllm") or key == "use_vllm":
-        return KeyPort(drop=_IN_PROCESS)
+        return KeyPort(drop=IN_PROCESS)
     return _not_ours(key, value)
 
 

@@ -48,6 +48,15 @@ class AdapterKeys(Strict):
         json_schema_extra=affects(TRAIN),
     )
 
+    lora_target_parameters: list[str] | None = Field(
+        None,
+        description="Parameters (not modules) to adapt, by name or suffix, e.g. [mlp.experts.gate_up_proj, "
+                    "mlp.experts.down_proj]: the fused 3-D expert weights of mixture-of-experts models, which "
+                    "`all-linear` never reaches (peft's `target_parameters`: one rank-r adapter per expert). Needs "
+                    "`lora_dropout: 0`. `finetune targets` lists a model's expert weights (docs/moe.md).",
+        json_schema_extra=affects(TRAIN),
+    )
+
     lora_modules_to_save: list[str] | None = Field(
         None, description="Modules trained in full and saved with the adapter, e.g. [embed_tokens, lm_head].",
         json_schema_extra=affects(TRAIN),
@@ -100,7 +109,7 @@ class AdapterKeys(Strict):
 # the initialisations that replace part of the base weight with the adapter's starting value
 MUTATING_INITS = ("pissa", "olora")
 _VARIANT_KEYS = ("peft_use_dora", "peft_use_rslora", "peft_init_lora_weights", "loraplus_lr_ratio",
-                 "loraplus_lr_embedding")
+                 "loraplus_lr_embedding", "lora_target_parameters")
 
 
 def lora_init(value) -> str:
@@ -145,11 +154,13 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
     """The LoRA-variant keys against the adapter, the base and the method; [] when they fit."""
     if recipe.adapter == "none":
         return [f"`{key}` is a LoRA setting, but `adapter: none` trains every weight without adapters; set `adapter: "
-                "lora` (or `qlora`), or remove it" for key in _VARIANT_KEYS if key in explicit]
+                "lora` (or `qlora`), or remove it" for key in _VARIANT_KEYS
+                if key in explicit and getattr(recipe, key) is not None]
     problems = []
     init = _init_problem(recipe.peft_init_lora_weights)
     if init:
         problems.append(init)
+    problems += _parameter_target_problems(recipe)
     if recipe.loraplus_lr_embedding is not None and recipe.loraplus_lr_ratio is None:
         problems.append("`loraplus_lr_embedding` is a LoRA+ setting; set `loraplus_lr_ratio` too (e.g. 16), or "
                         "remove it")
@@ -177,4 +188,22 @@ def adapter_problems(recipe, explicit: set[str]) -> list[str]:
         problems.append(f"`peft_init_lora_weights: {recipe.peft_init_lora_weights}` ({name}) with "
                         "`lora_modules_to_save`: peft's conversion for the original base keeps only A and B, and would "
                         "drop the modules trained in full; drop one of them")
+    return problems
+
+
+def _parameter_target_problems(recipe) -> list[str]:
+    """What peft 0.21.2's adapters on parameters (`target_parameters`, lora.ParamWrapper) cannot do."""
+    if not recipe.lora_target_parameters:
+        return []
+    problems = []
+    if recipe.lora_dropout:
+        problems.append(f"`lora_target_parameters` with `lora_dropout: {recipe.lora_dropout}`: an adapter on a "
+                        "parameter adds its update to the weight itself, so there is no input to drop out (peft "
+                        "refuses it); set `lora_dropout: 0`")
+    if recipe.peft_use_dora:
+        problems.append("`lora_target_parameters` with `peft_use_dora`: peft has no DoRA for adapters on parameters; "
+                        "drop one of them")
+    if lora_init(recipe.peft_init_lora_weights) not in ("default", "gaussian"):
+        problems.append(f"`lora_target_parameters` with `peft_init_lora_weights: {recipe.peft_init_lora_weights}`: "
+                        "that init reads a Linear weight, and a parameter target has none; use the default init")
     return problems

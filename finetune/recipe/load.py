@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
-from finetune.port import axolotl
+from finetune.recipe.axolotl import hints as axolotl
 from finetune.recipe.adapter import adapter_problems
 from finetune.recipe.schema import Recipe
 from finetune.recipe.data import DatasetSpec

@@ -15,6 +15,7 @@ from finetune.recipe.evaluation import EvalKeys
 from finetune.recipe.grpo import GRPOKeys
 from finetune.recipe.methods import MethodKeys
 from finetune.recipe.model import ModelKeys
+from finetune.recipe.moe import MoeKeys
 from finetune.recipe.output import OutputKeys
 from finetune.recipe.training import TrainingKeys
 from finetune.recipe.vision import VisionKeys
@@ -24,6 +25,7 @@ GROUPS = (
     ("Model", ModelKeys),
     ("Vision-language models", VisionKeys),
     ("Adapter: LoRA and QLoRA", AdapterKeys),
+    ("Mixture-of-experts", MoeKeys),
     ("Method", MethodKeys),
     ("GRPO: online RL with rewards a program checks", GRPOKeys),
     ("Data", DataKeys),
@@ -37,6 +39,6 @@ GROUPS = (
 # pydantic collects the fields of a model's bases from the last base to the first: the groups are listed in
 # reverse so that the schema (and `finetune validate`'s printout) reads in GROUPS order. The bases only hold
 # fields and their validators: there is no behaviour to inherit.
-class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, AdapterKeys,
-             VisionKeys, ModelKeys):
+class Recipe(EvalKeys, OutputKeys, DistributedKeys, TrainingKeys, DataKeys, GRPOKeys, MethodKeys, MoeKeys,
+             AdapterKeys, VisionKeys, ModelKeys):
     """A fine-tuning run, start to finish."""

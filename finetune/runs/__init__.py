@@ -1,10 +1,10 @@
 """The runs page: every run under some folders compared on one self-contained HTML page (`finetune runs`).
 
 It reads only what runs already write (run.json, diagnosis.json, eval/report.json, completions.jsonl, the
-checkpoints' trainer_state.json): no logging format of its own, no database.
+checkpoints' trainer_state.json, stopped.json, recipe.resolved.yml): no logging format of its own, no database.
 
-    folders.py   finding runs under folders, and each one's status: finished, crashed (stopped before run.json),
-                 training (its output lock is held by a live process)
+    folders.py   finding runs under folders, and each one's status: finished, crashed (stopped on an error or killed
+                 before run.json), interrupted (Ctrl-C), training (its output lock is held by a live process)
     read.py      one run folder -> the page's data for it (summary, verdict, curves, settings, eval, samples);
                  an old or partial run.json gives what it has
     page.py      the HTML: the data as JSON in a <script type="application/json">, the vendored uPlot

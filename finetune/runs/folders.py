@@ -2,7 +2,9 @@
 
 A run folder is an output_dir finetune wrote: it holds run.json (a finished run), or finetune's marks without
 run.json (finetune/run_folder.py: OWNER_FILE, the output lock, a complete checkpoint): a run that crashed, was
-stopped, or is still training. Which of the two is told by the output lock (finetune/train/output_lock.py): a
+stopped, or is still training. A run that stopped on an error or Ctrl-C says so in stopped.json (its kind and the
+one-line reason, finetune/train/stop_record.py): interrupted (Ctrl-C, a checkpoint saved) or crashed; a folder
+with neither run.json nor that record was killed outright. Which of the two is told by the output lock (finetune/train/output_lock.py): a
 run holds output_dir/.finetune-lock while it trains and removes it when it ends, however it ends short of a kill;
 a lock whose process still lives on this host is a run in progress.
 """
@@ -14,10 +16,10 @@ import os
 from pathlib import Path
 
 from finetune.errors import FinetuneError
-from finetune.run_folder import LOCK_FILE, is_finetune_run
+from finetune.run_folder import LOCK_FILE, STOPPED_FILE, Layout, complete_checkpoints, is_finetune_run
 from finetune.train.output_lock import holder_alive
 
-FINISHED, CRASHED, TRAINING = "finished", "crashed", "training"
+FINISHED, CRASHED, INTERRUPTED, TRAINING = "finished", "crashed", "interrupted", "training"
 SKIP_DIRS = {"checkpoints", "exports", "eval", "node_modules", "__pycache__"}  # inside a run, or never runs
 
 
@@ -44,8 +46,27 @@ def find_runs(folders: list[str | Path]) -> list[Path]:
     return sorted(found)
 
 
-def status(folder: Path, has_run_json: bool) -> tuple[str, str]:
-    """(status, why) of a run folder."""
+def read_stop(folder: Path) -> dict | None:
+    """The run's stopped.json (finetune/train/stop_record.py): why it stopped; None when it has none."""
+    try:
+        stop = json.loads((folder / STOPPED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stop if isinstance(stop, dict) and isinstance(stop.get("message"), str) else None
+
+
+def _resume(folder: Path) -> str:
+    """What `finetune train` with the same recipe does next in this folder."""
+    complete = complete_checkpoints(Layout(folder))
+    if not complete:
+        return "no checkpoint: `finetune train` with the same recipe starts it again from step 0"
+    return (f"last complete checkpoint at step {complete[-1][0]}: `finetune train` with the same recipe resumes "
+            "from it")
+
+
+def status(folder: Path, has_run_json: bool, stop: dict | None = None) -> tuple[str, str]:
+    """(status, why) of a run folder. `stop`: its stopped.json, when it has one: written by a later run than run.json
+    (a run starting in the folder removes it), so it wins over run.json."""
     lock = folder / LOCK_FILE
     if lock.is_file():
         try:
@@ -54,7 +75,15 @@ def status(folder: Path, has_run_json: bool) -> tuple[str, str]:
             holder = {}
         if isinstance(holder, dict) and holder_alive(holder):
             return TRAINING, f"training now: process {holder.get('pid', '?')} on host {holder.get('host', '?')}"
+    if stop is not None:
+        at = f" at step {stop['step']}" if isinstance(stop.get("step"), int) else ""
+        state = INTERRUPTED if stop.get("kind") in ("interrupted", "aborted") else CRASHED  # Ctrl-C: the user's stop
+        said = stop["message"].rstrip(". ") if state == INTERRUPTED else f"stopped on an error{at}: {stop['message']}"
+        earlier = "; run.json is an earlier run's" if has_run_json else ""
+        # Ctrl-C's own line names the checkpoint it saved and how to resume: nothing to add
+        resume = "" if "checkpoint saved at" in said else f"; {_resume(folder)}"
+        return state, f"{said}{earlier}{resume}"
     if has_run_json:
         return FINISHED, "finished: run.json written"
-    return CRASHED, ("no run.json: the run stopped before its end (crashed, killed or interrupted); "
-                     "`finetune train` with the same recipe resumes from its last complete checkpoint")
+    return CRASHED, ("no run.json and no stop record: the run was killed (SIGKILL, out of host memory, the machine "
+                     f"went down) before its end; {_resume(folder)}")

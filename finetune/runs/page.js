@@ -4,13 +4,26 @@
   "use strict";
   var COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
                 "#bcbd22"];
+  var DASHES = [null, [6, 4], [2, 3], [10, 3, 2, 3]];  // the members of a grouped chart, one dash each
   // the curves every run has come first; then each method's own metrics, in name order
   var FIRST = ["loss", "eval_loss", "learning_rate", "grad_norm",
                "rewards/accuracies", "eval_rewards/accuracies", "rewards/margins", "eval_rewards/margins",  // preference
-               "rewards/chosen", "eval_rewards/chosen", "rewards/rejected", "eval_rewards/rejected",
-               "reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "entropy"];  // GRPO
+               "rewards/chosen, rejected", "eval_rewards/chosen, rejected",
+               "reward", "rewards/*/mean", "completions/length", "completions/clipped_ratio", "entropy"];  // GRPO
+  // metrics drawn together on one chart, each a member (its dash): GRPO's per reward function metrics, its lengths and
+  // clip ratios, preference's chosen and rejected. [pattern, chart name, member name] from the regex's match.
+  var GROUPS = [
+    [/^(eval_)?rewards\/(.+)\/(mean|std|missing)$/, function (m) { return [(m[1] || "") + "rewards/*/" + m[3], m[2]]; }],
+    [/^(eval_)?reward(_std)?$/, function (m) { return [(m[1] || "") + "reward", m[2] ? "std" : "mean"]; }],
+    [/^(eval_)?completions\/(mean|min|max)_length$/, function (m) { return [(m[1] || "") + "completions/length", m[2]]; }],
+    [/^(eval_)?completions\/(mean|min|max)_terminated_length$/,
+     function (m) { return [(m[1] || "") + "completions/terminated length", m[2]]; }],
+    [/^(eval_)?clip_ratio\/(.+)$/, function (m) { return [(m[1] || "") + "clip_ratio", m[2]]; }],
+    [/^(eval_)?(rewards|logps)\/(chosen|rejected)$/, function (m) { return [(m[1] || "") + m[2] + "/chosen, rejected", m[3]]; }]
+  ];
+  var NOT_SET = "(not set)";
   var X_LABELS = {step: "optimizer step", epoch: "epoch", tokens: "tokens (step x the plan's tokens per step)"};
-  var state = {x: "step", logY: false, smooth: 0, showAll: false, baseline: 0, query: ""};
+  var state = {x: "step", logY: false, smooth: 0, showAll: false, baseline: null, query: ""};
   var data = JSON.parse(document.getElementById("runs-data").textContent);
   var charts = [];
 
@@ -48,7 +61,8 @@
     return (seconds / 3600).toFixed(2) + " h";
   }
 
-  function color(i) { return COLORS[i % COLORS.length]; }
+  // the palette, then hues a golden angle apart: no two runs share a colour however many there are
+  function color(i) { return i < COLORS.length ? COLORS[i] : "hsl(" + ((i - COLORS.length) * 137.508 + 20) % 360 + ", 62%, " + (i % 2 ? 38 : 52) + "%)"; }
   function swatch(i) { return el("span", {cls: "swatch", style: "background:" + color(i)}); }
   function section(title, id) { return el("section", {id: id}, el("h2", {text: title})); }
 
@@ -56,8 +70,29 @@
   function badge(diagnosis) {
     if (!diagnosis) return el("span", {cls: "muted", text: "no verdict"});
     var verdict = diagnosis.verdict;
-    return el("span", {cls: "badge " + verdict.replace(/[^a-z0-9]+/gi, "-").toLowerCase(), title: diagnosis.reason,
-                       "data-verdict": verdict, text: verdict});
+    var node = el("span", {cls: "badge " + verdict.replace(/[^a-z0-9]+/gi, "-").toLowerCase(), title: diagnosis.reason,
+                           "data-verdict": verdict, text: verdict});
+    // a verdict that is no verdict says why beside it; the others on hover
+    if (verdict !== "unknown" && verdict !== "too short" || !diagnosis.reason) return node;
+    return el("div", {}, node, el("div", {cls: "verdict-reason muted", text: diagnosis.reason}));
+  }
+
+  function stepsText(run) {
+    var s = run.summary;
+    if (!run.stop && run.status === "finished") {
+      return s.total_steps && s.total_steps !== s.steps ? fmt(s.steps) + " / " + fmt(s.total_steps) : fmt(s.steps);
+    }
+    // stopped before its end: where it resumes from (its checkpoint), the step it reached
+    var at = s.checkpoint_step !== null && s.checkpoint_step !== undefined ? "checkpoint at " + fmt(s.checkpoint_step)
+      : (run.stop || run.status !== "training" ? "no checkpoint" : fmt(s.steps));
+    var reached = typeof s.reached_step === "number" && s.reached_step !== s.checkpoint_step ? ", stopped at " + fmt(s.reached_step) : "";
+    return at + reached + (s.total_steps ? " of " + fmt(s.total_steps) : "");
+  }
+
+  function statusCell(run) {
+    var cell = el("td", {}, el("span", {cls: "status " + run.status, title: run.status_reason, text: run.status}));
+    if (run.status !== "finished") cell.appendChild(el("div", {cls: "status-reason muted", text: run.status_reason}));
+    return cell;
   }
 
   function evalScores(evaluation) {
@@ -81,12 +116,11 @@
     var body = el("tbody");
     data.runs.forEach(function (run, i) {
       var s = run.summary;
-      var steps = s.total_steps && s.total_steps !== s.steps ? fmt(s.steps) + " / " + fmt(s.total_steps) : fmt(s.steps);
       body.appendChild(el("tr", {"data-status": run.status},
         el("td", {cls: "run-name", title: run.path}, swatch(i), el("span", {cls: "name", text: run.name})),
-        el("td", {}, el("span", {cls: "status " + run.status, title: run.status_reason, text: run.status})),
+        statusCell(run),
         el("td", {text: fmt(s.method)}), el("td", {text: fmt(s.model)}), el("td", {text: fmt(s.adapter)}),
-        el("td", {cls: "num", text: steps}),
+        el("td", {cls: "num steps", text: stepsText(run)}),
         el("td", {cls: "num", text: fmt(s.tokens) + (s.generated_tokens ? " (+" + fmt(s.generated_tokens) + " generated)" : "")}),
         el("td", {cls: "num", text: duration(s.wall_time_s)}),
         el("td", {cls: "verdict"}, badge(run.diagnosis)),
@@ -100,11 +134,52 @@
   }
 
   // --- curves --------------------------------------------------------------------------------------------------
-  function metricNames() {
-    var seen = {};
-    data.runs.forEach(function (run) { Object.keys(run.curves).forEach(function (m) { seen[m] = true; }); });
-    var rest = Object.keys(seen).filter(function (m) { return FIRST.indexOf(m) < 0; }).sort();
-    return FIRST.filter(function (m) { return seen[m]; }).concat(rest);
+  function grouped(metric) {  // [chart name, member name or null]
+    for (var i = 0; i < GROUPS.length; i++) {
+      var m = GROUPS[i][0].exec(metric);
+      if (m) return GROUPS[i][1](m);
+    }
+    return [metric, null];
+  }
+
+  function chartGroups() {  // [[chart name, [[metric, member], ...]], ...] in the order charts are drawn
+    var charts = {};
+    data.runs.forEach(function (run) {
+      Object.keys(run.curves).forEach(function (metric) {
+        var g = grouped(metric), members = charts[g[0]] = charts[g[0]] || [];
+        if (!members.some(function (m) { return m[0] === metric; })) members.push([metric, g[1]]);
+      });
+    });
+    Object.keys(charts).forEach(function (name) {
+      charts[name].sort(function (a, b) { return a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0; });
+      if (charts[name].length === 1 && charts[name][0][0] === name) charts[name][0][1] = null;  // a chart of its own
+    });
+    var rest = Object.keys(charts).filter(function (m) { return FIRST.indexOf(m) < 0; }).sort();
+    return FIRST.filter(function (m) { return charts[m]; }).concat(rest).map(function (m) { return [m, charts[m]]; });
+  }
+
+  function tick(value, digits) {  // `digits` significant digits; below 0.01 (and from 1e5) as 5e-4
+    if (value === 0) return "0";
+    var abs = Math.abs(value);
+    if (abs < 0.01 || abs >= 1e5) return value.toExponential(digits - 1).replace(/\.?0*e/, "e").replace("e+", "e");
+    return String(Number(value.toPrecision(digits)));
+  }
+
+  function tickLabels(splits) {  // the fewest significant digits that give every tick its value (2e-4, not 0; 0.25, not 0.3)
+    var values = splits.filter(function (v) { return typeof v === "number"; });
+    var spacing = values.length > 1 ? Math.abs(values[1] - values[0]) : Math.abs(values[0] || 1);
+    for (var digits = 1; digits < 8; digits++) {
+      var labels = splits.map(function (v) { return typeof v === "number" ? tick(v, digits) : ""; });
+      var exact = splits.every(function (v, i) { return typeof v !== "number" || Math.abs(Number(labels[i]) - v) <= spacing * 1e-3; });
+      if (exact) return labels;
+    }
+    return splits.map(function (v) { return typeof v === "number" ? tick(v, 8) : ""; });
+  }
+
+  function yRange(u, min, max) {  // uPlot gives a flat series 0-100; a flat series here sits mid-axis around its value
+    if (min === null || max === null) return [0, 1];
+    if (min !== max) return uPlot.rangeNum(min, max, 0.1, true);
+    return min === 0 ? [0, 1] : [min - Math.abs(min) / 2, min + Math.abs(min) / 2];
   }
 
   function points(run, metric) {
@@ -126,16 +201,28 @@
     return [xs, ys];
   }
 
-  function chart(metric, host) {
-    var box = el("div", {cls: "chart", "data-metric": metric}, el("h3", {text: metric}));
+  function chart(group, host) {
+    var name = group[0], members = group[1];
+    var box = el("div", {cls: "chart", "data-metric": name}, el("h3", {text: name}));
     host.appendChild(box);
-    var tables = [], series = [{label: X_LABELS[state.x]}], missing = [];
+    var tables = [], series = [{label: X_LABELS[state.x]}], missing = [], sparse = [];
     data.runs.forEach(function (run, i) {
-      if (!run.curves[metric]) return;
-      var xy = points(run, metric);
-      if (!xy[0].length) { missing.push(run.name); return; }
-      tables.push(xy);
-      series.push({label: run.name, stroke: color(i), width: 1.5, spanGaps: true, points: {show: xy[0].length < 3}});
+      members.forEach(function (member, k) {
+        var metric = member[0];
+        if (!run.curves[metric]) return;
+        var xy = points(run, metric);
+        if (!xy[0].length) { if (missing.indexOf(run.name) < 0) missing.push(run.name); return; }
+        tables.push(xy);
+        series.push({label: member[1] ? run.name + " \u00b7 " + member[1] : run.name, stroke: color(i), width: 1.5,
+                     dash: DASHES[k % DASHES.length] || undefined, spanGaps: true, points: {show: xy[0].length < 3}});
+        var steps = run.summary.steps, every = run.summary.logging_steps;
+        // a training metric logged every logging_steps: one or two values in a longer run, and why (eval_*: eval_steps)
+        if (xy[0].length <= 2 && typeof steps === "number" && steps > xy[0].length && every > 1 && k === 0 &&
+            metric.indexOf("eval_") !== 0) {
+          sparse.push(run.name + ": " + xy[0].length + " value" + (xy[0].length === 1 ? "" : "s") + " in " + steps +
+                      " steps: logged every " + every + " steps (logging_steps; the loss is kept at every step)");
+        }
+      });
     });
     if (!tables.length) {
       box.appendChild(el("p", {cls: "note", text: "no points on this axis"}));
@@ -144,12 +231,25 @@
     var aligned = uPlot.join(tables);
     var positive = aligned.slice(1).every(function (ys) { return ys.every(function (y) { return y === null || y === undefined || y > 0; }); });
     var log = state.logY && positive;
+    var yAxis = {values: function (u, splits) {
+      var labels = tickLabels(splits);
+      box.setAttribute("data-y-ticks", labels.join(" "));  // the canvas's tick labels, as text
+      return labels;
+    }};
+    var ys = [].concat.apply([], aligned.slice(1)).filter(function (y) { return typeof y === "number"; });
+    if (!log && ys.length && ys[0] !== 0 && ys.every(function (y) { return y === ys[0]; })) {
+      yAxis.splits = function (u, axis, min, max) { return [min, (min + max) / 2, max]; };  // the value, mid-axis
+    }
     var opts = {width: Math.max(320, (box.clientWidth || 460) - 4), height: 240, series: series,
-                scales: {x: {time: false}, y: {distr: log ? 3 : 1}}, axes: [{label: X_LABELS[state.x]}, {}],
-                legend: {live: true}, cursor: {drag: {x: true, y: false}}};
+                scales: {x: {time: false}, y: log ? {distr: 3} : {distr: 1, range: yRange}},
+                axes: [{label: X_LABELS[state.x]}, yAxis], legend: {live: true}, cursor: {drag: {x: true, y: false}},
+                hooks: {setScale: [function (u, key) {  // the y axis's ends, as text
+                  if (key === "y") box.setAttribute("data-y-range", u.scales.y.min + " " + u.scales.y.max);
+                }]}};
     charts.push(new uPlot(opts, aligned, box));
     if (state.logY && !positive) box.appendChild(el("p", {cls: "note", text: "linear: some values are \u2264 0"}));
     if (missing.length) box.appendChild(el("p", {cls: "note", text: "not on this axis (no token count): " + missing.join(", ")}));
+    sparse.forEach(function (why) { box.appendChild(el("p", {cls: "note sparse", text: why})); });
   }
 
   function curves() {
@@ -184,9 +284,9 @@
     charts = [];
     var host = document.getElementById("charts");
     host.textContent = "";
-    var names = metricNames();
-    names.forEach(function (m) { chart(m, host); });
-    if (!names.length) host.appendChild(el("p", {cls: "muted", text: "No curves: no run logged a metric yet."}));
+    var groups = chartGroups();
+    groups.forEach(function (g) { chart(g, host); });
+    if (!groups.length) host.appendChild(el("p", {cls: "muted", text: "No curves: no run logged a metric yet."}));
   }
 
   // --- settings ------------------------------------------------------------------------------------------------
@@ -200,14 +300,21 @@
     data.runs.forEach(function (run, i) { head.appendChild(el("th", {}, swatch(i), run.name)); });
     table.appendChild(el("thead", {}, head));
     var body = el("tbody"), differ = 0;
+    // a run that recorded its recipe and lacks a key did not set it (an SFT run has no rewards[0]); a run that recorded
+    // no recipe at all (an older folder) has nothing to say
+    var hasRecipe = data.runs.map(function (run) { return Object.keys(run.settings).some(function (k) { return k.indexOf("recipe.") === 0; }); });
     keys.forEach(function (key) {
-      var values = data.runs.map(function (run) { return key in run.settings ? run.settings[key] : null; });
+      var values = data.runs.map(function (run, i) {
+        return key in run.settings ? run.settings[key] : (hasRecipe[i] && key.indexOf("recipe.") === 0 ? NOT_SET : null);
+      });
       // a run that did not record a setting (an older run.json, a crashed run) makes no difference on its own
       var recorded = values.filter(function (v) { return v !== null; });
       var same = recorded.every(function (v) { return v === recorded[0]; });
       if (!same) differ++;
       var row = el("tr", {cls: same ? "same" : "differs", "data-key": key}, el("td", {text: key}));
-      values.forEach(function (v) { row.appendChild(el("td", {cls: v === null ? "muted" : "", text: v === null ? "(not recorded)" : v})); });
+      values.forEach(function (v) {
+        row.appendChild(el("td", {cls: v === null || v === NOT_SET ? "muted" : "", text: v === null ? "(not recorded)" : v}));
+      });
       body.appendChild(row);
     });
     table.appendChild(body);
@@ -231,6 +338,9 @@
       });
     });
     if (!order.length) { out.appendChild(el("p", {cls: "muted", text: "No run has a `finetune eval` report."})); return out; }
+    if (state.baseline === null) {  // the first run with an evaluation: a baseline without one shows no deltas
+      state.baseline = data.runs.findIndex(function (run) { return run.evaluation && run.evaluation.rows.length; });
+    }
     var select = el("select", {id: "baseline"});
     data.runs.forEach(function (run, i) {
       var option = el("option", {value: String(i), text: run.name});
@@ -280,10 +390,13 @@
                   el("pre", {cls: "prompt", text: sample.prompt}));
     if (sample.images && sample.images.length) node.appendChild(imageStrip(sample.images));
     if (sample.reference) node.appendChild(el("div", {cls: "meta", text: "reference: " + sample.reference}));
+    var limit = sample.source === "grpo" ? "max_completion_length" : "max_new_tokens";
     sample.answers.forEach(function (a) {
       var label = a.label + (typeof a.reward === "number" ? " (reward " + fmt(a.reward) + ")" : "");
-      node.appendChild(el("div", {text: label}));
-      node.appendChild(el("pre", {cls: "answer", text: a.text}));
+      var head = el("div", {text: label});
+      if (a.truncated) head.appendChild(el("span", {cls: "truncated-mark", text: " cut at " + limit + " (unfinished)"}));
+      node.appendChild(head);
+      node.appendChild(el("pre", {cls: "answer" + (a.truncated ? " truncated" : ""), text: a.text}));
     });
     return node;
   }

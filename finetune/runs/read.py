@@ -22,8 +22,8 @@ import os
 from collections import deque
 from pathlib import Path
 
-from finetune.run_folder import Layout, complete_checkpoints
-from finetune.runs.folders import CRASHED, status
+from finetune.run_folder import RESOLVED_RECIPE, Layout, complete_checkpoints
+from finetune.runs.folders import read_stop, status
 
 MAX_SAMPLES = 200  # completions.jsonl lines kept per run (the newest): the page stays small
 MAX_TEXT = 4000  # characters of one prompt or answer shown
@@ -33,6 +33,7 @@ MAX_THUMBNAILS = 64  # per run: past these an image shows as its path alone, so 
 NOT_CURVES = ("epoch", "step", "step_losses", "total_flos")
 NOT_CURVE_PARTS = ("per_second", "tflops", "runtime", "peak_rss", "model_preparation_time", "reference_pass_s")
 RESOLVED = ("precision", "learning_rate", "attn_implementation", "compile", "device", "optimizer")
+SIGNIFICANT = 6  # digits a float setting is shown with: 0.30000000000000004 reads 0.3
 
 
 def _json(path: Path):
@@ -71,6 +72,20 @@ def finite(value):
     if isinstance(value, (list, tuple)):
         return [finite(v) for v in value]
     return value
+
+
+def _recipe(folder: Path, run: dict, fingerprint: dict) -> dict:
+    """The recipe the run trained with: run.json's; a run without run.json: recipe.resolved.yml (written when it
+    started); a folder from before that: its checkpoint's fingerprint (the settings a resume must agree with)."""
+    recipe = _dict(run.get("recipe"))
+    if recipe:
+        return recipe
+    try:
+        import yaml
+
+        return _dict(yaml.safe_load((folder / RESOLVED_RECIPE).read_text(encoding="utf-8"))) or fingerprint
+    except (OSError, ValueError):  # yaml's errors are ValueErrors
+        return fingerprint
 
 
 def _checkpoint_state(folder: Path) -> tuple[list, dict]:
@@ -112,23 +127,33 @@ def _curves(history: list, eval_loss_before: float | None = None) -> dict:
     return {key: [list(p) for _, p in sorted(points.items())] for key, points in metrics.items()}
 
 
+def _plain(value) -> str:
+    """A setting as text: strings as they are, floats to SIGNIFICANT digits, the rest as JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return format(value, f".{SIGNIFICANT}g")
+    return json.dumps(finite(value), ensure_ascii=False, default=str)
+
+
 def flatten(value, prefix: str) -> dict[str, str]:
-    """{"recipe.lora_r": "8", "recipe.datasets[0].path": "a.jsonl", ...}: one row per leaf, as text."""
+    """{"recipe.lora_r": "8", "recipe.datasets[0].path": "a.jsonl", ...}: one row per leaf, as text. A list of
+    sections (datasets, GRPO's rewards) also has a row of its own, its length, so a run with an empty one (`[]`)
+    and a run with entries meet on the same row."""
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
             out.update(flatten(item, f"{prefix}.{key}"))
         return out
     if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
-        out = {}
+        out = {prefix: f"{len(value)} item{'s' if len(value) != 1 else ''} (the {prefix}[i] rows)"}
         for i, item in enumerate(value):
             out.update(flatten(item, f"{prefix}[{i}]"))
         return out
-    return {prefix: value if isinstance(value, str) else json.dumps(finite(value), ensure_ascii=False, default=str)}
+    return {prefix: _plain(value)}
 
 
-def _settings(run: dict, fingerprint: dict) -> dict[str, str]:
-    recipe = _dict(run.get("recipe")) or fingerprint  # a crashed run: the checkpoint's fingerprint of the recipe
+def _settings(run: dict, recipe: dict) -> dict[str, str]:
     out = flatten(recipe, "recipe") if recipe else {}
     for key in RESOLVED:
         if key in run:
@@ -201,7 +226,9 @@ def _eval_samples(folder: Path) -> list[dict]:
     for row in prompts if isinstance(prompts, list) else ():
         if not isinstance(row, dict):
             continue
-        answers = [{"label": side, "text": _text(_dict(row[side]).get("answer", ""))}
+        # an answer that did not end within max_new_tokens was cut there (evaluation/generation.py: `ended`)
+        answers = [{"label": side, "text": _text(_dict(row[side]).get("answer", "")),
+                    "truncated": _dict(row[side]).get("ended") is False}
                    for side in ("base", "tuned", "gguf") if side in row]
         out.append({"source": "eval", "step": None, "prompt": _text(row.get("prompt", "")),
                     "images": _images(row.get("images"), budget),
@@ -225,18 +252,23 @@ def _grpo_samples(folder: Path) -> list[dict]:
         if not isinstance(sample, dict) or not isinstance(sample.get("completions"), list):
             continue
         rewards = sample.get("rewards") if isinstance(sample.get("rewards"), list) else []
+        cut = sample.get("truncated") if isinstance(sample.get("truncated"), list) else []  # at max_completion_length
         answers = [{"label": f"completion {i + 1}", "text": _text(c),
-                    "reward": _number(rewards[i]) if i < len(rewards) else None}
+                    "reward": _number(rewards[i]) if i < len(rewards) else None,
+                    "truncated": i < len(cut) and cut[i] is True}
                    for i, c in enumerate(sample["completions"])]
         out.append({"source": "grpo", "step": _number(sample.get("step")), "prompt": _text(sample.get("prompt", "")),
                     "reference": None, "answers": answers})
     return out
 
 
-def _summary(run: dict, fingerprint: dict, history: list) -> dict:
-    recipe = _dict(run.get("recipe")) or fingerprint
+def _summary(run: dict, recipe: dict, history: list, folder: Path, stop: dict | None) -> dict:
     plan = _dict(run.get("plan"))
-    steps = _number(run.get("steps"))
+    steps, checkpoint = _number(run.get("steps")), None
+    if steps is None or stop is not None:  # stopped before its end: the step it resumes from, its checkpoint's
+        complete = complete_checkpoints(Layout(folder))
+        checkpoint = complete[-1][0] if complete else None
+        steps = checkpoint
     if steps is None and history:
         steps = max((int(e["step"]) for e in history if isinstance(e, dict) and _number(e.get("step")) is not None),
                     default=None)
@@ -246,7 +278,10 @@ def _summary(run: dict, fingerprint: dict, history: list) -> dict:
         "model": recipe.get("base_model"),
         "adapter": recipe.get("adapter"),
         "steps": steps,
-        "total_steps": _number(plan.get("total_steps")),
+        "total_steps": _number(plan.get("total_steps")) or _number(recipe.get("max_steps")),
+        "checkpoint_step": checkpoint,  # a run that stopped: where `finetune train` resumes (None: no checkpoint)
+        "reached_step": _number(_dict(stop).get("step")),  # ... and the step it had reached when it stopped
+        "logging_steps": _number(recipe.get("logging_steps")),  # how often lr, grad_norm... are logged
         "tokens_per_step": per_step,  # the plan's mean tokens per optimizer step: the tokens axis
         "tokens": round(steps * per_step) if steps is not None and per_step is not None else None,
         "generated_tokens": _number(_dict(run.get("grpo")).get("generated_tokens")),  # GRPO's completions
@@ -261,26 +296,27 @@ def read_run(folder: Path, name: str) -> dict:
     """The page's data for the run in `folder`, shown as `name`."""
     folder = Path(folder)
     run_json = _json(folder / "run.json")
-    run = _dict(run_json)
-    state, why = status(folder, run_json is not None)
+    run, stop = _dict(run_json), read_stop(folder)
+    state, why = status(folder, run_json is not None, stop)
     if (folder / "run.json").is_file() and not isinstance(run_json, dict):
         why += "; run.json is not a JSON object (damaged?): shown from the other files"
     history = run.get("log_history") if isinstance(run.get("log_history"), list) else []
     fingerprint = {}
     if not history:
         history, fingerprint = _checkpoint_state(folder)
+    recipe = _recipe(folder, run, fingerprint)
     diagnosis = _dict(_json(folder / "diagnosis.json")) or _dict(run.get("curves"))
     return finite({
         "name": name,
         "path": str(folder),
         "status": state,
         "status_reason": why,
-        "summary": _summary(run, fingerprint, history),
+        "stop": {"kind": str(stop.get("kind", "")), "message": stop["message"]} if stop else None,
+        "summary": _summary(run, recipe, history, folder, stop),
         "diagnosis": {"verdict": str(diagnosis.get("verdict", "")), "reason": str(diagnosis.get("reason", ""))}
                      if diagnosis.get("verdict") else None,
         "evaluation": _evaluation(folder, run),
         "curves": _curves(history, _number(run.get("eval_loss_before"))),
-        "settings": _settings(run, fingerprint),
+        "settings": _settings(run, recipe),
         "samples": _eval_samples(folder) + _grpo_samples(folder),
-        "crashed": state == CRASHED,
     })

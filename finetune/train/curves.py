@@ -4,7 +4,9 @@ The training curve is every optimizer step's loss (`step_losses` in the log hist
 finetune/train/callbacks/step_loss.py); a history without them (another tool's) falls back to the logged losses.
 Levels are means over a fifth of the points (at least 3) at each end, so a few noisy steps decide nothing.
 
-    too short  fewer than MIN_POINTS training losses: nothing can be told apart from noise
+    too short  fewer than MIN_POINTS training losses: nothing can be told apart from noise; fewer than
+               MIN_TAIL in the last quarter (a loss that did not rise): whether it flattened cannot be told; or
+               it fell and looks flat after less than MIN_EPOCH of one epoch: too little of the data to call fit
     overfit    eval loss reached a minimum and then rose (> 2% and > 0.01 above it): the step of the
                minimum and the checkpoint nearest it are reported
     diverged   the training loss ended higher than it began (> FLAT_DROP): lower the learning rate
@@ -13,7 +15,8 @@ Levels are means over a fifth of the points (at least 3) at each end, so a few n
                below zero (more than TAIL_T standard errors), so noise alone does not make a run "underfit";
                a run that stopped within its first epoch (the log's `epoch` < 1) is underfit when that slope
                is below zero by PARTIAL_T standard errors: it has not seen most of its data
-    well-fit   the training loss fell and flattened; the gap (final eval - final train loss) is reported
+    well-fit   the training loss fell and flattened; the gap (final eval loss - the last level of the training
+               loss, the one the closing line prints) is reported
 
 A preference run (it logs reward metrics) is not underfit because its loss barely moved when its accuracy ended
 clearly above chance or its margin grew (a preference loss can move little while the ranking is learned), and
@@ -41,6 +44,9 @@ from finetune.train.preference.curves import summary as preference_summary
 from finetune.train.grpo import verdict as grpo_verdict
 
 MIN_POINTS = 8  # fewer training losses than this: too short to judge
+MIN_TAIL = 4  # the last quarter's slope needs this many points: a loss that did not rise needs 4 x as many steps
+MIN_EPOCH = 0.1  # a loss that fell and looks flat after less of one epoch than this: too little data seen to judge
+TOO_SHORT = "too short"
 FLAT_DROP = 0.10  # a training loss that moved less than this fraction overall is flat
 STEEP_TAIL = 0.10  # ... and one whose last quarter's trend takes more than this fraction off is still learning
 TAIL_T = 3.0  # the last quarter's slope must be this many standard errors below zero to count as falling
@@ -81,7 +87,7 @@ def _train_shape(train: list[tuple[int, float]], epochs: float | None = None) ->
     how far through its data the run got, when logged; a run that stopped within its first epoch has not seen
     most of its data, so a loss still trending down there is underfit even when noise hides the trend's size."""
     if len(train) < MIN_POINTS:
-        return "unknown", (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
+        return TOO_SHORT, (f"too short to judge: {len(train)} training loss point(s), {MIN_POINTS} needed "
                            "(train more steps; each optimizer step's loss counts)")
     first, last, _ = loss_levels(train)
     change = (last - first) / first if first > 0 else 0.0
@@ -89,22 +95,30 @@ def _train_shape(train: list[tuple[int, float]], epochs: float | None = None) ->
     if change > FLAT_DROP:
         return "diverged", (f"training loss rose ({moved}): the learning rate is likely too high for this "
                             "batch; lower `learning_rate` (or raise `warmup_steps`)")
+    tail = train[int(len(train) * 0.75):]
+    if len(tail) < MIN_TAIL:  # 8 noisy steps: a last quarter of 2 points says nothing about flattening
+        return TOO_SHORT, (f"too short to judge: {len(train)} training losses ({moved}), too few to tell a trend "
+                           f"from step-to-step noise ({4 * MIN_TAIL} needed: the last quarter's slope is read from "
+                           f"at least {MIN_TAIL}); train more steps")
     if -change < FLAT_DROP:
         return "underfit", (f"training loss barely moved ({moved}): raise the learning rate, train longer, "
                             "or check that the responses are supervised")
-    tail = train[int(len(train) * 0.75):]
     slope, stderr = _slope(tail)
     tail_level = _mean([loss for _, loss in tail])
     tail_drop = -slope * (tail[-1][0] - tail[0][0]) / tail_level if tail_level > 0 else 0.0
-    if len(tail) >= 4 and tail_drop > STEEP_TAIL and slope < -TAIL_T * stderr:
+    if tail_drop > STEEP_TAIL and slope < -TAIL_T * stderr:
         return "underfit", (f"training loss still falling at the end ({moved} overall; the last quarter's trend "
                             f"takes {100 * tail_drop:.0f}% off, steps {tail[0][0]}-{tail[-1][0]}): train longer")
     if epochs is not None and epochs < 1:
         seen = f"{100 * epochs:.0f}% of one epoch"
-        if len(tail) >= 4 and slope < -PARTIAL_T * stderr:
+        if slope < -PARTIAL_T * stderr:
             return "underfit", (f"the run stopped after {seen} with the training loss still trending down ({moved}; "
                                 f"steps {tail[0][0]}-{tail[-1][0]} keep falling): most of the data was never seen, "
                                 "train longer (num_epochs, or a higher max_steps)")
+        if epochs < MIN_EPOCH:
+            return TOO_SHORT, (f"too little of the data to judge: the training loss fell and looks flat ({moved}), "
+                               f"but the run stopped after {seen}, below the {100 * MIN_EPOCH:.0f}% a verdict "
+                               "needs; train longer (num_epochs, or a higher max_steps)")
         return None, f"training loss fell and flattened after {seen} ({moved})"
     return None, f"training loss fell and flattened ({moved})"
 
@@ -141,15 +155,17 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
     if not train:
         result["reason"] = "no training loss was logged (set logging_steps lower than the step count)"
         return result
+    last_level = train[-1][1]  # the gap's train side: the last level the closing line prints, where there is one
     if len(train) >= MIN_POINTS:  # the levels the verdicts read (and the run's closing line prints)
-        first, last, k = loss_levels(train)
-        result["train_loss_levels"] = {"first": round(first, 6), "last": round(last, 6), "steps_each_end": k}
+        first, last_level, k = loss_levels(train)
+        result["train_loss_levels"] = {"first": round(first, 6), "last": round(last_level, 6), "steps_each_end": k}
     epochs = [float(e["epoch"]) for e in log_history if isinstance(e.get("epoch"), (int, float))]
     verdict, why = _train_shape(train, max(epochs) if epochs else None)
     preference = is_preference(log_history)
     if preference:
         result["preference"] = preference_summary(log_history)
-        stuck = nothing_learned(log_history, train) if verdict != "unknown" else None
+        # a loss held at its start with accuracy at chance needs no trend: judged from MIN_POINTS, as diverged is
+        stuck = nothing_learned(log_history, train) if len(train) >= MIN_POINTS else None
         if stuck:
             result.update(verdict="nothing learned", reason=stuck)
             return result
@@ -158,7 +174,7 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
             verdict, why = None, f"{why.split(':')[0].replace('barely moved', 'moved little')} while {shown}"
     if evals:
         best_step, best = min(evals, key=lambda pair: pair[1])
-        result.update(best_eval_step=best_step, best_eval_loss=best, gap=evals[-1][1] - train[-1][1])
+        result.update(best_eval_step=best_step, best_eval_loss=best, gap=evals[-1][1] - last_level)
         final = evals[-1][1]
         if verdict != "diverged" and best_step != evals[-1][0] and final - best > max(RISE_REL * best, RISE_ABS):
             checkpoint = _checkpoint_near(Path(output_dir), best_step) if output_dir else None
@@ -167,15 +183,16 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
                 f"eval loss bottomed at {best:.3f} at step {best_step} and rose to {final:.3f} by step "
                 f"{evals[-1][0]}{where}. Train fewer steps/epochs, add data, or raise lora_dropout/weight_decay"))
             return result
-    displaced = likelihood_displacement(log_history) if preference and verdict not in ("unknown", "diverged") else None
+    displaced = likelihood_displacement(log_history) if preference and verdict not in (TOO_SHORT, "diverged") else None
     if displaced:
         result.update(verdict="likelihood displacement", reason=displaced)
         return result
     if verdict:
         result.update(verdict=verdict, reason=why)
         return result
-    gap = result["gap"]
-    tail = f"; generalization gap {gap:+.3f}" if gap is not None else "; no eval split, so overfitting is not checked"
+    gap, k = result["gap"], result.get("train_loss_levels", {}).get("steps_each_end")
+    tail = (f"; generalization gap {gap:+.3f} (final eval loss - the mean train loss of the last {k} steps)"
+            if gap is not None else "; no eval split, so overfitting is not checked")
     result.update(verdict="well-fit", reason=why + tail)
     return result
 

@@ -28,6 +28,14 @@ def losses(log_history: list[dict]) -> dict:
     }
 
 
+def write_resolved_recipe(recipe, output_dir: Path) -> None:
+    """recipe.resolved.yml: written when the run starts (a run that stops early still says what it trained with;
+    the runs page reads it) and again at its end."""
+    from finetune.run_folder import RESOLVED_RECIPE
+
+    write_text_atomic(Path(output_dir) / RESOLVED_RECIPE, redact_text(dump_recipe(recipe)))
+
+
 def package_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -108,8 +116,9 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     log.info(f"learning curve: {summary['curves'].get('verdict')}: {summary['curves'].get('reason', '')}")
     summary = redact(summary)  # no password, token or API key reaches run.json
     with clear_write_errors(layout, "run.json"):
-        (output_dir / "recipe.resolved.yml").write_text(redact_text(dump_recipe(recipe)))
+        write_resolved_recipe(recipe, output_dir)
         write_text_atomic(output_dir / "run.json", json.dumps(summary, indent=2, default=str))
+    run["recorded"] = True  # what is raised from here is in run.json: not a stopped run (train/stop_record.py)
     if recipe.method == "grpo":  # the reward, not the surrogate loss; no eval loss; a run that got none fails
         from finetune.train.grpo.setup import done_grpo
 

@@ -32,6 +32,7 @@ from finetune.log import get_logger
 from finetune.train.fast_paths import say
 from finetune.train.arguments import training_arguments
 from finetune.train.record import save_and_record
+from finetune.train.stop_record import recording_stops
 from finetune.train.settings import Resolved, cuda_available, plan_numbers, resolve
 
 log = get_logger(__name__)
@@ -52,12 +53,19 @@ def count_data(recipe, state):
     if stats.get("dropped_duplicates"):
         log.info(f"dataset_exact_deduplication: {stats['dropped_duplicates']:,} records dropped, each the same as an "
                  "earlier one")
+    if stats.get("dropped_images"):  # records left out because of their images, by reason
+        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
+                                                                  stats["dropped_images"].items()))
     if recipe.method == "grpo":
+        from finetune.data.grpo.prompts import template_note
         from finetune.train.grpo.reward_check import check_signatures
 
         log.info(f"data: {stats['records']} records -> {stats['train']['examples']} train / {stats['eval']['examples']} "
                  f"held-out prompts; dropped {stats['dropped_too_long']} too long, truncated {stats['truncated']}"
                  f"{' (cached)' if prepared.reused else ''}")
+        note = template_note(stats, tokenizer)
+        if note:
+            log.warning(note)
         check_signatures(recipe, json.loads(prepared.train[0]["record"]))  # the records' columns: before the model
         return tokenizer, prepared
     if prepared.store is not None:
@@ -71,9 +79,6 @@ def count_data(recipe, state):
              f"{stats['eval']['examples']} eval examples; dropped {stats['dropped_too_long']} too long, "
              f"{stats['dropped_no_supervised_tokens']} with no supervised tokens; truncated {stats['truncated']}"
              f"{' (cached)' if prepared.reused else ''}")
-    if stats.get("dropped_images"):  # records left out because of their images, by reason
-        log.info("data: left out for their images: " + ", ".join(f"{n:,} {why}" for why, n in
-                                                                  stats["dropped_images"].items()))
     return tokenizer, prepared
 
 
@@ -107,10 +112,10 @@ def report_settings(recipe, prepared, settings: Resolved) -> None:
 
 
 def _report_machine(recipe, settings: Resolved) -> None:
-    from finetune.plan.lr_lora import lora_variant_lines
+    from finetune.plan.lr_lora import as_sentence, lora_variant_lines
 
     for line in lora_variant_lines(recipe, settings.learning_rate):  # rsLoRA's scale, LoRA+'s B rate (plan/lr_lora.py)
-        log.info(" ".join(line.split()))
+        log.info(as_sentence(line))
     say(f"precision {settings.precision}, attention {settings.attn_implementation} ({settings.attn_reason}), "
         f"adapter {recipe.adapter}", settings.probes.get("flex_attention"))
     if settings.optimizer_notice:
@@ -164,6 +169,7 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     from finetune.model.lora_variants import initial_adapter
     from finetune.model.varlen_attention import use_varlen_attention
     from finetune.recipe.adapter import mutates_base, uses_eva
+    from finetune.train.callbacks.experts import prepare_experts_for_training
     from finetune.train.callbacks.stages import AtTrainBegin
 
     set_seed(recipe.seed)  # LoRA / new-embedding init draws from the global RNG: seed it like the Trainer does
@@ -173,17 +179,25 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
     initial = initial_adapter(model) if mutates_base(recipe) and made_here else None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     # flash-attn reads example boundaries from position_ids only in a batch of one row: flatten for it
-    collator = Collator(pad_id, flatten=settings.attn_implementation == "flash_attention_2")
+    flatten = settings.attn_implementation == "flash_attention_2"
+    collator, pixels = Collator(pad_id, flatten=flatten), None
     if processor is not None:  # a vision-language model: the text batch plus its rows' pixels
-        from finetune.data.vision.collate import VisionCollator
+        from finetune.data.vision.collate import Pixels, VisionCollator
 
         collator = VisionCollator(collator, processor, recipe.image_max_pixels, recipe.image_min_pixels)
+        pixels = Pixels(processor, recipe.image_max_pixels, recipe.image_min_pixels)
     attn = settings.attn_implementation
     # GRPO scores its completions in packed rows of its own, with or without sample_packing
     varlen = ((settings.packed or recipe.method == "grpo") and attn == "sdpa" and device.type == "cpu"
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
+    # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes; not under compile, where
+    # inductor generates the dropout itself (and traced MaskDropout gave a nan gradient at step 1)
+    if device.type == "cpu" and not settings.compile:
+        from finetune.model.mask_dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
@@ -193,7 +207,9 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, collator.flatten, branches=varlen)
+        # and on that path a micro batch of packed rows is one row: no padding to its longest row (padding went
+        # through every layer: a third of a SmolLM2 DPO step's activation memory, docs/performance.md)
+        collator = preference_collator(store, pad_id, flatten or varlen, branches=varlen, pixels=pixels)
         probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
@@ -212,9 +228,11 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
 
             eva_initialise(model, collator, eva_rows, recipe.micro_batch_size)
         full_logits = bool(probe(model))  # before anything is written: a refusal costs nothing
+    # mixture-of-experts: router_aux_loss and expert load in the logs, ZeRO-3 leaves (train/callbacks/experts.py)
+    experts = prepare_experts_for_training(model, recipe, settings.deepspeed)
     # after the probes: they run eager, in eval mode or with no grad
-    return Built(model, tokenizer, collator, [*at_train_begin, *compile_model(model, settings)], full_logits,
-                 initial)
+    return Built(model, tokenizer, collator, [*at_train_begin, *experts, *compile_model(model, settings)],
+                 full_logits, initial)
 
 
 def compile_model(model, settings: Resolved) -> list:
@@ -284,13 +302,34 @@ def _run_training(recipe, state, cuda: bool, started: float, extra_callbacks) ->
                           eva_rows=prepared.train, processor=prepared.processor)
     built = built._replace(callbacks=[*built.callbacks, *extra_callbacks])
     run = train(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference)
-    return save_and_record(recipe, settings, layout, prepared, run, started)
+    with recording_stops(layout, lambda: run["trainer"].state.global_step, main=state.is_main_process,
+                         recorded=lambda: run.get("recorded", False)):
+        return save_and_record(recipe, settings, layout, prepared, run, started)
 
 
 def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from,
           reference=None) -> dict:
-    """The Trainer: eval loss before, training, the final eval loss. output_dir is created here, the first
-    thing the run writes."""
+    """Claim output_dir (created here, the first thing the run writes), then fit: whatever stops the run from here
+    (an error, Ctrl-C) leaves its reason in output_dir/stopped.json (train/stop_record.py)."""
+    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
+    from finetune.train.record import write_resolved_recipe
+    from finetune.train.stop_record import clear_stop
+
+    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
+    main = args.process_index == 0
+    if main:  # what this run trains with (also when it stops early), and no earlier run's stop record
+        clear_stop(layout)
+        write_resolved_recipe(recipe, layout.output_dir)
+    for stale in remove_stale_staging(layout):
+        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
+    made: list = []  # fit() puts its Trainer here: the step a stop happened at
+    with recording_stops(layout, lambda: made[0].state.global_step if made else 0, main=main):
+        return fit(recipe, args, settings, layout, fingerprint, built, prepared, resume_from, reference, made)
+
+
+def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, prepared, resume_from, reference,
+        made: list) -> dict:
+    """The Trainer (appended to `made`): eval loss before, training, the final eval loss."""
     from transformers import Trainer
 
     from finetune.model import base_causal_lm, count_parameters
@@ -300,15 +339,11 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
     from finetune.train.callbacks.interrupt import Interrupted, interrupted_message
     from finetune.train.callbacks.step_loss import StepLossCallback
     from finetune.train.callbacks.throughput import ThroughputCallback
-    from finetune.train.checkpoints import claim_output_dir, remove_stale_staging
     from finetune.train.fast_paths import kernel_failures
     from finetune.train.loraplus import optimizer_cls_and_kwargs as loraplus_optimizer
 
     model, tokenizer = built.model, built.tokenizer
     trainable, total = count_parameters(model)
-    claim_output_dir(Path(recipe.output_dir))  # marks it finetune's first: a crashed run's folder is still recognised
-    for stale in remove_stale_staging(layout):
-        log.info(f"removed {stale}: an incomplete checkpoint left by an interrupted run")
     guard, interrupt, saver = own = build_callbacks(recipe, layout, fingerprint, settings.precision)
     # tokens/s, supervised tokens/s, TFLOP/s (MFU where the GPU is known), peak memory beside the plan's
     # the planner counts text models; a vision-language model's tower is not in its tables yet: no plan for it
@@ -344,6 +379,7 @@ def train(recipe, args, settings: Resolved, layout, fingerprint, built: Built, p
         data_collator=collator,
         processing_class=prepared.processor or tokenizer,  # checkpoints hold the processor of a vision model
     )
+    made.append(trainer)
     # a fast path's kernel that fails on a shape the probes did not see: one message naming the key to set
     with kernel_failures(settings, layout, step=lambda: trainer.state.global_step + 1):
         before = trainer.evaluate() if settings.has_eval else {}

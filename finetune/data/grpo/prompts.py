@@ -95,6 +95,21 @@ def tokenize_prompts(recipe, tokenizer, files: list[tuple[str, str]]) -> tuple[l
     return items, {**outcome, "dropped_listed": listed}
 
 
+def template_note(stats: dict, tokenizer) -> str | None:
+    """What to say when plain-text prompts meet a tokenizer with a chat template: they reach the model as written,
+    without it. Not applied for them: a string prompt is TRL's "standard" format, sent as written (the oracle
+    finetune's GRPO is held equal to), and a base model's tokenizer may carry a template it was never trained on;
+    an instruct model wants its turns, which a conversation prompt gets."""
+    plain = (stats.get("formats") or {}).get("completion", 0)  # plain-text prompts (data/__init__.py)
+    if not plain or not getattr(tokenizer, "chat_template", None):
+        return None
+    return (f"{plain:,} of {stats.get('records', plain):,} prompts are plain text: they reach the model as written "
+            "(its BOS, no chat template), as TRL sends a string prompt. This tokenizer has a chat template: an "
+            "instruct model answers a prompt in its own turns, so give `prompt` as a conversation, "
+            "[{\"role\": \"user\", \"content\": ...}], to have it rendered through the template with the assistant "
+            "header (docs/grpo.md)")
+
+
 def prompt_stats(items: list[Prompt]) -> dict:
     """`examples` (prompts) and `tokens` (prompt tokens); completions are counted as the run generates them."""
     return {"examples": len(items), "tokens": sum(len(p.prompt_ids) for p in items), "supervised_tokens": 0}

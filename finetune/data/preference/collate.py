@@ -19,6 +19,10 @@ Every batch, packed or not, says the same things, so the loss has one code path 
   target_rows, target_positions, target_ids, target_sequences   rows that share prompts: for every supervised
                          token, the (row, position) whose hidden state predicts it, the token and its sequence
                          (without them, position t predicts the label at t + 1: finetune/model/sequence_logps.py)
+  vision_inputs          a vision-language model: what the model reads beside the ids (pixel_values, and what
+                         the family adds: Idefics3's pixel_attention_mask, Gemma 3's token_type_ids...), made from
+                         each row's images in the order its prompts hold them (finetune/data/vision/collate.py);
+                         KTO's `kl` batch has its own
 
 Unpacked, a batch of B pairs is 2B padded rows, every chosen response first, then every rejected one (as TRL
 orders them). Packed, each row holds whole pairs, chosen then rejected, back to back. With `share_prompt`
@@ -27,6 +31,10 @@ once, then chosen, then rejected: [prompt 0..P-1 | chosen P..P+C-1 | rejected P.
 the rejected response, starting at position P, attends to the prompt before it and to itself only
 (finetune/model/varlen_attention.py), so it scores exactly as after its own copy of the prompt. The prompt's last
 position predicts both responses' first tokens, which labels shifted by one cannot say: hence the targets.
+
+A pair's images are its prompt's: every copy of a prompt in a row brings its images (twice for a pair unpacked,
+once where the pair shares its prompt), so each row's image tokens and the images given for it agree in number
+and order. Every supervised token is a response's, so no image token is ever scored.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from finetune.contract import IGNORE_INDEX
 from finetune.data.preference.rows import PACKED, UNPACKED
 
 TARGET_KEYS = ("target_rows", "target_positions", "target_ids", "target_sequences")
+VISION_INPUTS = "vision_inputs"
 
 
 @dataclass
@@ -45,6 +54,7 @@ class PreferenceCollator:
     pad_token_id: int
     flatten: bool = False  # packed rows as one row: what flash-attn's varlen path needs
     share_prompt: bool = False  # packed pairs: the prompt once, both responses after it (see above)
+    pixels: object = None  # a vision-language model: the rows' pixel inputs (finetune/data/vision/collate.py Pixels)
 
     def __call__(self, features: list[dict]) -> dict:
         packed = PACKED in features[0]
@@ -66,7 +76,13 @@ class PreferenceCollator:
     def _batch(self, rows, items, packed: bool, sequences) -> tuple[dict, list]:
         """(the token tensors of every item's `sequences`, the (item, sequence) order of their sequences)."""
         token_rows, order = self._packed(rows, sequences) if packed else self._unpacked(items, sequences)
-        return self._tensors(token_rows, order, packed), order
+        tensors = self._tensors(token_rows, order, packed)
+        if self.pixels is not None:  # each prompt in a row brings its item's images, in the row's order
+            images = getattr(self.store, "images", None)
+            row_parts = [[part for k, _, _ in row for part in (images[items[k]] if images else [])]
+                         for row in token_rows]
+            tensors[VISION_INPUTS] = self.pixels.inputs(tensors["input_ids"], row_parts)
+        return tensors, order
 
     def _unpacked(self, items: list[int], sequences):
         """One row per sequence: every item's first sequence, then every item's second (chosen..., rejected...)."""

@@ -10,6 +10,8 @@ turns ids into token tensors from the store, and into the reference log-probs co
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 # the rows' column: its name says whether a row's items are packed into one token row or are a row each
@@ -31,6 +33,9 @@ class PairStore:
         else:
             self.responses = [[c, r] for part in parts for c, r in zip(part["chosen_ids"], part["rejected_ids"])]
             self.labels = self.kl_partner = None
+        # a vision-language model: each item's prompt image parts (every sequence of the item holds that prompt)
+        self.images = ([json.loads(text) for part in parts for text in part["images"]]
+                       if "images" in train.column_names else None)
 
     def __len__(self) -> int:
         return len(self.prompts)

@@ -1,7 +1,8 @@
 """Images in the data stage: a chat record's image parts become image tokens in its row (encode.py), pixels in its
 batch (collate.py); images.py decodes one image (ingestion checked it at read time: finetune/ingest/images.py).
 What the data stage asks of them is here: which encoder a recipe's chats take, the counted rejects, the cache
-key's share, the methods a vision-language model does not train yet.
+key's share, the method a vision-language model does not train (GRPO). A preference pair's images are its prompt's
+(pairs.py: the prompt and its responses expanded by the processor).
 
 A vision-language model's rows carry an `images` column (each row's image parts, JSON); its stats count image
 tokens apart from supervised ones, and `dropped_images` counts the records left out, by reason.
@@ -63,15 +64,25 @@ def processor_fingerprint(processor) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+def image_files(dataset_dict) -> dict:
+    """{"image_files": the stamp of every image file its rows name} for the cache's stats, or {} without images."""
+    from finetune.data.vision.images import image_files_stamp
+
+    splits = [split for split in dataset_dict.values() if "images" in split.column_names]
+    return {"image_files": image_files_stamp(row for split in splits for row in split["images"])} if splits else {}
+
+
+def images_changed(dataset_dict, stats: dict) -> bool:
+    """Whether an image file cached rows were tokenized from was edited or removed since (their image tokens may no
+    longer be the image's): the rows are tokenized again, as are rows with images cached without the stamp."""
+    return image_files(dataset_dict).get("image_files") != stats.get("image_files")
+
+
 def check_vision_method(recipe, processor) -> None:
     """What a vision-language model does not train yet, refused before any tokenizing."""
-    if processor is None:
-        return
-    if recipe.method == "grpo":
-        raise DataError("`method: grpo` with a vision-language base model is not supported yet: its rollouts would "
-                        "generate from image prompts, and the generation and scoring rows carry no pixels. `method: "
-                        "sft` trains a vision-language model (docs/vision.md)")
-    if recipe.method != "sft":
-        raise DataError(f"`method: {recipe.method}` with a vision-language base model is not supported yet: preference "
-                        "records with image parts are not read, and pair batches carry no pixels. `method: sft` "
-                        "trains a vision-language model (docs/vision.md)")
+    if processor is not None and recipe.method == "grpo":
+        raise DataError("`method: grpo` with a vision-language base model is not supported: its rollouts would "
+                        "generate from image prompts, and the generation and scoring rows carry no pixels. A "
+                        "vision-language model trains with `method: sft` on chat records, and with `method: dpo` "
+                        "(or ipo, orpo, simpo, kto) on preference records whose prompts hold the images "
+                        "(docs/vision.md)")

@@ -13,9 +13,46 @@ import json
 from dataclasses import dataclass
 
 from finetune.data.collate import Collator
-from finetune.data.vision.images import load_image
+from finetune.data.vision.images import ImageRejected, load_image
+from finetune.errors import DataError
 
 MODALITY_INPUTS = ("token_type_ids", "mm_token_type_ids")  # 1 on an image token, 0 elsewhere
+
+
+@dataclass
+class Pixels:
+    """A batch's pixel inputs, made by the processor from each row's image parts (loaded with the pixel budget they
+    were encoded with), and the modality ids made from the batch's padded ids."""
+
+    processor: object
+    max_pixels: int | None = None
+    min_pixels: int | None = None
+
+    def images(self, parts: list[dict]) -> list:
+        try:
+            return [load_image(part, max_pixels=self.max_pixels, min_pixels=self.min_pixels) for part in parts]
+        except ImageRejected as exc:  # it loaded when the rows were made: it changed on disk since
+            raise DataError(f"{exc.detail}: the image changed on disk after the data was tokenized (during this run?); "
+                            "put it back, or run again: images edited or removed before a run are tokenized again") from None
+
+    def inputs(self, input_ids, rows: list[list[dict]]) -> dict:
+        """The model inputs beside the text: `rows` holds each token row's image parts, in the order its image
+        tokens come (rows without images add none; a batch without any adds no pixel inputs at all)."""
+        import torch
+
+        out = {}
+        wanted = set(getattr(self.processor, "model_input_names", ())) & set(MODALITY_INPUTS)
+        if wanted:
+            types = torch.tensor(self.processor.create_mm_token_type_ids(input_ids.tolist()))
+            out.update({name: types for name in wanted})
+        images = [self.images(parts) for parts in rows if parts]
+        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops);
+            # `padding`: Gemma 3's processor writes a text of its own per row (dropped here), ragged when rows hold
+            # different numbers of images
+            pixels = self.processor(images=images, return_tensors="pt", padding=True)
+            text = {"input_ids", "attention_mask", *MODALITY_INPUTS, *self.processor.tokenizer.model_input_names}
+            out.update({k: v for k, v in pixels.items() if k in self.processor.model_input_names and k not in text})
+        return out
 
 
 @dataclass
@@ -25,21 +62,8 @@ class VisionCollator:
     max_pixels: int | None = None
     min_pixels: int | None = None
 
-    def row_images(self, feature: dict) -> list:
-        return [load_image(part, max_pixels=self.max_pixels, min_pixels=self.min_pixels)
-                for part in json.loads(feature.get("images") or "[]")]
-
     def __call__(self, features: list[dict]) -> dict:
-        import torch
-
         batch = self.text(features)
-        images = [row for row in map(self.row_images, features) if row]
-        wanted = set(getattr(self.processor, "model_input_names", ())) & set(MODALITY_INPUTS)
-        if wanted:
-            types = torch.tensor(self.processor.create_mm_token_type_ids(batch["input_ids"].tolist()))
-            batch.update({name: types for name in wanted})
-        if images:  # through the processor, with its own image settings (Idefics3's tiles, Gemma 3's crops)
-            pixels = self.processor(images=images, return_tensors="pt")
-            text = {"input_ids", "attention_mask", *MODALITY_INPUTS, *self.processor.tokenizer.model_input_names}
-            batch.update({k: v for k, v in pixels.items() if k in self.processor.model_input_names and k not in text})
+        rows = [json.loads(feature.get("images") or "[]") for feature in features]
+        batch.update(Pixels(self.processor, self.max_pixels, self.min_pixels).inputs(batch["input_ids"], rows))
         return batch

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import math
 
-from finetune.ingest.images import ImageRejected, describe, open_image
+from finetune.ingest.images import ImageRejected, describe, image_bytes, open_image
 from finetune.ingest.record_images import image_parts
 
-__all__ = ["ImageRejected", "budget_size", "image_parts", "load_image"]
+__all__ = ["ImageRejected", "budget_size", "image_files_stamp", "image_parts", "images_digest", "load_image"]
 
 ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")
 WIDE_GREY_MODES = ("I", "I;16", "I;16L", "I;16B", "I;16N", "F")  # 16-bit / 32-bit integer / float grey
@@ -94,3 +94,61 @@ def budget_size(width: int, height: int, max_pixels: int | None, min_pixels: int
         width, height = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
         width, height = max(1, min(width, max_pixels // height)), max(1, min(height, max_pixels // width))
     return width, height
+
+
+def images_digest(items: list[list[dict]]) -> str:
+    """One hash over the bytes of every item's images, in order: what a cache of numbers computed from the images
+    (the preference reference log-probs) keys on, since an image edited in place keeps its path. An image in the
+    records cache is named by its bytes' sha256 already (finetune/ingest/record_images.py image_store): not read."""
+    import hashlib
+
+    digest, known = hashlib.sha256(), {}
+    for parts in items:
+        for part in parts:
+            where = part.get("path") or hashlib.sha256(part.get("base64", "").encode()).hexdigest()
+            if where not in known:
+                known[where] = _stored_name(part) or _bytes_hash(part)
+            digest.update(known[where].encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
+def image_files_stamp(rows) -> str:
+    """One hash over the size and modification time of each image file that rows' parts name (`rows`: each row's
+    parts as JSON text, the `images` column): what tokenized rows keep beside them, since an image edited in place
+    keeps its path while its count of image tokens may change (other tiles, another grid); a file gone counts too.
+    Its metadata, not its bytes: checked each time the rows are reused."""
+    import hashlib
+    import json
+    import os
+
+    digest, seen = hashlib.sha256(), set()
+    for row in rows:
+        for part in json.loads(row or "[]"):
+            path = part.get("path")
+            if path and path not in seen:
+                seen.add(path)
+                try:
+                    stat = os.stat(path)
+                    mark = f"{stat.st_size}:{stat.st_mtime_ns}"
+                except OSError:
+                    mark = "missing"
+                digest.update(f"{path}\0{mark}\n".encode())
+    return digest.hexdigest()
+
+
+def _stored_name(part: dict) -> str | None:
+    """The sha256 an image in the records cache's store is named by (cache_dir/ingested/images/<sha256>.<format>)."""
+    from pathlib import Path
+
+    path = Path(part.get("path") or "")
+    return path.stem if path.parent.parts[-2:] == ("ingested", "images") and len(path.stem) == 64 else None
+
+
+def _bytes_hash(part: dict) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(image_bytes(part)).hexdigest()
+    except ImageRejected as rejected:  # the batch that needs it says so; here it only changes the key
+        return rejected.reason

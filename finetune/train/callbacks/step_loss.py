@@ -2,9 +2,10 @@
 
 A forward hook on the model keeps each training micro-batch's loss as a device tensor; at the end of an
 optimizer step they are combined into that step's loss (still on the device). The values travel to the host
-in one transfer when the Trainer logs (it reads its own loss then anyway) and at the end of training. They are
-stored in the log history (`step_losses`: [[step, loss], ...] on the logged entry), so run.json and every
-checkpoint's trainer_state.json carry them, and a resumed run keeps the steps before the resume.
+in one transfer when the Trainer logs (it reads its own loss then anyway), when a checkpoint is saved (so a run
+that stops before its end keeps every step up to its checkpoint) and at the end of training. They are stored in
+the log history (`step_losses`: [[step, loss], ...] on the logged entry, or an entry of their own), so run.json
+and every checkpoint's trainer_state.json carry them, and a resumed run keeps the steps before the resume.
 
 The combination mirrors HF Trainer's own logged loss: with `num_items_in_batch` (token-averaged loss over
 the accumulated micro-batches) each micro-batch loss is already divided by the step's token count, so they
@@ -50,6 +51,19 @@ class StepLossCallback(TrainerCallback):
         step_loss = stacked.sum() * self._scale if self._token_averaged else stacked.mean()
         self._pending.append((state.global_step, step_loss))
         self._micro = []
+        if control.should_save:
+            self._into_history(state)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:  # the checkpoint callback (before this one) saves at the end of an epoch
+            self._into_history(state)
+
+    def _into_history(self, state) -> None:
+        """The steps not logged yet, as an entry of their own: into the checkpoint's trainer_state.json, so a run
+        that stops later keeps every step up to its checkpoint."""
+        pairs = self._flush()
+        if pairs:
+            state.log_history.append({"step": state.global_step, KEY: pairs})
 
     def _flush(self) -> list[list]:
         """[[step, loss], ...] for the steps since the last flush: one host transfer, mean over processes."""
@@ -73,9 +87,7 @@ class StepLossCallback(TrainerCallback):
             state.log_history[-1][KEY] = pairs  # the history only: reporters take scalars
 
     def on_train_end(self, args, state, control, **kwargs):
-        pairs = self._flush()  # the steps after the last log
-        if pairs:
-            state.log_history.append({"step": state.global_step, KEY: pairs})
+        self._into_history(state)  # the steps after the last log
         if self._handle is not None:
             self._handle.remove()
             self._handle = None

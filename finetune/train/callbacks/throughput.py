@@ -56,7 +56,8 @@ class _Counts:
 
 class ThroughputCallback(TrainerCallback):
     """Adds to each training log: tokens/s and supervised tokens/s (per device and total), model TFLOP/s per
-    device (6 x trained + 4 x frozen matmul params per token + attention per example; plan/flops.py) and MFU
+    device (6 x trained + 4 x frozen matmul params per token + attention per example; of a mixture-of-experts
+    model the weights and adapters of the token's top-k experts only; plan/flops.py) and MFU
     when a peak is known, each since training began and (`steady_*`) since the warm-up ended; peak memory."""
 
     def __init__(self, peak_tflops: float | None = None, planned_memory: dict | None = None):
@@ -99,10 +100,18 @@ class ThroughputCallback(TrainerCallback):
         from finetune.model import base_causal_lm
         from finetune.plan.model_size import model_shape
 
+        from finetune.compat import parameter_count
+        from finetune.plan.moe import moe_layout
+
         self._world = max(args.world_size, 1)
-        self._shape = model_shape(base_causal_lm(model))
+        causal_lm = base_causal_lm(model)
+        self._shape = model_shape(causal_lm)
         is_peft = hasattr(model, "peft_config")
-        self._lora_params = sum(p.numel() for p in model.parameters() if p.requires_grad) if is_peft else None
+        # parameter_count: a ZeRO-3 shard's numel is its placeholder's
+        self._lora_params = sum(parameter_count(p) for p in model.parameters() if p.requires_grad) if is_peft else None
+        layout = moe_layout(causal_lm) if is_peft else None
+        if layout is not None:  # an MoE token runs through the adapters of its top-k experts only
+            self._lora_params -= layout.inactive_trainable(causal_lm)
         if self.peak_tflops is None:
             self.peak_tflops = _detect_peak_tflops(args)
         if state.max_steps and state.max_steps > 0:
@@ -157,10 +166,7 @@ class ThroughputCallback(TrainerCallback):
             return
         # The dataloader fetches a batch ahead, so counts lead the steps by one micro-batch; over the run
         # (and the steady window, whose two ends both lead by one) that batch does not matter.
-        extra = self.metrics()
-        logs.update(extra)
-        if state.log_history and state.log_history[-1].get("step") == state.global_step:
-            state.log_history[-1].update(extra)
+        add_to_log(state, logs, self.metrics())
 
     def summary(self) -> dict:
         """run.json's `throughput`: the rates at the end, the warm-up excluded, and plan vs real memory."""
@@ -168,6 +174,14 @@ class ThroughputCallback(TrainerCallback):
         out["steady_state_after_steps"] = self.warmup_steps
         out["planned_memory_gib"] = self.planned_memory
         return out
+
+
+def add_to_log(state, logs: dict, extra: dict) -> None:
+    """Metrics a callback adds to the training log being written, and to the entry the Trainer just appended to
+    log_history (on_log runs after it appended), so run.json and the curves see them too."""
+    logs.update(extra)
+    if state.log_history and state.log_history[-1].get("step") == state.global_step:
+        state.log_history[-1].update(extra)
 
 
 def peak_memory() -> dict:

@@ -213,7 +213,9 @@ def plot_figure(fig, log_history: list[dict], diagnosis: dict | None, plot_loss)
             ax.legend(fontsize=8)
     if diagnosis:
         width = int(fig.get_size_inches()[0] * TITLE_CHARS_PER_INCH)
-        fig.suptitle(textwrap.fill(f"{diagnosis['verdict']}: {diagnosis.get('reason', '')}", width), fontsize=9)
+        # break at spaces only: a hyphen in a path ("pytest-of-root") is the path's, not a place to break
+        title = textwrap.fill(f"{diagnosis['verdict']}: {diagnosis.get('reason', '')}", width, break_on_hyphens=False)
+        fig.suptitle(title, fontsize=9)
 
 
 def _reward_panel(ax, log_history: list[dict], key: str, std_key: str, title: str) -> None:

@@ -8,9 +8,10 @@ from finetune.log import get_logger
 log = get_logger(__name__)
 
 
-def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
+def preference_collator(store, pad_id: int, flatten: bool, branches: bool, pixels=None):
     """`branches`: the attention path runs a segment starting at position p > 0 as a continuation of the prompt
-    before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt."""
+    before it (finetune/model/varlen_attention.py), so packed pairs can share their prompt. `pixels`: a
+    vision-language model's (finetune/data/vision/collate.py), the prompts' images in every batch."""
     from finetune.data.preference.collate import PreferenceCollator
 
     share = branches and not store.unpaired
@@ -21,7 +22,7 @@ def preference_collator(store, pad_id: int, flatten: bool, branches: bool):
         log.info(f"pairs share their prompt in packed rows: prompt, chosen, rejected, the rejected response attending "
                  f"to the prompt and itself; {tokens - prompts:,} train tokens instead of {tokens:,} "
                  f"({prompts / max(tokens, 1):.0%} fewer), the same log-probs")
-    return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share)
+    return PreferenceCollator(store, pad_id, flatten=flatten, share_prompt=share, pixels=pixels)
 
 
 def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> bool:
@@ -63,26 +64,36 @@ def probe_preference(model, collator, pad_id: int, attn: str, packed: bool) -> b
     return True
 
 
-def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object, object]:
-    """(the cached reference table or None, where it is stored). A resumed run without its table is refused:
-    its model is no longer the one the run started from."""
+def reference_for(recipe, prepared, precision: str, resume_from) -> tuple[object, object, bool]:
+    """(the cached reference table or None, where it is stored, whether the run resumes). A resumed run without its
+    table is refused: its model is no longer the one the run started from (one lacking rows the run reads is refused
+    at its first loss, where the rows it reads are known: trainer.items_used)."""
     from finetune.errors import DataError
     from finetune.recipe.methods import uses_reference
     from finetune.train.preference.reference import load_table, reference_path
 
     if not uses_reference(recipe):
-        return None, None
-    path = reference_path(recipe, prepared.key, precision)
+        return None, None, bool(resume_from)
+    images = ""
+    if prepared.store.images is not None:  # the images' bytes: an image edited in place keeps its path
+        from finetune.data.vision.images import images_digest
+
+        images = images_digest(prepared.store.images)
+    path = reference_path(recipe, prepared.key, precision, images)
     table = load_table(path, len(prepared.store))
     if table is not None:
-        log.info(f"reference log-probs: read from {path} (the same data, model and settings)")
+        import torch
+
+        scored = int((~torch.isnan(table).any(dim=1)).sum())
+        part = f"; {scored:,} of {len(table):,} rows scored" if scored < len(table) else ""
+        log.info(f"reference log-probs: read from {path} (the same data, model and settings{part})")
     elif resume_from:
         raise DataError(
             f"resuming needs the reference log-probs this run computed when it started ({path}), and they are gone "
             "(the cache was cleared, or the base model's files changed); the model being resumed is no longer the "
             "model the run started from, so they cannot be recomputed. Start over with `resume: false`"
         )
-    return table, path
+    return table, path, bool(resume_from)
 
 
 def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict:
@@ -91,7 +102,7 @@ def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict
     from finetune.model import base_causal_lm
     from finetune.train.preference.objective import Objective
 
-    table, path = reference
+    table, path, resumed = reference
     note = dropout_note(built.model, recipe)
     if note:
         log.info(note)
@@ -99,7 +110,7 @@ def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict
     return {"objective": Objective(recipe), "store": prepared.store, "full_logits": built.full_logits,
             "head": base_causal_lm(built.model).get_output_embeddings(), "reference": table,
             "reference_path": path, "reference_batch_tokens": budget,
-            "reference_collator": built.collator}
+            "reference_collator": built.collator, "resumed": resumed}
 
 
 def dropout_note(model, recipe) -> str | None:
@@ -154,6 +165,9 @@ def preference_record(recipe, trainer) -> dict:
         "train_tokens_in_rows": sum(store.length(i) - (len(store.prompts[i]) if shared else 0)
                                     for i in store.split_ids("train")),
         "reference_pass_s": getattr(trainer, "reference_seconds", None),
+        # the items the run reads (the eval split's, its steps' train items) and those its pass scored (not cached);
+        # None: no reference, or a cached table that held every item
+        "reference_items": getattr(trainer, "reference_items", None),
         "reference_table": str(trainer.reference_path) if getattr(trainer, "reference_path", None) else None,
         "train_metrics": {k: v for k, v in last_train.items() if "/" in k},
         "eval_metrics": {k: v for k, v in last_eval.items() if k.startswith("eval_") and "/" in k},

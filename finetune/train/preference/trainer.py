@@ -15,7 +15,8 @@ processes) gives every pair the same weight, packed or not, one process or sever
 gradients over processes, so each process's loss is multiplied by their number (the sum is then exact).
 
 The reference table (finetune/train/preference/reference.py) is computed at the first loss, through the model as the
-Trainer holds it, unless the run found it cached. Its time is the reference pass's, not the eval's or the training's:
+Trainer holds it, for the items the run reads (items_used: every eval item, the train items of its steps in the
+Trainer's own order), unless the run found them cached. Its time is the reference pass's, not the eval's or the training's:
 taken off the `eval_runtime` / `train_runtime` it fell in (and their per-second rates), logged as
 `reference_pass_s`, and off the throughput callback's clock.
 
@@ -41,13 +42,16 @@ log = get_logger(__name__)
 
 class PreferenceTrainer(Trainer):
     def __init__(self, *args, objective, store, head, full_logits, reference=None, reference_path=None,
-                 reference_batch_tokens: int = 4096, reference_collator=None, **kwargs):
+                 reference_batch_tokens: int = 4096, reference_collator=None, resumed: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.reference_collator = reference_collator or self.data_collator  # unwrapped: not counted as training
         self.objective, self.store, self.head, self.full_logits = objective, store, head, full_logits
         self.reference, self.reference_path = reference, reference_path
+        self.resumed = resumed  # a resumed run's model is no longer the starting one: it cannot score missing rows
+        self.reference_ready = False  # the table holds every row the run reads (checked at the first loss)
         self.reference_batch_tokens = reference_batch_tokens
         self.reference_seconds = None  # how long the reference pass took (None: read from the cache / not needed)
+        self.reference_items = None  # {"read": items the run reads, "scored": those its pass scored (not cached)}
         self._reference_unlogged = 0.0  # reference-pass seconds inside a runtime not yet logged
         self.policy_is_reference = True  # until the first training step: the model scores as the reference did
         self.loss_is_scaled_for_ga = True  # compute_loss normalizes over the whole step itself
@@ -65,8 +69,9 @@ class PreferenceTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if callable(self.full_logits):  # ZeRO-3: the probes wait for the engine's weights (finetune/train/run.py)
             self.full_logits = bool(self.full_logits(self.model))
-        if self.objective.needs_reference and self.reference is None:
+        if self.objective.needs_reference and not self.reference_ready:
             self.reference = self._reference_table(model)
+            self.reference_ready = True
         if model.training:
             self.policy_is_reference = False
         from finetune.model.sequence_logps import response_logps
@@ -102,16 +107,75 @@ class PreferenceTrainer(Trainer):
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
 
-    def _reference_table(self, model):
-        from finetune.train.preference.reference import compute_table, save_table
+    def items_used(self) -> list[int]:
+        """Every item this run reads: the eval split's, and the train items of the micro batches its optimizer steps
+        take. A run of at least an epoch reads every train item; a shorter one the first steps x accumulation micro
+        batches of the Trainer's own train dataloader (its seeded sampler: the order training and a resumed run go
+        through), every process's, exact with packing (a row's items)."""
+        import math
 
+        from accelerate.data_loader import SeedableRandomSampler, get_sampler
+
+        from finetune.data.preference.rows import PACKED, UNPACKED
+        from finetune.train.preference.reference import items_in_rows
+
+        train, evaluated = list(self.store.split_ids("train")), list(self.store.split_ids("eval"))
+        loader = self.get_train_dataloader()
+        per_epoch = math.ceil(len(loader) / self.args.gradient_accumulation_steps)
+        steps = self.args.max_steps if self.args.max_steps > 0 else math.ceil(self.args.num_train_epochs * per_epoch)
+        if steps >= per_epoch or not isinstance(get_sampler(loader), SeedableRandomSampler):  # group_by_length: all
+            return train + evaluated
+        micro_batches = steps * self.args.gradient_accumulation_steps
+        column = PACKED if PACKED in self.train_dataset.column_names else UNPACKED
+        rows = []
+        for index, batch in enumerate(loader.batch_sampler):  # indices only: no collating, no tensors
+            if index == micro_batches:
+                break
+            rows += [self.train_dataset[int(i)][column] for i in batch]
+        if self.accelerator.num_processes > 1:
+            import torch.distributed as dist
+
+            shares = [None] * self.accelerator.num_processes
+            dist.all_gather_object(shares, rows)
+            rows = [row for share in shares for row in share]
+        return items_in_rows(rows) + evaluated
+
+    def _reference_table(self, model):
+        """The table with a row for every item the run reads: the cached one, completed by one no-grad pass over
+        the rows it lacks (all of them without a cache)."""
+        from finetune.errors import DataError
+        from finetune.train.preference.reference import compute_table, progress_reporter, save_table, unscored
+
+        if self.reference is not None and not torch.isnan(self.reference).any():  # every row: nothing to look up
+            return self.reference
+        used = self.items_used()
+        todo = unscored(self.reference, used)
+        self.reference_items = {"read": len(used), "scored": len(todo)}
+        if not todo:
+            return self.reference
+        what = "examples" if self.store.unpaired else "pairs"
+        if self.resumed:  # reference_for refused a resume without any table; this one lacks rows the run reads
+            raise DataError(
+                f"resuming needs the reference log-probs of {len(todo):,} {what} this run reads and its first run did "
+                f"not (a higher max_steps or num_epochs than it trained with?); the model being resumed is no longer "
+                f"the model the run started from, so they cannot be computed now ({self.reference_path}). Resume "
+                "with the settings the run started with, or start over with `resume: false`")
         started = time.time()
-        log.info(f"reference log-probs: one no-grad pass over {len(self.store):,} "
-                 f"{'examples' if self.store.unpaired else 'pairs'} with the model as it starts")
-        table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_tokens,
-                              self._prepare_inputs, self.full_logits, self.accelerator.process_index,
-                              self.accelerator.num_processes)
-        if self.reference_path is not None and self.is_world_process_zero():
+        cached = ""
+        if self.reference is not None:
+            cached = f"; {int((~torch.isnan(self.reference).any(dim=1)).sum()):,} more in the cached table"
+        log.info(f"reference log-probs: one no-grad pass over the {len(todo):,} {what} this run reads (of "
+                 f"{len(self.store):,} in the data{cached}) with the model as it starts")
+        main, world = self.is_world_process_zero(), self.accelerator.num_processes
+        progress, close = progress_reporter(-(-len(todo) // world), what, bar=main and not self.args.disable_tqdm,
+                                            say=log.info)
+        try:
+            table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_tokens,
+                                  self._prepare_inputs, self.full_logits, self.accelerator.process_index, world,
+                                  items=todo, table=self.reference, progress=progress if main else None)
+        finally:
+            close()
+        if self.reference_path is not None and main:
             save_table(self.reference_path, table)
         self.reference_seconds = time.time() - started
         self._reference_unlogged += self.reference_seconds

@@ -1,7 +1,7 @@
 """axolotl keys that change what is trained and that finetune cannot honour: `finetune port` keeps each one, as
 written, for the user's decision (exit 1), with what it does (issue 33: they were dropped with exit 0).
 
-Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit finetune/port/axolotl.py names: set,
+Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit keys.py beside it names: set,
 each of these changes the weights, the loss or the tokens trained, so dropping it would train something else.
 """
 
@@ -31,7 +31,6 @@ UNHONOURED = {  # key -> what it does in axolotl
     "curriculum_sampling": "trains the records in their order (curriculum) where finetune shuffles "
                            "them each epoch",
     "min_sample_len": "drops examples shorter than this many tokens",
-    "lora_target_parameters": "adapts parameters (MoE experts) that are not Linear modules",
     "peft_layer_replication": "replicates decoder layers before the adapter is added",
     "loftq_config": "initialises LoRA with LoftQ (and quantizes the base itself)",
     "peft_layers_to_transform": "adapts only the listed layers; finetune's LoRA adapts the matching "
