@@ -131,6 +131,63 @@ def test_image_mistakes_are_one_message_before_any_model_loads(run, tiny_model_d
         assert message in err and "Traceback" not in err, (argv, err)
 
 
+# --- a preference run on image pairs ----------------------------------------------------------------------------
+
+
+def pair_logp(model, processor, prompt: list, response: str, image: str) -> float:
+    """log p(response | prompt and its image) under `model`, from the processor's own encoding of the two texts."""
+    import torch
+    from PIL import Image
+
+    pixels = [Image.open(image).convert("RGB")]
+    whole = processor.apply_chat_template(prompt + [{"role": "assistant", "content": response}])
+    head = processor.apply_chat_template(prompt, add_generation_prompt=True)
+    ids = processor(text=[whole], images=pixels, return_tensors="pt", add_special_tokens=False)
+    start = processor(text=[head], images=pixels, return_tensors="pt", add_special_tokens=False)["input_ids"].shape[1]
+    with torch.no_grad():
+        logps = model(**ids).logits.float()[0, :-1].log_softmax(-1)
+    targets = ids["input_ids"][0, 1:]
+    token = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    end = targets.shape[0] - int((ids["input_ids"][0] == processor.tokenizer.pad_token_id).sum())
+    return float(token[start - 1:end].sum())
+
+
+def test_a_dpo_run_on_image_pairs_evaluates_its_held_out_pairs_with_their_images(tmp_path_factory):
+    """The `eval:` section of DPO on image pairs: each held-out pair's log-probs are the base model's on the
+    prompt's pixels (the report lists its image), not a text model's error or the image tokens read as text."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    root = tmp_path_factory.mktemp("vision-dpo-eval")
+    images = draw_images(root / "images", COLOURS)
+    names = list(COLOURS)
+    pairs = [{"prompt": [{"role": "user", "content": [{"type": "image", "path": images[names[i % 3]]},
+                                                      {"type": "text", "text": "what colour is it"}]}],
+              "chosen": [{"role": "assistant", "content": names[i % 3]}],
+              "rejected": [{"role": "assistant", "content": names[(i + 1) % 3]}]} for i in range(12)]
+    write_jsonl(root / "pairs.jsonl", pairs)
+    base = tiny_vlm("llava", tmp_path_factory.getbasetemp())
+    recipe = {"base_model": str(base), "method": "dpo", "datasets": [{"path": "pairs.jsonl", "type": "preference"}],
+              "adapter": "lora", "lora_r": 4, "sequence_len": 64, "micro_batch_size": 4, "max_steps": 2,
+              "learning_rate": 1e-2, "val_set_size": 4, "output_dir": "out", "cache_dir": "cache",
+              "report_to": ["none"], "eval": {"generations": 0}}
+    (root / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    assert main(["train", str(root / "recipe.yml")]) == 0
+    report = json.loads((root / "out" / "eval" / "report.json").read_text())
+    kept = report["preference"]["pairs"]
+    assert report["preference"]["reward"]["pairs"] == 4 and len(kept) == 4
+    model = AutoModelForImageTextToText.from_pretrained(base).eval()
+    processor = AutoProcessor.from_pretrained(root / "out")
+    for pair in kept:
+        [image] = pair["images"]
+        assert pair["prompt"] == "user: <image 1>what colour is it"
+        prompt = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what colour is it"}]}]
+        for kind in ("chosen", "rejected"):
+            expected = pair_logp(model, processor, prompt, pair[kind].split(": ", 1)[1], image)
+            assert pair["base"][kind] == pytest.approx(expected, abs=1e-3), (kind, image)
+    md = (root / "out" / "eval" / "report.md").read_text()
+    assert f"- <image 1>: [{kept[0]['images'][0].rsplit('/', 1)[1]}](" in md
+
+
 # --- the runs page ---------------------------------------------------------------------------------------------
 
 HOSTILE = "<img src=x onerror=window.__pwned=1>.png"  # an image path that would run script if it became markup

@@ -51,7 +51,7 @@ def heldout_data(subject, tokenizer, data_path: str | None, processor=None) -> H
         _check_shapes(data_path, shapes, subject.formats if not is_preference(recipe) else {"preference", "unpaired"})
         files, source = [("auto", data_path)], f"all records of {data_path}"
         if is_preference(recipe):
-            return _preference(recipe, tokenizer, files, source, split_off=False)
+            return _preference(recipe, tokenizer, files, source, split_off=False, processor=processor)
         from finetune.data import tokenize_all
 
         records: list = []
@@ -67,7 +67,7 @@ def heldout_data(subject, tokenizer, data_path: str | None, processor=None) -> H
     files = record_files(recipe)
     source = f"the recipe's eval split (val_set_size {recipe.val_set_size:g}, seed {recipe.seed})"
     if is_preference(recipe):
-        return _preference(recipe, tokenizer, files, source, split_off=True)
+        return _preference(recipe, tokenizer, files, source, split_off=True, processor=processor)
     from finetune.data import tokenize_all
 
     records = []
@@ -85,12 +85,13 @@ def _held_indices(items: list, recipe) -> list[int]:
     return held
 
 
-def _preference(recipe, tokenizer, files, source: str, split_off: bool) -> Heldout:
-    """Preference pairs (and their records) as training tokenized them."""
+def _preference(recipe, tokenizer, files, source: str, split_off: bool, processor=None) -> Heldout:
+    """Preference pairs (and their records) as training tokenized them (a vision-language run's prompts with their
+    images expanded by its processor)."""
     from finetune.data.preference.pairs import tokenize_preferences
 
     records: list = []  # in step with the items: a dropped pair takes its record with it
-    items, _ = tokenize_preferences(recipe, tokenizer, files, records)
+    items, _ = tokenize_preferences(recipe, tokenizer, files, records, processor=processor)
     idx = _held_indices(items, recipe) if split_off else list(range(len(items)))
     return Heldout([items[i] for i in idx], [records[i] for i in idx], source)
 

@@ -127,7 +127,7 @@ def markdown(report: dict, other: dict | None = None, out_dir: Path | None = Non
     if (report.get("preference") or {}).get("log_prob"):
         from finetune.evaluation.preference import markdown_lines as preference_lines
 
-        lines += preference_lines(report["preference"])
+        lines += preference_lines(report["preference"], out_dir)
     bench = report.get("benchmarks")
     if bench:
         limit = "all examples" if bench["limit"] is None else f"{bench['limit']} examples per task"

@@ -225,6 +225,16 @@ class Models:
 
         return VisionCollator(text, self.processor, *pixel_budget(self.subject.recipe))
 
+    def pixels(self):
+        """A vision-language run's pixel inputs for rows of image tokens (training's, with its pixel budget); None
+        for a text run."""
+        if self.processor is None:
+            return None
+        from finetune.data.vision.collate import Pixels
+        from finetune.model.vision_prompt import pixel_budget
+
+        return Pixels(self.processor, *pixel_budget(self.subject.recipe))
+
     def sides(self) -> tuple[str, ...]:
         return ("base", "tuned", "gguf") if self.gguf else ("base", "tuned")
 
