@@ -15,7 +15,9 @@ answer is checked:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 from finetune.contract import alpaca_prompt
 
@@ -84,6 +86,21 @@ def shown(prompt) -> tuple[str, list[str]]:
         return "".join(out)
 
     return "\n".join(f"{m['role']}: {text(m['content'])}" for m in prompt), images
+
+
+def image_lines(images: list[str], out_dir: Path | None) -> list[str]:
+    """A prompt's images as a list under it: each file linked relative to the report (a markdown viewer shows it);
+    an image without a file (base64 in the records) as what it is."""
+    from urllib.parse import quote
+
+    lines = []
+    for i, image in enumerate(images, 1):
+        if out_dir is not None and os.path.isabs(image):
+            target = quote(os.path.relpath(image, out_dir).replace(os.sep, "/"))
+            lines.append(f"- <image {i}>: [{Path(image).name}]({target}) (`{image}`)")
+        else:
+            lines.append(f"- <image {i}>: {image}")
+    return ["images:", "", *lines, ""]
 
 
 def loops(ids: list[int]) -> bool:

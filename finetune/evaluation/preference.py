@@ -136,7 +136,7 @@ def verdict_part(pref: dict) -> str:
 def markdown_lines(pref: dict, out_dir=None) -> list[str]:
     """report.md's preference section: a table of chosen and rejected log-probs and rewards, base and tuned; then
     the kept pairs, their texts (a prompt's images listed, linked relative to `out_dir`) and scores."""
-    from finetune.evaluation.report import image_lines
+    from finetune.evaluation.generation import image_lines
     from finetune.evaluation.uncertainty import LEVEL, compared, span
 
     n = pref["reward"]["pairs"]

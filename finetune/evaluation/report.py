@@ -96,23 +96,10 @@ def verdict(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was evaluated"
 
 
-def image_lines(images: list[str], out_dir: Path | None) -> list[str]:
-    """A prompt's images as a list under it: each file linked relative to the report (a markdown viewer shows it);
-    an image without a file (base64 in the records) as what it is."""
-    from urllib.parse import quote
-
-    lines = []
-    for i, image in enumerate(images, 1):
-        if out_dir is not None and os.path.isabs(image):
-            target = quote(os.path.relpath(image, out_dir).replace(os.sep, "/"))
-            lines.append(f"- <image {i}>: [{Path(image).name}]({target}) (`{image}`)")
-        else:
-            lines.append(f"- <image {i}>: {image}")
-    return ["images:", "", *lines, ""]
-
-
 def markdown(report: dict, other: dict | None = None, out_dir: Path | None = None) -> str:
     """report.md; `out_dir`: where it is written (the prompts' images are linked relative to it)."""
+    from finetune.evaluation.generation import image_lines
+
     lines = [f"# Evaluation of `{report['run']}`", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"- model: {report['model']}", *([f"- base: {report['base']}"] if report.get("base") else []),
               f"- prompt format: {report['prompt_format']}",
