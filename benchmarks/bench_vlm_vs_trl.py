@@ -15,9 +15,11 @@ gradient checkpointing, the same supervised tokens (the answers: TRL's prompt-co
 
 TRL 1.16 refuses packing and padding-free for vision datasets, so it runs its only configuration: 8 records a batch,
 padded to the longest, each batch tokenized and its pictures processed by DataCollatorForVisionLanguageModeling,
-the loss over every position's logits. finetune: `sample_packing: true` (Idefics3's positions allow it), rows of 512
-tokens, 2 rows a micro batch (about TRL's 8 records' tokens a step), the rows tokenized once (image tokens counted
-then), the pictures processed per batch by its collator, the output layer on supervised positions only.
+the loss over every position's logits (about 530 token slots a step, 370 of them real). finetune: `sample_packing:
+true` (Idefics3's positions allow it), rows of 512 tokens, 1 row a micro batch (`FINETUNE_SHAPE`: as many token
+slots a forward as TRL's batch, so peak memory compares like for like; 6 steps to TRL's 8 over the same tokens), the
+rows tokenized once (image tokens counted then), the pictures processed per batch by its collator, the output layer
+on supervised positions only.
 
 Each side runs in its own fresh process: wall time from outside (imports, model load, tokenization, training,
 saving the adapter), peak RSS from the process itself (`ru_maxrss`; on a GPU also torch's peak allocated memory).
@@ -47,6 +49,7 @@ from bench_train_vs_trl import HYPER, ROOT, Counter, counted_training, model_pat
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # this checkout's finetune; tiny_vision's builders
 
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (40, 60, 220), "yellow": (240, 210, 20)}
+FINETUNE_SHAPE = {"micro_batch_size": 1}  # a 512-token row a forward: TRL's 8 records take about as many slots
 SENTENCES = ["The picture is {c}.", "A {s} sits on it.", "The {s} is white.", "Nothing else is drawn.",
              "The background fills the frame.", "Its edges are sharp.", "It is a drawing, not a photo.",
              "The colour is {c} all over."]
@@ -138,7 +141,7 @@ def worker(args) -> dict:
 
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    result = worker_finetune(args) if args.worker == "finetune" else worker_trl(args)
+    result = worker_finetune(args, FINETUNE_SHAPE) if args.worker == "finetune" else worker_trl(args)
     result["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
