@@ -98,7 +98,8 @@ def worker_finetune(args, recipe_extra: dict | None = None) -> dict:
 
     def guard_then_reset(model, collator, attn):  # the isolation probe's tiny batch is not training data
         leak = guard(model, collator, attn)
-        collator.slots = collator.real = collator.supervised = 0
+        counted = counters[-1]  # the collator itself, or the text collator inside a vision-language one
+        counted.slots = counted.real = counted.supervised = 0
         return leak
 
     isolation.guard_packing = guard_then_reset
