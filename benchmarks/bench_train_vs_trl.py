@@ -98,7 +98,8 @@ def worker_finetune(args, recipe_extra: dict | None = None) -> dict:
 
     def guard_then_reset(model, collator, attn):  # the isolation probe's tiny batch is not training data
         leak = guard(model, collator, attn)
-        collator.slots = collator.real = collator.supervised = 0
+        counted = counters[-1]  # the collator itself, or the text collator inside a vision-language one
+        counted.slots = counted.real = counted.supervised = 0
         return leak
 
     isolation.guard_packing = guard_then_reset
@@ -162,16 +163,21 @@ def trl_trainer(args, mode: str, lora_extra: dict | None = None):
                       peft_config=peft_config)
 
 
-def worker_trl(args, lora_extra: dict | None = None) -> dict:
-    trainer = trl_trainer(args, args.trl_mode, lora_extra)
-    counter = Counter(trainer.data_collator)
-    trainer.data_collator = counter
+def counted_training(trainer, work: str, counter=Counter) -> dict:
+    """Train a TRL trainer with its collator counted, save the adapter; the numbers both benches print."""
+    counted = counter(trainer.data_collator)
+    trainer.data_collator = counted
     result = trainer.train()
-    trainer.save_model(str(Path(args.work) / "out"))
+    trainer.save_model(str(Path(work) / "out"))
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     return {"steps": trainer.state.global_step, "final_loss": losses[-1], "mean_loss": result.training_loss,
-            "train_runtime_s": result.metrics["train_runtime"], "slots": counter.slots, "real": counter.real,
-            "supervised": counter.supervised, "attn": trainer.model.config._attn_implementation,
+            "train_runtime_s": result.metrics["train_runtime"], "slots": counted.slots, "real": counted.real,
+            "supervised": counted.supervised}
+
+
+def worker_trl(args, lora_extra: dict | None = None) -> dict:
+    trainer = trl_trainer(args, args.trl_mode, lora_extra)
+    return {**counted_training(trainer, args.work), "attn": trainer.model.config._attn_implementation,
             "padding_free": bool(getattr(trainer, "padding_free", False)),
             "trainable": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
             "aux": [e.get("aux_loss") for e in trainer.state.log_history if "loss" in e][-1]}  # MoE models

@@ -151,6 +151,44 @@ def qwen2_vl_config(tokenizer=None):
 FAMILIES = {"llava": llava, "idefics3": idefics3, "gemma3": gemma3, "qwen2_vl": qwen2_vl}
 
 
+def smollm2_vision(text_dir: str | Path, out_dir: str | Path, edge: int = 32, seed: int = 0) -> Path:
+    """SmolVLM's layout on a real language model: Idefics3 with the causal LM in `text_dir` (SmolLM2-135M-Instruct,
+    the quickstart's GGUF converted) loaded unchanged, behind a 1-layer random vision tower on `edge`-px images in
+    8-px patches (shuffled 2 x 2: (edge / 16)^2 image tokens an image, no tiles). What benchmarks/bench_vlm_vs_trl.py
+    trains; examples/notebooks/cpu_vision.ipynb builds the same model in its own cell."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration
+    from transformers import Idefics3Processor, Idefics3VisionConfig, LlamaConfig
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    torch.manual_seed(seed)
+    language_model = AutoModelForCausalLM.from_pretrained(str(text_dir), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(text_dir))
+    tokenizer.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]})
+    tokenizer.chat_template = TEMPLATE.replace("IMAGE", "<image>")
+    images = Idefics3ImageProcessorPil(size={"longest_edge": edge}, max_image_size={"longest_edge": edge},
+                                       do_image_splitting=False)
+    processor = Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=(edge // 16) ** 2,
+                                  chat_template=tokenizer.chat_template)
+    text = {k: v for k, v in language_model.config.to_dict().items()
+            if k not in ("architectures", "_name_or_path", "transformers_version", "dtype")}
+    config = Idefics3Config(
+        vision_config=Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                           num_attention_heads=2, image_size=edge, patch_size=8),
+        text_config=LlamaConfig(**{**text, "vocab_size": len(tokenizer)}), scale_factor=2,
+        image_token_id=tokenizer.convert_tokens_to_ids("<image>"), pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True)
+    model = Idefics3ForConditionalGeneration(config)
+    language_model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    model.model.text_model.load_state_dict(language_model.model.state_dict())
+    model.tie_weights()
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    return out_dir
+
+
 def build_tiny_vlm(family: str, out_dir: str | Path, seed: int = 0) -> Path:
     import torch
 

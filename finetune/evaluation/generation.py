@@ -1,7 +1,8 @@
 """Generation checks: greedy answers to held-out prompts, base and tuned side by side, each checked.
 
 A prompt is written in the format the run trained with (finetune/model/prompt_format.py): a chat record's
-conversation up to its last assistant turn through the chat template; an instruction record's alpaca prompt,
+conversation up to its last assistant turn through the chat template (a vision-language run's through its
+processor, with the record's images); an instruction record's alpaca prompt,
 exactly as the encoder writes it; the first half of a completion text; a preference record's prompt. Each
 answer is checked:
 
@@ -14,7 +15,9 @@ answer is checked:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from pathlib import Path
 
 from finetune.contract import alpaca_prompt
 
@@ -53,13 +56,61 @@ def prompt_ids(tokenizer, prompt, prompt_format: str) -> list[int]:
     return tokenizer(prompt, add_special_tokens=True)["input_ids"]
 
 
+def model_prompt(models, prompt, prompt_format: str) -> tuple[list[int], dict]:
+    """(prompt token ids, the model's other inputs): a vision-language run's conversation through its processor,
+    with its images' pixels (finetune/model/vision_prompt.py); anything else prompt_ids' ids alone."""
+    if models.processor is not None and isinstance(prompt, list) and prompt_format == "chat":
+        from finetune.model.vision_prompt import pixel_budget, prompt_inputs
+
+        return prompt_inputs(models.processor, prompt, *pixel_budget(models.subject.recipe))
+    return prompt_ids(models.tokenizer, prompt, prompt_format), {}
+
+
+def shown(prompt) -> tuple[str, list[str]]:
+    """(the prompt as the report shows it: a conversation one `role: text` line a message, each image as
+    `<image N>`; the images in order: a file's path, or what a base64 image is)."""
+    if isinstance(prompt, str):
+        return prompt, []
+    images: list[str] = []
+
+    def text(content) -> str:
+        if isinstance(content, str):
+            return content
+        out = []
+        for part in content:
+            if part.get("type") == "image":
+                images.append(part.get("path") or f"a base64 image ({len(part.get('base64') or '')} characters)")
+                out.append(f"<image {len(images)}>")
+            else:
+                out.append(part.get("text", ""))
+        return "".join(out)
+
+    return "\n".join(f"{m['role']}: {text(m['content'])}" for m in prompt), images
+
+
+def image_lines(images: list[str], out_dir: Path | None) -> list[str]:
+    """A prompt's images as a list under it: each file linked relative to the report (a markdown viewer shows it);
+    an image without a file (base64 in the records) as what it is."""
+    from urllib.parse import quote
+
+    lines = []
+    for i, image in enumerate(images, 1):
+        if out_dir is not None and os.path.isabs(image):
+            target = quote(os.path.relpath(image, out_dir).replace(os.sep, "/"))
+            lines.append(f"- <image {i}>: [{Path(image).name}]({target}) (`{image}`)")
+        else:
+            lines.append(f"- <image {i}>: {image}")
+    return ["images:", "", *lines, ""]
+
+
 def loops(ids: list[int]) -> bool:
     grams = Counter(tuple(ids[i:i + LOOP_NGRAM]) for i in range(len(ids) - LOOP_NGRAM + 1))
     return bool(grams) and max(grams.values()) >= LOOP_REPEATS
 
 
-def generate_checked(model, tokenizer, ids: list[int], max_new_tokens: int, seed: int) -> dict:
-    """One greedy answer and its checks."""
+def generate_checked(model, tokenizer, ids: list[int], max_new_tokens: int, seed: int, extra: dict | None = None
+                     ) -> dict:
+    """One greedy answer and its checks. `extra`: the model's other inputs (a vision-language model's pixels)."""
     import torch
 
     from finetune.model.inference import stop_token_ids
@@ -71,6 +122,7 @@ def generate_checked(model, tokenizer, ids: list[int], max_new_tokens: int, seed
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=stop,
+                             **{k: v.to(device) for k, v in (extra or {}).items()},
                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop[0])
     new = out[0, len(ids):].tolist()
     ended = any(token in stop for token in new)
@@ -93,17 +145,15 @@ def generation_checks(models, sides: list[tuple[str, object]], held, prompt_form
     held-out records. `sides`: (name, context manager factory giving that side's model)."""
     tokenizer = models.tokenizer
     chosen = held.records[:n]
-    rows = []
+    rows, inputs = [], []
     for shape, record in chosen:
         prompt, reference = prompt_of(shape, record)
-        shown = prompt if isinstance(prompt, str) else "\n".join(f"{m['role']}: {m['content']}" for m in prompt)
-        rows.append({"prompt": shown, "reference": reference,
-                     "ids": prompt_ids(tokenizer, prompt, prompt_format)})
+        text, images = shown(prompt)
+        rows.append({"prompt": text, "reference": reference, **({"images": images} if images else {})})
+        inputs.append(model_prompt(models, prompt, prompt_format))
     for name, open_side in sides:
         with open_side() as model:
-            for row in rows:
-                row[name] = generate_checked(model, tokenizer, row["ids"], max_new_tokens, seed)
-    for row in rows:
-        del row["ids"]
+            for row, (ids, extra) in zip(rows, inputs):
+                row[name] = generate_checked(model, tokenizer, ids, max_new_tokens, seed, extra)
     return {"prompts": rows, "summary": {name: summary([row[name] for row in rows]) for name, _ in sides},
             "max_new_tokens": max_new_tokens, "prompt_format": prompt_format}

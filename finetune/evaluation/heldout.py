@@ -45,8 +45,9 @@ def _check_shapes(path: str, found: set[str], trained: set[str]) -> None:
         )
 
 
-def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
-    """The held-out examples and their records: `data_path`'s records, or the recipe's eval split."""
+def heldout_data(subject, tokenizer, data_path: str | None, processor=None) -> Heldout:
+    """The held-out examples and their records: `data_path`'s records, or the recipe's eval split. `processor`: a
+    vision-language run's, which encodes the records' images as training did."""
     from finetune.recipe.methods import reads_pairs
 
     recipe = subject.recipe
@@ -58,11 +59,11 @@ def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
         _check_shapes(data_path, shapes, subject.formats if not reads_pairs(recipe) else {"preference", "unpaired"})
         files, source = [("auto", data_path)], f"all records of {data_path}"
         if reads_pairs(recipe):
-            return _preference(recipe, tokenizer, files, source, split_off=False)
+            return _preference(recipe, tokenizer, files, source, split_off=False, processor=processor)
         from finetune.data import tokenize_all
 
         records: list = []
-        examples, _ = tokenize_all(recipe, tokenizer, files, records)
+        examples, _ = tokenize_all(recipe, tokenizer, files, records, processor=processor)
         return Heldout(examples, records, source)
     from finetune.data import record_files
 
@@ -74,11 +75,11 @@ def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
     files = record_files(recipe)
     source = f"the recipe's eval split (val_set_size {recipe.val_set_size:g}, seed {recipe.seed})"
     if reads_pairs(recipe):
-        return _preference(recipe, tokenizer, files, source, split_off=True)
+        return _preference(recipe, tokenizer, files, source, split_off=True, processor=processor)
     from finetune.data import tokenize_all
 
     records = []
-    examples, _ = tokenize_all(recipe, tokenizer, files, records)
+    examples, _ = tokenize_all(recipe, tokenizer, files, records, processor=processor)
     held_idx = _held_indices(examples, recipe)
     return Heldout([examples[i] for i in held_idx], [records[i] for i in held_idx], source)
 
@@ -92,35 +93,29 @@ def _held_indices(items: list, recipe) -> list[int]:
     return held
 
 
-def _preference(recipe, tokenizer, files, source: str, split_off: bool) -> Heldout:
-    """Preference pairs (and their records) as training tokenized them."""
+def _preference(recipe, tokenizer, files, source: str, split_off: bool, processor=None) -> Heldout:
+    """Preference pairs (and their records) as training tokenized them (a vision-language run's prompts with their
+    images expanded by its processor)."""
     from finetune.data.preference.pairs import tokenize_preferences
 
     records: list = []  # in step with the items: a dropped pair takes its record with it
-    items, _ = tokenize_preferences(recipe, tokenizer, files, records)
+    items, _ = tokenize_preferences(recipe, tokenizer, files, records, processor=processor)
     idx = _held_indices(items, recipe) if split_off else list(range(len(items)))
     return Heldout([items[i] for i in idx], [records[i] for i in idx], source)
 
 
-def padded_batches(examples, pad_id: int):
-    """(input_ids, attention_mask, labels) tensors, BATCH_EXAMPLES examples at a time, padded on the right."""
-    import torch
+def batches(examples, collate):
+    """Training's batches of the examples (`collate`: finetune/data/collate.py's Collator, or a vision-language
+    run's VisionCollator, which adds the pixels), BATCH_EXAMPLES at a time, padded on the right."""
+    import json
 
     for start in range(0, len(examples), BATCH_EXAMPLES):
         chunk = examples[start:start + BATCH_EXAMPLES]
-        width = max(len(ex.input_ids) for ex in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(chunk), width), IGNORE_INDEX, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, ex in enumerate(chunk):
-            n = len(ex.input_ids)
-            ids[row, :n] = torch.tensor(ex.input_ids)
-            labels[row, :n] = torch.tensor(ex.labels)
-            mask[row, :n] = 1
-        yield ids, mask, labels
+        yield collate([{"input_ids": ex.input_ids, "labels": ex.labels, "images": json.dumps(ex.images)}
+                       for ex in chunk])
 
 
-def heldout_loss(model, examples, pad_id: int) -> dict:
+def heldout_loss(model, examples, collate) -> dict:
     """{loss, perplexity, supervised_tokens, examples, per_example}: mean NLL per supervised token (next-token
     shifted); per_example: {"nll": each example's summed NLL, "tokens": its supervised tokens}, for the interval."""
     import torch
@@ -128,8 +123,9 @@ def heldout_loss(model, examples, pad_id: int) -> dict:
     device = next(model.parameters()).device
     nll_sums, counts = [], []
     with torch.no_grad():
-        for ids, mask, labels in padded_batches(examples, pad_id):
-            logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits.float()
+        for batch in batches(examples, collate):
+            labels = batch.pop("labels")
+            logits = model(**{k: v.to(device) for k, v in batch.items()}).logits.float()
             targets = labels[:, 1:].to(device)
             nll = torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1),

@@ -13,8 +13,9 @@ from __future__ import annotations
 from finetune.errors import DataError
 
 
-def response_logps(model, pairs, pad_id: int) -> list[tuple[float, float]]:
-    """(sum log p(chosen | prompt), sum log p(rejected | prompt)) per pair."""
+def response_logps(model, pairs, pad_id: int, pixels=None) -> list[tuple[float, float]]:
+    """(sum log p(chosen | prompt), sum log p(rejected | prompt)) per pair. `pixels`: a vision-language run's
+    (finetune/data/vision/collate.py Pixels), which gives a prompt's images to the model with its image tokens."""
     import torch
 
     device = next(model.parameters()).device
@@ -23,8 +24,11 @@ def response_logps(model, pairs, pad_id: int) -> list[tuple[float, float]]:
         for pair in pairs:
             sums = []
             for response in (pair.chosen_ids, pair.rejected_ids):
-                ids = torch.tensor([list(pair.prompt_ids) + list(response)], device=device)
-                logps = model(input_ids=ids).logits.float()[0, :-1].log_softmax(-1)
+                ids = torch.tensor([list(pair.prompt_ids) + list(response)])
+                extra = pixels.inputs(ids, [pair.images]) if pixels is not None and pair.images else {}
+                inputs = {"input_ids": ids, **extra}
+                logps = model(**{k: v.to(device) for k, v in inputs.items()}).logits.float()[0, :-1].log_softmax(-1)
+                ids = ids.to(device)
                 targets = ids[0, 1:]
                 token = logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
                 sums.append(float(token[len(pair.prompt_ids) - 1:].sum()))
@@ -72,7 +76,7 @@ def preference_report(models, held, recipe) -> dict:
     logps = {}
     for name in ("base", "tuned"):
         with models.side(name) as model:
-            logps[name] = response_logps(model, pairs, models.pad_id)
+            logps[name] = response_logps(model, pairs, models.pad_id, models.pixels())
     beta = method_setting(recipe, "rl_beta")
     preferred = {side: [float(c > r) for c, r in values] for side, values in logps.items()}
     correct = [float(beta * (t[0] - b[0]) > beta * (t[1] - b[1])) for t, b in zip(logps["tuned"], logps["base"])]
@@ -88,13 +92,25 @@ def _kept_pairs(records: list, logps: dict, beta: float) -> list[dict]:
 
     out = []
     for (_, record), base, tuned in list(zip(records, logps["base"], logps["tuned"]))[:PAIRS_KEPT]:
-        out.append({"prompt": _text(record.get("prompt")), "chosen": _text(record.get("chosen")),
+        prompt, images = _prompt(record.get("prompt"))
+        out.append({"prompt": prompt, **({"images": images} if images else {}), "chosen": _text(record.get("chosen")),
                     "rejected": _text(record.get("rejected")),
                     "base": {"chosen": round(base[0], 4), "rejected": round(base[1], 4)},
                     "tuned": {"chosen": round(tuned[0], 4), "rejected": round(tuned[1], 4)},
                     "reward": {"chosen": round(beta * (tuned[0] - base[0]), 4),
                                "rejected": round(beta * (tuned[1] - base[1]), 4)}})
     return out
+
+
+def _prompt(value) -> tuple[str, list[str]]:
+    """(a pair's prompt as the report shows it, its images): a conversation's images as `<image N>` and listed."""
+    if isinstance(value, list) and all(isinstance(m, dict) and {"role", "content"} <= m.keys() for m in value):
+        from finetune.evaluation.generation import shown
+
+        return shown(value)
+    from finetune.evaluation.heldout import record_text
+
+    return record_text(value), []
 
 
 def verdict_part(pref: dict) -> str:
@@ -113,9 +129,10 @@ def verdict_part(pref: dict) -> str:
             f"({LEVEL:.0%} interval{chance}; margin {reward['reward_margin']:+.3g})")
 
 
-def markdown_lines(pref: dict) -> list[str]:
+def markdown_lines(pref: dict, out_dir=None) -> list[str]:
     """report.md's preference section: a table of chosen and rejected log-probs and rewards, base and tuned; then
-    the kept pairs, their texts and scores."""
+    the kept pairs, their texts (a prompt's images listed, linked relative to `out_dir`) and scores."""
+    from finetune.evaluation.generation import image_lines
     from finetune.evaluation.uncertainty import LEVEL, compared, span
 
     n = pref["reward"]["pairs"]
@@ -136,7 +153,8 @@ def markdown_lines(pref: dict) -> list[str]:
         lines += ["", f"chosen preferred, tuned - base: {span(difference)}: {compared(difference, True)}"]
     lines.append("")
     for i, pair in enumerate(pref.get("pairs", []), 1):
-        lines += [f"### Pair {i}", "", "```text", pair["prompt"], "```", ""]
+        lines += [f"### Pair {i}", "", "```text", pair["prompt"], "```", ""] + \
+            (image_lines(pair["images"], out_dir) if pair.get("images") else [])
         for kind in ("chosen", "rejected"):
             lines += [f"**{kind}** (log-prob base {pair['base'][kind]:.4g}, tuned {pair['tuned'][kind]:.4g}; reward "
                       f"{pair['reward'][kind]:+.3g}):", "", "```text", pair[kind], "```", ""]

@@ -107,7 +107,10 @@ def verdict(report: dict) -> str:
     return "; ".join(parts) if parts else "nothing was evaluated"
 
 
-def markdown(report: dict, other: dict | None = None) -> str:
+def markdown(report: dict, other: dict | None = None, out_dir: Path | None = None) -> str:
+    """report.md; `out_dir`: where it is written (the prompts' images are linked relative to it)."""
+    from finetune.evaluation.generation import image_lines
+
     lines = [f"# Evaluation of `{report['run']}`", "", f"**Verdict:** {report['verdict']}", ""]
     lines += [f"- model: {report['model']}", *([f"- base: {report['base']}"] if report.get("base") else []),
               f"- prompt format: {report['prompt_format']}",
@@ -122,7 +125,7 @@ def markdown(report: dict, other: dict | None = None) -> str:
     if (report.get("preference") or {}).get("log_prob"):
         from finetune.evaluation.preference import markdown_lines as preference_lines
 
-        lines += preference_lines(report["preference"])
+        lines += preference_lines(report["preference"], out_dir)
     if (report.get("reward") or {}).get("sides"):
         from finetune.evaluation.reward import markdown_lines as reward_lines
 
@@ -137,7 +140,8 @@ def markdown(report: dict, other: dict | None = None) -> str:
         lines += ["## Answers", "", f"Greedy, at most {gen['max_new_tokens']} new tokens, {gen['prompt_format']} "
                   "format. ended / empty / loops are the checks (docs/evaluation.md).", ""]
         for i, row in enumerate(gen["prompts"], 1):
-            lines += [f"### Prompt {i}", "", "```text", row["prompt"], "```", "", f"reference: {row['reference']}", ""]
+            lines += [f"### Prompt {i}", "", "```text", row["prompt"], "```", ""]
+            lines += image_lines(row.get("images") or [], out_dir) + [f"reference: {row['reference']}", ""]
             for side in ("base", "tuned", "gguf"):
                 if side in row:
                     c = row[side]
@@ -227,6 +231,6 @@ def write_report(report: dict, out_dir: Path, other: dict | None = None) -> Path
         from finetune.evaluation.reward import plot_histograms
 
         save_png(plot_histograms(report["reward"]), out_dir / "scores.png")
-    write_text_atomic(out_dir / "report.md", markdown(report, other))
+    write_text_atomic(out_dir / "report.md", markdown(report, other, out_dir.resolve()))
     write_text_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str))
     return out_dir

@@ -50,9 +50,9 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     other = read_other(compare) if compare else None
     gguf = None if reward else find_gguf(subject, spec.gguf)
     held = None
-    from finetune.model.trained import saved_tokenizer
+    from finetune.evaluation.subject import run_tokenizer
 
-    tokenizer = saved_tokenizer(subject.folder)
+    tokenizer, processor = run_tokenizer(subject)
     grpo = subject.recipe.method == "grpo"  # no loss to hold out: the run's rewards on held-out prompts instead
     source = None
     if grpo:
@@ -62,9 +62,9 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
     elif spec.heldout_loss or spec.generations:  # before a model loads: a foreign data file costs nothing
         from finetune.evaluation.heldout import heldout_data
 
-        held = heldout_data(subject, tokenizer, spec.data)
+        held = heldout_data(subject, tokenizer, spec.data, processor)
         log.info(f"evaluating on {len(held.examples)} held-out examples: {held.source}")
-    models = None if reward else Models(subject, gguf, tokenizer)  # a reward run's models are the scorer's
+    models = None if reward else Models(subject, gguf, tokenizer, processor)  # a reward run's models are the scorer's
     log.info(f"base: {subject.base_label}; tuned: {subject.folder}")
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
@@ -110,7 +110,7 @@ def _heldout(models, held, sides, seed: int) -> dict:
     out = {}
     for name in sides:
         with models.side(name) as model:
-            out[name] = heldout_loss(model, held.examples, models.pad_id)
+            out[name] = heldout_loss(model, held.examples, models.collator())
         log.info(f"held-out loss, {name}: {out[name]['loss']:.4f} (perplexity {out[name]['perplexity']:.2f})")
     difference = loss_difference(out, seed)  # base and tuned on the same examples, with its interval
     for side in out.values():

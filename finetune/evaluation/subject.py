@@ -14,6 +14,7 @@ of starting, and the report names it (`Subject.base_label`):
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,13 @@ class Subject:
 
     checkpoint_of: Path | None = None  # the folder is a checkpoint of this output_dir (its run did not finish, or
     checkpoint_step: int | None = None  # it was passed); the report goes to that output_dir, not the checkpoint
+
+    @functools.cached_property
+    def trained(self):
+        """The run as the model stage finds it (finetune/model/trained.py): its Auto class, its processor."""
+        from finetune.model.trained import Trained
+
+        return Trained(self.folder, self.is_adapter, self.base_source, self.recipe)
 
     @property
     def formats(self) -> set[str]:
@@ -150,7 +158,17 @@ def recorded_recipe(data: dict):
 
 
 def find_gguf(subject: Subject, given: str | None) -> Path | None:
-    """The GGUF to evaluate: the one given, else the newest `finetune export` wrote into the output folder."""
+    """The GGUF to evaluate: the one given, else the newest `finetune export` wrote into the output folder. None for
+    a vision-language run: transformers reads a GGUF's language model only, never llama.cpp's mmproj file."""
+    if subject.trained.vision:
+        if given:
+            raise FinetuneError(f"--gguf: `{given}` would be evaluated without its images: transformers loads only "
+                                "the language model of a GGUF, not llama.cpp's mmproj file. Evaluate the merged "
+                                "model (`finetune merge`, then `finetune eval` on the run) or the GGUF in llama.cpp")
+        if any((subject.folder / GGUF_DIR).glob("*.gguf")):
+            log.info(f"{subject.folder / GGUF_DIR}: a vision-language run's GGUF is not evaluated here (transformers "
+                     "reads its language model only, without llama.cpp's mmproj file)")
+        return None
     if given:
         if not Path(given).is_file():
             raise FinetuneError(f"--gguf: no file at `{given}`; export one with `finetune export RUN --gguf`")
@@ -165,24 +183,57 @@ def device():
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-class Models:
-    """The run's tokenizer and its models, base and tuned (and a GGUF export when given), one at a time."""
+def run_tokenizer(subject: Subject) -> tuple[object, object]:
+    """(tokenizer, processor or None) the run saved: a vision-language run's processor holds its tokenizer."""
+    from finetune.model.trained import saved_processor, saved_tokenizer
 
-    def __init__(self, subject: Subject, gguf: Path | None = None, tokenizer=None):
-        from finetune.model.trained import Trained, load_adapter_model, saved_tokenizer
+    processor = saved_processor(subject.trained)
+    return (processor.tokenizer if processor is not None else saved_tokenizer(subject.folder)), processor
+
+
+class Models:
+    """The run's tokenizer (and a vision-language run's processor) and its models, base and tuned (and a GGUF
+    export when given), one at a time."""
+
+    def __init__(self, subject: Subject, gguf: Path | None = None, tokenizer=None, processor=None):
+        from finetune.model.trained import load_adapter_model
 
         self.subject, self.gguf = subject, gguf
-        self.tokenizer = tokenizer or saved_tokenizer(subject.folder)
+        if tokenizer is None:
+            tokenizer, processor = run_tokenizer(subject)
+        self.tokenizer, self.processor = tokenizer, processor
+        self.model_class = subject.trained.model_class()
         self._base = None
         if subject.is_adapter:
-            trained = Trained(subject.folder, True, subject.base_source, subject.recipe)
             # fp32 everywhere: the numbers compare models, not precisions (a 4-bit QLoRA base is dequantized)
-            self.tuned, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
+            self.tuned, _ = load_adapter_model(subject.trained, "fp32", None, self.tokenizer)
             if subject.start_adapter is not None:  # the base is the base + the adapter the run continued
                 self.tuned.load_adapter(str(subject.start_adapter), adapter_name=START)
         else:
-            self.tuned = _load(subject.folder)
+            self.tuned = _load(subject.folder, self.model_class)
         self.tuned.to(device()).eval()
+
+    def collator(self):
+        """What makes the held-out batches: training's collator (a vision-language run's adds the pixels)."""
+        from finetune.data.collate import Collator
+
+        text = Collator(self.pad_id)
+        if self.processor is None:
+            return text
+        from finetune.data.vision.collate import VisionCollator
+        from finetune.model.vision_prompt import pixel_budget
+
+        return VisionCollator(text, self.processor, *pixel_budget(self.subject.recipe))
+
+    def pixels(self):
+        """A vision-language run's pixel inputs for rows of image tokens (training's, with its pixel budget); None
+        for a text run."""
+        if self.processor is None:
+            return None
+        from finetune.data.vision.collate import Pixels
+        from finetune.model.vision_prompt import pixel_budget
+
+        return Pixels(self.processor, *pixel_budget(self.subject.recipe))
 
     def sides(self) -> tuple[str, ...]:
         return ("base", "tuned", "gguf") if self.gguf else ("base", "tuned")
@@ -224,19 +275,19 @@ class Models:
 
         start = self.subject.start_adapter
         if start is None:
-            return _load(self.subject.base_source)
+            return _load(self.subject.base_source, self.model_class)
         trained = Trained(start, True, self.subject.base_source, None)
         model, _ = load_adapter_model(trained, "fp32", None, self.tokenizer)
         return model.merge_and_unload()
 
 
-def _load(source, **kwargs):
+def _load(source, model_class=None, **kwargs):
     import torch
     from transformers import AutoModelForCausalLM
 
     kwargs.setdefault("dtype", torch.float32)  # fp32, like an adapter's base here: models compared, not precisions
     try:
-        return AutoModelForCausalLM.from_pretrained(str(source), **kwargs)
+        return (model_class or AutoModelForCausalLM).from_pretrained(str(source), **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelError(f"cannot load the model at `{source}`: {exc}") from None
 

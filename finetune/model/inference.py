@@ -1,9 +1,13 @@
-"""Load what a run trained and generate text with it: used by `finetune chat` and `finetune generate`."""
+"""Load what a run trained and generate text with it: used by `finetune chat` and `finetune generate`.
+
+A vision-language run loads with its own Auto class and its saved processor (finetune/model/trained.py), and its
+prompts may carry images (finetune/model/vision_prompt.py): load_for_inference then returns the processor in the
+tokenizer's place, and reply() reads the images of the messages' image parts."""
 
 from __future__ import annotations
 
 from finetune.contract import alpaca_prompt
-from finetune.model.trained import Trained, load_adapter_model, locate
+from finetune.model.trained import Trained, load_adapter_model, locate, saved_processor, saved_tokenizer
 from finetune.model.prompt_format import served_format
 
 
@@ -14,18 +18,18 @@ def device():
 
 
 def load_for_inference(target: str, overrides: list[str] = ()):
-    """(model, tokenizer) in eval mode from a recipe, an adapter folder or a model folder.
+    """(model, tokenizer) in eval mode from a recipe, an adapter folder or a model folder; for a vision-language
+    run (model, processor): the processor holds the run's tokenizer.
 
     An adapter runs on its base as it was trained: 4-bit for QLoRA (when bitsandbytes can run here), in the
     training precision otherwise."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     trained: Trained = locate(target, overrides)
     if trained.is_adapter:
         model, tokenizer = load_adapter_model(trained, *base_settings(trained.recipe))
     else:
-        tokenizer = AutoTokenizer.from_pretrained(str(trained.folder))
-        model = AutoModelForCausalLM.from_pretrained(str(trained.folder))
+        tokenizer = saved_tokenizer(trained.folder)
+        model = trained.model_class().from_pretrained(str(trained.folder))
+    tokenizer = saved_processor(trained) or tokenizer
     if getattr(model, "hf_device_map", None) is None:
         model.to(device())
     model.eval()
@@ -71,16 +75,27 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 
 
 def reply(model, tokenizer, messages: list[dict], max_new_tokens: int = 128, temperature: float = 0.0,
-          use_template: bool = True, prompt_format: str = "chat") -> str:
-    """The model's answer to `messages` (greedy when temperature is 0), without the prompt."""
+          use_template: bool = True, prompt_format: str = "chat", pixels: tuple = (None, None)) -> str:
+    """The model's answer to `messages` (greedy when temperature is 0), without the prompt. `tokenizer`: the run's,
+    or a vision-language run's processor, which reads the messages' image parts with `pixels` (image_max_pixels,
+    image_min_pixels: the run's budget, finetune.model.vision_prompt.run_pixel_budget)."""
     import torch
 
-    ids = encode_prompt(tokenizer, messages, use_template, prompt_format)
-    input_ids = torch.tensor([ids], device=next(model.parameters()).device)
+    from finetune.model.vision_prompt import is_processor, prompt_inputs
+
+    extra, processor = {}, tokenizer if is_processor(tokenizer) else None
+    if processor is not None:
+        tokenizer = processor.tokenizer
+    if processor is not None and use_template:  # the template places the images; --raw text reads none
+        ids, extra = prompt_inputs(processor, messages, *pixels)
+    else:
+        ids = encode_prompt(tokenizer, messages, use_template, prompt_format)
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     stop = stop_token_ids(model, tokenizer)
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
-                             max_new_tokens=max_new_tokens, eos_token_id=stop,
-                             pad_token_id=tokenizer.pad_token_id, **sampling)
+                             max_new_tokens=max_new_tokens, eos_token_id=stop, pad_token_id=tokenizer.pad_token_id,
+                             **{k: v.to(device) for k, v in extra.items()}, **sampling)
     return tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()

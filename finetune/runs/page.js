@@ -417,6 +417,7 @@
       (sample.step !== null && sample.step !== undefined ? " \u00b7 step " + sample.step : "");
     var node = el("div", {cls: "sample"}, el("div", {cls: "meta", text: meta}), el("div", {text: "prompt"}),
                   el("pre", {cls: "prompt", text: sample.prompt}));
+    if (sample.images && sample.images.length) node.appendChild(imageStrip(sample.images));
     if (sample.reference) node.appendChild(el("div", {cls: "meta", text: "reference: " + sample.reference}));
     var limit = sample.source === "grpo" ? "max_completion_length" : "max_new_tokens";
     sample.answers.forEach(function (a) {
@@ -436,6 +437,25 @@
     return node;
   }
 
+  // a prompt's images, beside its answers: the thumbnails page.py's reader inlined (data: URIs, which alone the
+  // page's Content-Security-Policy lets an image element show), each captioned with its path as text
+  var THUMBNAIL = "data:image/jpeg;base64,";
+  function imageStrip(images) {
+    var strip = el("div", {cls: "images"});
+    images.forEach(function (image, i) {
+      var name = "<image " + (i + 1) + ">";
+      var fig = el("figure", {});
+      if (typeof image.thumbnail === "string" && image.thumbnail.indexOf(THUMBNAIL) === 0) {
+        fig.appendChild(el("img", {src: image.thumbnail, alt: name + " " + image.path}));
+      } else {
+        fig.appendChild(el("div", {cls: "no-image muted", text: "(not readable here)"}));
+      }
+      fig.appendChild(el("figcaption", {text: name + " " + image.path}));
+      strip.appendChild(fig);
+    });
+    return strip;
+  }
+
   function samples() {
     var out = section("Sample answers", "samples");
     var all = [];
@@ -451,7 +471,7 @@
         var s = pair[1];
         var hay = [pair[0].name, s.prompt, s.reference || ""].concat(s.answers.map(function (a) {
           return a.text + (a.turns ? "\n" + a.turns.map(function (t) { return t.text; }).join("\n") : "");
-        })).join("\n").toLowerCase();
+        })).concat((s.images || []).map(function (image) { return image.path; })).join("\n").toLowerCase();
         if (q && hay.indexOf(q) < 0) return;
         shown++;
         if (shown <= 300) list.appendChild(sampleNode(pair[0], s));

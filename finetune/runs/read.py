@@ -8,13 +8,18 @@ partial run.json (or none: a crashed run) shows what it has and leaves the rest 
     curves      every logged metric as (step, epoch, value) points (run.json's log_history, else the newest
                 checkpoint's trainer_state.json); the train loss per optimizer step where the run recorded it
     settings    the resolved recipe, the settings resolved on the machine and the package versions, flattened
-    samples     answers: the eval report's (base / tuned) and GRPO's completions.jsonl
+    samples     answers: the eval report's (base / tuned, with the prompt's images as thumbnails) and GRPO's
+                completions.jsonl
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import io
 import json
 import math
+import os
 from collections import deque
 from pathlib import Path
 
@@ -23,6 +28,8 @@ from finetune.runs.folders import read_stop, status
 
 MAX_SAMPLES = 200  # completions.jsonl lines kept per run (the newest): the page stays small
 MAX_TEXT = 4000  # characters of one prompt or answer shown
+THUMBNAIL_EDGE = 160  # px: the longest edge of a sample's image on the page (a JPEG of a few KB, inlined)
+MAX_THUMBNAILS = 64  # per run: past these an image shows as its path alone, so the page stays small
 # log-history keys that are not curves: bookkeeping, speeds (the throughput line says those), end-of-run totals
 NOT_CURVES = ("epoch", "step", "step_losses", "total_flos")
 NOT_CURVE_PARTS = ("per_second", "tflops", "runtime", "peak_rss", "model_preparation_time", "reference_pass_s")
@@ -193,11 +200,46 @@ def _histograms(found) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _thumbnail_of(path: str, stamp: tuple) -> str | None:
+    """The image at `path` (as of `stamp`: its mtime and size, so a served page redraws without decoding it again)
+    as a JPEG data: URI at most THUMBNAIL_EDGE pixels a side; None when it is not a readable image."""
+    from finetune.data.vision.images import ImageRejected, load_image
+
+    try:
+        image = load_image({"type": "image", "path": path}, max_pixels=THUMBNAIL_EDGE * THUMBNAIL_EDGE)
+        image.thumbnail((THUMBNAIL_EDGE, THUMBNAIL_EDGE))
+        buffer = io.BytesIO()
+        image.save(buffer, format="JPEG", quality=85)
+    except (ImageRejected, OSError, ValueError):
+        return None
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _images(images, budget: list[int]) -> list[dict]:
+    """A prompt's images: {"path": as the report names it, "thumbnail": data: URI or None}. The page inlines the
+    pixels (its Content-Security-Policy allows images from data: only), so it still opens alone, offline."""
+    out = []
+    for image in images if isinstance(images, list) else ():
+        if not isinstance(image, str):
+            continue
+        thumbnail = None
+        if os.path.isabs(image) and budget[0] > 0:
+            try:
+                stat = os.stat(image)
+                thumbnail = _thumbnail_of(image, (stat.st_mtime_ns, stat.st_size))
+            except OSError:
+                pass
+            budget[0] -= thumbnail is not None
+        out.append({"path": _text(image, 1000), "thumbnail": thumbnail})
+    return out
+
+
 def _eval_samples(folder: Path) -> list[dict]:
     from finetune.evaluation.report import REPORT_DIR
 
     prompts = _dict(_dict(_json(folder / REPORT_DIR / "report.json")).get("generation")).get("prompts")
-    out = []
+    out, budget = [], [MAX_THUMBNAILS]
     for row in prompts if isinstance(prompts, list) else ():
         if not isinstance(row, dict):
             continue
@@ -206,6 +248,7 @@ def _eval_samples(folder: Path) -> list[dict]:
                     "truncated": _dict(row[side]).get("ended") is False}
                    for side in ("base", "tuned", "gguf") if side in row]
         out.append({"source": "eval", "step": None, "prompt": _text(row.get("prompt", "")),
+                    "images": _images(row.get("images"), budget),
                     "reference": _text(row.get("reference", "")), "answers": answers})
     return out
 
