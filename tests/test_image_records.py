@@ -224,3 +224,27 @@ def test_the_cleaning_steps_join_text_parts_and_refuse_images_with_a_reason():
     assert verdict is None and user_turn(kept) == "Why is the sky blue?"
     dropped, (reason, detail) = cleaner.apply(chat([image("/data/cat.png"), {"type": "text", "text": ASK}]))
     assert dropped is None and reason == "invalid_record" and "`type: auto`" in detail
+
+
+def test_the_same_file_in_another_folder_reads_its_own_images(tmp_path):
+    """The records cache is keyed by the data file's content; its relative image paths resolve against the file's
+    folder, so the same JSONL beside other images (a notebook's fresh workdir, a copied project) is its own entry:
+    reusing the first entry pointed at the first folder's images, gone with it (`missing_image` for every record)."""
+    import shutil
+
+    cache = tmp_path / "cache"
+    paths = []
+    for name in ("first", "second"):
+        where = tmp_path / name
+        (where / "images").mkdir(parents=True)
+        (where / "images" / "red.png").write_bytes(png(RED))
+        write_jsonl(where / "data.jsonl", [chat([image("images/red.png"), {"type": "text", "text": "Which?"}])])
+        recipe = {"base_model": "tiny/model", "datasets": [{"path": "data.jsonl", "type": "chat"}],
+                  "output_dir": "out", "cache_dir": str(cache)}
+        (where / "recipe.yml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+        [(_, path)] = record_files(load_recipe(where / "recipe.yml"))
+        paths.append(path)
+        if name == "first":
+            shutil.rmtree(where)
+    [record] = [json.loads(line) for line in Path(paths[1]).read_text().splitlines()]
+    assert user_turn(record)[0]["path"] == str(tmp_path / "second" / "images" / "red.png")

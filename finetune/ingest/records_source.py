@@ -89,6 +89,8 @@ def materialize_records(spec, cache_dir: str) -> Path:
     from_dataset.check_options(spec, kind)
     revision = from_dataset.resolve_hub_revision(spec) if kind == "hub" else None
     identity = from_dataset.identity(spec, "file" if kind == "json" else kind, revision)
+    if kind == "json" and mentions_images(p):  # its relative image paths resolve against its folder: the same
+        identity += f" in {p.absolute().parent}"  # content elsewhere names other images
     out = Path(cache_dir) / "ingested" / f"records-{records_key(spec, identity)}.jsonl"
     rejects_path, report_path = out.with_suffix(".rejects.jsonl"), out.with_suffix(".report.json")
     reused = out.is_file() and report_path.is_file()
