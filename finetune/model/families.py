@@ -121,8 +121,10 @@ def per_example_attention(config) -> tuple[bool, str]:
         return False, f"model_type `{getattr(config, 'model_type', '?')}` is not in the family table"
     if row.per_example:
         return False, row.per_example
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
+    # a vision-language model's window is its language model's: in text_config, not on the outer config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None) or []
+    if getattr(text, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
         return False, "this checkpoint's config sets a sliding window"
     return True, ""
 
