@@ -84,15 +84,9 @@ def make_pairs(path: Path, n: int = PAIRS, seed: int = 0) -> Path:
     return path
 
 
-def worker_finetune(args) -> dict:
-    import yaml
-
-    from finetune.recipe import load_recipe
-    from finetune.train import run_training
-    from finetune.train.imports import skip_unused_libraries
-
-    work = Path(args.work)
-    recipe = {
+def finetune_recipe(args, work: Path, **overrides) -> dict:
+    """finetune's side of the comparison: `args.model_path`, `args.data`, `args.cache_dir`; its outputs in `work`."""
+    return {
         "base_model": args.model_path, "method": "dpo", "rl_beta": HYPER["beta"],
         "adapter": "lora", "lora_r": HYPER["lora_r"], "lora_alpha": HYPER["lora_alpha"],
         "lora_dropout": HYPER["lora_dropout"], "lora_target_modules": "all-linear",
@@ -102,8 +96,19 @@ def worker_finetune(args) -> dict:
         "precision": "fp32", "attn_implementation": "sdpa", "logging_steps": 1, "report_to": ["none"],
         "output_dir": str(work / "out"),
         "dataset_prepared_path": str(work / "prepared"),  # fresh: tokenization + reference pass are measured
-        "cache_dir": args.cache_dir,
+        "cache_dir": args.cache_dir, **overrides,
     }
+
+
+def worker_finetune(args) -> dict:
+    import yaml
+
+    from finetune.recipe import load_recipe
+    from finetune.train import run_training
+    from finetune.train.imports import skip_unused_libraries
+
+    work = Path(args.work)
+    recipe = finetune_recipe(args, work)
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
     loaded = load_recipe(work / "recipe.yml")
     skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does

@@ -5,7 +5,7 @@ against the installed versions, that what each one relies on still exists and st
 for, so an upgrade that moves it fails there (by name) instead of somewhere deep in a training run.
 
 Checked against: transformers 5.23.0, peft 0.21.2, accelerate 1.15.0, deepspeed 0.19.8, bitsandbytes 0.50.2,
-tqdm 4.70.1, torch 2.13.0, lm-eval 0.4.13. Nothing heavy is imported at module level (ingestion imports this module and
+tqdm 4.70.1, torch 2.13.0, lm-eval 0.4.13, huggingface_hub 2.4.0. Nothing heavy is imported at module level (ingestion imports this module and
 never imports torch).
 """
 
@@ -41,6 +41,39 @@ def set_loss_function(causal_lm, loss_function) -> None:
     property with a setter (it stores `_loss_function`), and `*ForCausalLM.forward` calls
     `self.loss_function(logits=..., labels=..., vocab_size=..., **kwargs)`."""
     causal_lm.loss_function = loss_function
+
+
+def quiet_head_swap_report():
+    """A context in which transformers' load report of a causal LM's checkpoint loaded into its
+    sequence-classification class (a reward model: the LM head not loaded, the score head new) is not logged.
+    transformers 5.23 logs it as one warning of the `transformers.modeling_utils` logger, a "LOAD REPORT" table of
+    `key | STATUS` rows (utils/loading_report.py); a report that names any other key is kept."""
+    import contextlib
+    import logging
+    import re
+
+    ansi = re.compile(r"\x1b\[[0-9;]*m")
+
+    def expected(record: logging.LogRecord) -> bool:
+        text = ansi.sub("", record.getMessage())
+        if "LOAD REPORT" not in text:
+            return False
+        rows = [[cell.strip() for cell in line.split("|")] for line in text.splitlines() if "|" in line]
+        keys = [(row[0], row[1]) for row in rows[1:] if len(row) > 1 and row[0] and not set(row[0]) <= set("-+")]
+        return bool(keys) and all((key.startswith("lm_head.") and status == "UNEXPECTED")
+                                  or (key.startswith("score.") and status == "MISSING") for key, status in keys)
+
+    @contextlib.contextmanager
+    def quiet():
+        logger = logging.getLogger("transformers.modeling_utils")
+        drop = lambda record: not expected(record)  # noqa: E731 - a logging filter may be any callable
+        logger.addFilter(drop)
+        try:
+            yield
+        finally:
+            logger.removeFilter(drop)
+
+    return quiet()
 
 
 def set_router_aux_loss_coef(causal_lm, value) -> None:
@@ -141,6 +174,24 @@ def save_new_token_rows_only(peft_model) -> None:
     peft_model.save_pretrained = functools.partial(peft_model.save_pretrained, save_embedding_layers=False)
 
 
+def replace_lora_dropout(model, make) -> int:
+    """Replace each LoRA layer's `nn.Dropout` by `make(dropout)`; returns the count. peft 0.21 keeps a layer's
+    dropout per adapter in the ModuleDict `lora_dropout` (nn.Identity when p is 0: left as it is) and calls it on
+    the layer's input before lora_A; DoRA's variant calls the same module."""
+    import torch
+
+    swapped = 0
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if not isinstance(dropouts, torch.nn.ModuleDict):
+            continue
+        for name, dropout in list(dropouts.items()):
+            if type(dropout) is torch.nn.Dropout:
+                dropouts[name] = make(dropout)
+                swapped += 1
+    return swapped
+
+
 # --- torch.nn.Module instances (any library's) ---------------------------------------------------------
 
 def replace_forward(module, forward) -> None:
@@ -199,3 +250,21 @@ def disable_tqdm_monitor(tqdm_class) -> None:
     """No tqdm monitor thread (a thread must not exist when worker processes are forked). tqdm 4.70: the
     class attribute `monitor_interval`; 0 disables the monitor for bars created afterwards, process-wide."""
     tqdm_class.monitor_interval = 0
+
+
+# --- huggingface_hub --------------------------------------------------------------------------------------
+
+def set_hub_offline(offline: bool) -> bool:
+    """Switch the hub's offline mode for this process and the processes it starts; returns the previous switch.
+    huggingface_hub 2.4 reads HF_HUB_OFFLINE once, at its import, into `constants.HF_HUB_OFFLINE`, which
+    `is_offline_mode()` (its downloads', transformers' and datasets' check) reads on every call; the environment
+    variable is what a process started later (a launched worker, datasets' own config) reads."""
+    from huggingface_hub import constants
+
+    before = bool(constants.HF_HUB_OFFLINE)
+    constants.HF_HUB_OFFLINE = offline
+    if offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    else:
+        os.environ.pop("HF_HUB_OFFLINE", None)
+    return before

@@ -20,6 +20,17 @@ class RecipeError(FinetuneError):
         super().__init__("\n".join([head] + [f"  - {p}" for p in self.problems]))
 
 
+class MachineError(FinetuneError):
+    """The recipe is valid, and this machine cannot train it (finetune/train/preflight.py): `problems` lists every
+    reason (no CUDA for `fsdp`, a package missing, the hub unreachable...)."""
+
+    def __init__(self, problems: list[str], source: str = "recipe", hint: str = ""):
+        self.problems = list(problems)
+        n = len(self.problems)
+        head = f"{source} is a valid recipe, but this machine cannot train it ({n} problem{'s' if n != 1 else ''}):"
+        super().__init__("\n".join([head, *(f"  - {p}" for p in self.problems)] + ([hint] if hint else [])))
+
+
 class DataError(FinetuneError):
     """The training data cannot be used as it is."""
 

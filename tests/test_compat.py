@@ -4,6 +4,7 @@ relies on still exists and still does what finetune uses it for. A failure here 
 from __future__ import annotations
 
 import inspect
+import os
 
 import pytest
 import torch
@@ -157,6 +158,29 @@ def test_tqdm_monitor_interval_zero_starts_no_monitor_thread():
         tqdm.monitor_interval = saved
 
 
+def test_the_head_swap_report_is_kept_out_of_the_log_and_any_other_report_stays(tiny_llama, tmp_path, caplog):
+    """transformers logs its load report as one warning of `transformers.modeling_utils` naming lm_head.* UNEXPECTED
+    and score.weight MISSING when a causal LM loads as its sequence-classification class; with another key in it
+    (here a layer the checkpoint lacks) the report stays."""
+    import logging
+
+    from transformers import AutoModelForSequenceClassification
+
+    tiny_llama.save_pretrained(tmp_path / "lm")
+    with caplog.at_level(logging.WARNING, logger="transformers.modeling_utils"):
+        AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=1)
+    assert any("LOAD REPORT" in r.getMessage() and "score.weight" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="transformers.modeling_utils"), compat.quiet_head_swap_report():
+        AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=1)
+    assert not any("LOAD REPORT" in r.getMessage() for r in caplog.records)
+    tiny_llama.config.num_hidden_layers = 2  # the checkpoint has one layer: the second is missing too
+    tiny_llama.config.save_pretrained(tmp_path / "lm")
+    with caplog.at_level(logging.WARNING, logger="transformers.modeling_utils"), compat.quiet_head_swap_report():
+        AutoModelForSequenceClassification.from_pretrained(tmp_path / "lm", num_labels=1)
+    assert any("LOAD REPORT" in r.getMessage() and "layers.1" in r.getMessage() for r in caplog.records)
+
+
 def test_lm_eval_load_yaml_merges_an_include_relative_to_the_file(tmp_path):
     pytest.importorskip("lm_eval")
     (tmp_path / "base.yaml").write_text("output_type: multiple_choice\ndoc_to_text: '{{q}}'\n")
@@ -281,3 +305,15 @@ def test_building_and_loading_an_adapter_prints_no_future_warning(tmp_path, make
         model, _ = build_model(recipe, load_tokenizer(recipe), "fp32", "sdpa")
         model.save_pretrained(tmp_path / "adapter")
     assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+
+
+def test_set_hub_offline_is_what_the_downloads_check_and_what_a_started_process_reads(monkeypatch):
+    from huggingface_hub import constants, is_offline_mode
+    from transformers.utils import hub as transformers_hub
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # restored after the test, as the environment below
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    assert compat.set_hub_offline(True) is False
+    assert is_offline_mode() and transformers_hub.is_offline_mode() and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert compat.set_hub_offline(False) is True
+    assert not is_offline_mode() and "HF_HUB_OFFLINE" not in os.environ

@@ -11,7 +11,6 @@ import yaml
 
 from conftest import make_records, write_jsonl
 from finetune.cli import main as cli_main
-from finetune.errors import RecipeError
 from finetune.recipe import load_recipe
 
 
@@ -23,18 +22,26 @@ def _recipe(root, tiny_model_dir, **extra) -> dict:
             "logging_steps": 1, **extra}
 
 
-def test_an_lm_eval_task_that_does_not_exist_is_refused_at_validate(tmp_path, tiny_model_dir, capsys):
+def test_an_lm_eval_task_that_does_not_exist_is_refused_at_validate_and_before_training(tmp_path, tiny_model_dir,
+                                                                                         capsys):
+    """Looked up where validate and the training's main process check the machine (finetune/train/preflight.py),
+    not in every load_recipe: a launched worker's load_recipe does not import lm_eval (tests/test_preflight.py)."""
     pytest.importorskip("lm_eval")  # installed here (lm-eval 0.4.13): the names are checked with its YAML loader
+    from finetune.errors import MachineError
+    from finetune.train.preflight import check_machine
+
     recipe = _recipe(tmp_path, tiny_model_dir, eval={"tasks": ["tiny_facts", "hellaswagg"]})
     (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe))
-    with pytest.raises(RecipeError) as err:
-        load_recipe(tmp_path / "recipe.yml")
+    with pytest.raises(MachineError) as err:
+        check_machine(load_recipe(tmp_path / "recipe.yml"), "recipe.yml")
     message = str(err.value)
     assert "`eval.tasks`" in message and "unknown lm-eval task hellaswagg" in message and "tiny_facts" in message
-    capsys.readouterr()
-    assert cli_main(["validate", str(tmp_path / "recipe.yml")]) != 0
-    out = capsys.readouterr()
-    assert "hellaswagg" in out.err and "Traceback" not in out.err
+    for verb in ("validate", "train"):
+        capsys.readouterr()
+        assert cli_main([verb, str(tmp_path / "recipe.yml")]) == 2
+        out = capsys.readouterr()
+        assert "hellaswagg" in out.err and "Traceback" not in out.err
+    assert not (tmp_path / "out").exists()  # refused before the run wrote anything
     # a task of the user's own folder is found there
     tasks = tmp_path / "tasks"
     from finetune.lm_eval_tasks import SHIPPED_TASKS
@@ -44,7 +51,7 @@ def test_an_lm_eval_task_that_does_not_exist_is_refused_at_validate(tmp_path, ti
     (tasks / "facts" / "tiny_facts.yaml").write_text(text)
     recipe["eval"]["tasks_dir"] = str(tasks)
     (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe))
-    assert load_recipe(tmp_path / "recipe.yml").eval.tasks == ["tiny_facts", "hellaswagg"]
+    assert check_machine(load_recipe(tmp_path / "recipe.yml"), "recipe.yml") is None
 
 
 @pytest.fixture(scope="module")

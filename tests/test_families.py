@@ -220,6 +220,14 @@ def test_grpo_one_step(runs, model_type):
     with torch.no_grad():
         scored, padded = completion_logps(model, rows), padded_completion_logps(model, prompts, completions)
     assert (scored.logps - padded.logps)[padded.mask].abs().max() < TOLERANCE
+    # its rollouts (each prompt prefilled once, its cache held G times; a recurrent cache: G prefills) sample
+    # token for token what generate(num_return_sequences=G) samples from the same left-padded prompts
+    from test_grpo_rollout import EOS_IDS, PAD, _generate_oracle
+
+    from finetune.train.grpo.generation import generate_completions
+
+    got = generate_completions(model, prompts, 3, 6, seed=1, eos_ids=EOS_IDS, pad_id=PAD)
+    assert got.ids == _generate_oracle(model, prompts, 3, 6, seed=1)
 
 
 @pytest.mark.parametrize("model_type", ROWS)

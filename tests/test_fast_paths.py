@@ -150,15 +150,18 @@ def test_per_example_attention_matches_the_masked_kernel_on_packed_rows(tiny_mod
     assert fast.config._attn_implementation == "sdpa"
 
 
-def _sliced_attention(query, key, value, position_ids, groups):
-    """The oracle: one causal SDPA call per example on plain slices (the first implementation)."""
+def _sliced_attention(query, key, value, position_ids, groups, repeat=False):
+    """The oracle: one causal SDPA call per example on plain slices (the first implementation); `repeat`
+    repeats the key/value heads first (transformers' repeat_kv) instead of SDPA's enable_gqa."""
     from finetune.compat import sdpa_functions
 
-    key, value = sdpa_functions()[0](key, groups), sdpa_functions()[0](value, groups)
+    if repeat:
+        key, value = sdpa_functions()[0](key, groups), sdpa_functions()[0](value, groups)
     rows = []
     for b, positions in enumerate(position_ids.expand(query.shape[0], -1).tolist()):
         rows.append(torch.cat([torch.nn.functional.scaled_dot_product_attention(
-            query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], is_causal=e - s > 1)
+            query[b:b + 1, :, s:e], key[b:b + 1, :, s:e], value[b:b + 1, :, s:e], is_causal=e - s > 1,
+            enable_gqa=groups > 1 and not repeat)
             for s, e in segments(positions)], dim=2))
     return torch.cat(rows, dim=0).transpose(1, 2).contiguous()
 
@@ -192,6 +195,10 @@ def test_per_example_attention_is_bit_identical_to_one_slice_per_example(seed):
     old = run(lambda q, k, v: _sliced_attention(q, k, v, position_ids, groups))
     for a, b in zip(new, old):
         assert torch.equal(a, b)
+    # and enable_gqa gives, to float rounding, what repeating the key/value heads gave
+    repeated = run(lambda q, k, v: _sliced_attention(q, k, v, position_ids, groups, repeat=True))
+    for a, b in zip(new, repeated):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_per_example_attention_is_not_used_where_it_would_change_the_numbers(tiny_model_dir):

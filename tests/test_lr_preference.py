@@ -15,7 +15,7 @@ from test_plan_preference import _dpo_recipe
 
 
 def test_every_preference_method_has_sourced_defaults():
-    assert set(METHOD_LRS) == set(PREFERENCE_METHODS) | {"grpo"}
+    assert set(METHOD_LRS) == set(PREFERENCE_METHODS) | {"grpo", "reward"}
     for row in METHOD_LRS.values():
         assert row.full_source and row.lora_source and row.usual
         assert row.lora == pytest.approx(10 * row.full)  # LoRA's optimum ~10x full fine-tuning's

@@ -105,10 +105,10 @@ def test_legacy_keys_and_values(tmp_path, tiny_model_dir):
 
 def test_training_finetune_does_not_do_is_refused_and_nothing_is_written(tmp_path, capsys):
     src = tmp_path / "rm.yml"
-    src.write_text("base_model: x\nreward_model: true\ndatasets: [{path: d.jsonl}]\n")
+    src.write_text("base_model: x\nprocess_reward_model: true\ndatasets: [{path: d.jsonl}]\n")
     out = tmp_path / "r.yml"
     assert main(["port", str(src), "-o", str(out)]) == 2
-    assert "reward models have no equivalent" in capsys.readouterr().err and not out.exists()
+    assert "leaves process reward models out" in capsys.readouterr().err and not out.exists()
 
 
 def test_an_existing_output_is_not_replaced(tmp_path, capsys):
@@ -263,6 +263,27 @@ def test_axolotl_template_names_map_to_the_family_whose_tokenizer_ships_them(tmp
 def test_every_family_an_axolotl_template_names_is_a_transformers_model_type():
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
-    from finetune.port.chat_templates import OWN_TEMPLATES
+    from finetune.recipe.axolotl.chat_templates import OWN_TEMPLATES
 
     assert {t for families, _ in OWN_TEMPLATES.values() for t in families} <= set(CONFIG_MAPPING_NAMES)
+
+
+def test_roles_to_train_of_the_datasets_becomes_the_top_level_key_or_a_decision(tmp_path, tiny_model_dir, capsys):
+    # review of issue 39: vcore added a top-level roles_to_train; port dropped axolotl's per-dataset key as "not in
+    # finetune" (exit 0): the ported run supervised fewer turns than axolotl's
+    def port(datasets) -> tuple[int, dict]:
+        src, out = tmp_path / "a.yml", tmp_path / "r.yml"
+        src.write_text(yaml.safe_dump({"base_model": str(tiny_model_dir), "datasets": datasets}, sort_keys=False))
+        code = main(["port", str(src), "-o", str(out), "--force"])
+        capsys.readouterr()
+        return code, yaml.safe_load(out.read_text())
+
+    chat = {"path": "d.jsonl", "type": "chat_template"}
+    code, recipe = port([{**chat, "roles_to_train": ["gpt", "human"]}, {**chat, "roles_to_train": ["user", "assistant"]}])
+    assert code == 0 and recipe["roles_to_train"] == ["user", "assistant"]
+    code, recipe = port([{**chat, "roles_to_train": ["user", "assistant"]}, chat])  # the second: axolotl's default
+    assert code == 1 and recipe["roles_to_train"] == [["user", "assistant"], ["assistant"]]
+    code, recipe = port([{**chat, "roles_to_train": ["tool", "assistant"]}])
+    assert code == 1
+    code, recipe = port([{**chat, "roles_to_train": ["assistant"]}])
+    assert code == 0 and "roles_to_train" not in recipe

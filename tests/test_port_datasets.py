@@ -2,7 +2,7 @@
 Llama-3 full fine-tune on `tatsu-lab/alpaca` and the Falcon-H1 QLoRA on `cgato/SlimOrcaDedupCleaned` (sharegpt
 turns under `conversations`, from/value). The recipes are written here shaped like axolotl's examples
 (examples/llama-3/fft-8b.yaml, examples/falcon-h1/falcon-h1-1b-deep-qlora.yaml). With the data in a hub-shaped
-folder of that name beside the recipe (parquet shards and a card, as `huggingface-cli download` leaves it), the
+folder of that name beside the recipe (parquet shards and a card, as `hf download` leaves it), the
 ported recipe trains; the `--set` overrides only fit the run to a CPU and the tiny model."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_sharegpt_recipe_ports_its_field_mappings_and_nothing_is_left_to_fix(tmp
     # offline, the hub id is one message saying how to get the files
     from finetune.data import build_dataset
 
-    with pytest.raises(DataError, match="huggingface-cli download --repo-type dataset cgato/SlimOrcaDedupCleaned"):
+    with pytest.raises(DataError, match="hf download --repo-type dataset cgato/SlimOrcaDedupCleaned"):
         build_dataset(load_recipe(tmp_path / "recipe.yml"), None)
 
 

@@ -170,7 +170,8 @@ def test_a_reward_model_is_kept_for_a_decision(tmp_path, capsys):
     code, text, recipe = _port(tmp_path, _grpo(trl=trl))
     assert code == 1 and "rewards" not in recipe and recipe["trl"]["reward_funcs"][0].startswith("OpenAssistant/")
     assert recipe["trl"]["reward_weights"] == [1.0, 0.3]  # kept beside the functions they weigh
-    assert "a reward model (a hub id or a folder), which finetune does not score with" in _flat(text)
+    assert "a reward model finetune cannot find as a folder beside the recipe (a hub id" in _flat(text)
+    assert "write `rewards: [{model: DIR}]`" in _flat(text)
 
 
 def test_reward_functions_become_a_file_beside_the_recipe_or_a_module(tmp_path):

@@ -1,6 +1,7 @@
 """DPO scales out as SFT does (tests/test_distributed.py): two CPU processes under DDP (gloo) and under DeepSpeed
 ZeRO-2 and ZeRO-3 give the per-step losses one process gives with the same global batch (LoRA, packed, a full
-fine-tune, a model that post-processes its logits); the reference table the two processes compute together
+fine-tune, a model that post-processes its logits; and a reward model, packed with the prompt held once, under DDP
+and ZeRO-3: its per-pair loss over the whole step, its score head in the forward); the reference table the two processes compute together
 (each a strided share of the pairs, gathered) equals one process's; a second run reads it on both processes
 (and trains on it exactly: its losses are checked like the others').
 
@@ -102,6 +103,7 @@ SINGLE = {  # one process, in this process
     "packed": ["sample_packing=true", "output_dir=single_packed"],
     "full": ["adapter=none", "max_steps=2", "output_dir=single_full"],
     "granite": ["base_model=granite", "output_dir=single_granite"],
+    "reward_packed": ["method=reward", "sample_packing=true", "output_dir=single_reward"],
 }
 
 
@@ -119,9 +121,12 @@ RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers kee
     # its packed rows add, trains packed
     "ddp_packed_again": "output_dir=mp_ddp_packed,cache_dir=mp_ddp_cache,sample_packing=true",
     "zero2": "output_dir=mp_zero2,cache_dir=mp_zero2_cache,deepspeed=zero2",
+    "reward_ddp_packed": "method=reward,sample_packing=true,output_dir=mp_reward,cache_dir=mp_reward_cache",
     "zero3_packed": "output_dir=mp_zero3_packed,cache_dir=mp_zero3_packed_cache,deepspeed=zero3,sample_packing=true",
     "zero3_full": "output_dir=mp_zero3_full,cache_dir=mp_zero3_full_cache,deepspeed=zero3,adapter=none,max_steps=2",
     "zero3_granite": "output_dir=mp_zero3_granite,cache_dir=mp_zero3_granite_cache,deepspeed=zero3,base_model=granite",
+    "reward_zero3_packed": "method=reward,sample_packing=true,deepspeed=zero3,output_dir=mp_reward_zero3,"
+                           "cache_dir=mp_reward_zero3_cache",
 }
 
 
@@ -143,7 +148,8 @@ def multiproc(workdir) -> dict:
 @pytest.mark.multiproc
 @pytest.mark.parametrize("run, single_run", [("ddp", "lora"), ("ddp_packed_again", "packed"), ("zero2", "lora"),
                                              ("zero3_packed", "packed"), ("zero3_full", "full"),
-                                             ("zero3_granite", "granite")])
+                                             ("zero3_granite", "granite"), ("reward_ddp_packed", "reward_packed"),
+                                             ("reward_zero3_packed", "reward_packed")])
 def test_two_processes_match_one_process(multiproc, single, run, single_run):
     expected = losses(single[single_run])
     assert len({round(loss, 4) for _, loss in expected}) == len(expected)  # the loss moved every step

@@ -174,6 +174,35 @@ def test_a_branch_attends_to_its_prompt_and_itself_causally(seed):
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
 
 
+def test_grouped_key_value_heads_are_read_as_they_are_not_repeated():
+    """SmolLM2 has 9 query heads and 3 key/value heads: the per-example path passes the 3 to SDPA (enable_gqa), the
+    same outputs and gradients as repeating them, without 3x copies kept for the backward pass."""
+    from finetune.model.varlen_attention import varlen_sdpa_forward
+
+    positions = list(range(7)) + list(range(4, 9)) + list(range(5))  # a pair sharing a 4-token prompt, a sequence
+    module = types.SimpleNamespace(num_key_value_groups=3, is_causal=True, training=False)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 6, len(positions), 8, generator=gen).requires_grad_()
+    k, v = (torch.randn(1, 2, len(positions), 8, generator=gen).requires_grad_() for _ in range(2))
+    grad = torch.randn(1, len(positions), 6, 8, generator=gen)
+    saved = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = varlen_sdpa_forward(module, q, k, v, None, position_ids=torch.tensor([positions]))[0]
+    got = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    repeated = lambda t: t.repeat_interleave(3, dim=1)  # noqa: E731  (transformers' repeat_kv)
+    want_out = _oracle(q, repeated(k), repeated(v), positions)
+    want = (want_out, *torch.autograd.grad(want_out, (q, k, v), grad))
+    for a, b in zip(got, want):
+        assert torch.allclose(a, b, rtol=0, atol=1e-6)
+    element = 4 * len(positions) * 8
+    assert sum(saved.values()) < (6 + 2 + 2 + 6 + 6) * element  # q, k, v, out and the pieces; repeated: + 8 heads
+
+
 def test_the_guard_passes_shared_prompts_and_falls_back_when_a_response_sees_the_other(setup):
     from finetune.model.isolation import MAX_LEAK_FRACTION, shared_prompt_leak
     from finetune.train.preference.setup import probe_preference
@@ -219,3 +248,41 @@ def test_sharing_only_where_the_attention_path_can_express_it(tmp_path, tiny_mod
         assert record["preference"]["shared_prompt"] is expected
         in_rows, counted = record["preference"]["train_tokens_in_rows"], record["data"]["train"]["tokens"]
         assert in_rows < counted if expected else in_rows == counted
+
+
+def test_a_flattened_micro_batch_scores_the_same_without_its_padding(setup):
+    """On the per-example path a micro batch of packed rows is one row (finetune/train/run.py): the rows' padding
+    to the longest went through every layer (docs/performance.md, DPO memory)."""
+    from finetune.model.sequence_logps import response_logps
+
+    store, _, shared, rows, model = setup
+    flat = dataclasses.replace(shared, flatten=True)
+    head = model.get_output_embeddings()
+    model.eval()
+    padded, flattened = shared(rows), flat(rows)
+    assert flattened["input_ids"].shape[0] == 1 and int((flattened["sequence_index"] < 0).sum()) == 0
+    assert flattened["input_ids"].numel() == int((padded["sequence_index"] >= 0).sum())  # the real tokens only
+    with torch.no_grad():
+        assert torch.allclose(response_logps(model, head, flattened), response_logps(model, head, padded),
+                              rtol=0, atol=TOLERANCE)
+
+
+def test_a_packed_preference_run_on_cpu_trains_on_flattened_micro_batches(tmp_path, tiny_model_dir):
+    """...and with its LoRA dropouts keeping their masks as bool (finetune/model/mask_dropout.py: the same numbers)."""
+    from transformers import TrainerCallback
+
+    from finetune.model.mask_dropout import MaskDropout
+    from finetune.train.run import run_training
+
+    seen, dropouts = [], []
+
+    class FirstBatch(TrainerCallback):
+        def on_train_begin(self, args, state, control, train_dataloader=None, model=None, **kwargs):
+            seen.append(next(iter(train_dataloader)))
+            dropouts.extend(type(m) for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+    run_training(dpo_recipe(tmp_path, tiny_model_dir, n=12, val_set_size=0, max_steps=1, sample_packing=True,
+                            micro_batch_size=2, lora_dropout=0.05), extra_callbacks=[FirstBatch()])
+    batch = seen[0]
+    assert batch["input_ids"].shape[0] == 1 and int((batch["sequence_index"] < 0).sum()) == 0
+    assert dropouts and set(dropouts) == {MaskDropout}

@@ -30,3 +30,20 @@ def test_qlora_trains_on_cuda_and_records_peak_memory(make_recipe, tmp_path, cap
     (tmp_path / "out" / "gpu_memory.json").write_text(json.dumps(record))
     print(f"QLoRA tiny model on {record['device']}, checkpointing {gradient_checkpointing}: "
           f"peak {peak / 2**20:.1f} MiB")
+
+
+def test_a_qlora_reward_model_trains_on_cuda_and_saves_its_head(tmp_path, tiny_model_dir):
+    """QLoRA for `method: reward`: the sequence-classification class on a 4-bit base, its score head trained in full
+    and saved with the adapter; reloaded (its base unquantized, as evaluation reads a QLoRA run) it ranks the
+    held-out pairs as training's last eval did."""
+    from finetune.evaluation.run import evaluate
+    from reward_helpers import reward_recipe
+
+    recipe = load_recipe(reward_recipe(tmp_path, tiny_model_dir, adapter="qlora", lora_r=8, num_epochs=3,
+                                       precision="auto", sample_packing=True, micro_batch_size=2))
+    summary = run_training(recipe)
+    last = [e for e in summary["log_history"] if "eval_accuracy" in e][-1]
+    config = json.loads((tmp_path / "out" / "adapter_config.json").read_text())
+    assert config["task_type"] == "SEQ_CLS" and "score" in config["modules_to_save"]
+    report = evaluate(str(tmp_path / "out"), changes={"generations": 0})
+    assert abs(report["reward"]["sides"]["tuned"]["accuracy"] - last["eval_accuracy"]) <= 0.125

@@ -150,7 +150,7 @@ def test_a_hub_id_offline_says_how_to_get_the_files_and_writes_nothing(tmp_path,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     recipe = recipe_with(tmp_path, tiny_model_dir, path="tatsu-lab/alpaca", type="instruction")
     assert recipe.datasets[0].path == "tatsu-lab/alpaca"  # an id, not resolved to a path beside the recipe
-    with pytest.raises(DataError, match=r"huggingface-cli download --repo-type dataset tatsu-lab/alpaca "
+    with pytest.raises(DataError, match=r"hf download --repo-type dataset tatsu-lab/alpaca "
                                         r"--local-dir data/alpaca.*`path: data/alpaca`"):
         build_dataset(recipe, tiny_tokenizer)
     assert not (tmp_path / "cache" / "ingested").exists() and not (tmp_path / "cache" / "prepared").exists()
@@ -159,7 +159,7 @@ def test_a_hub_id_offline_says_how_to_get_the_files_and_writes_nothing(tmp_path,
     capsys.readouterr()
     assert main(["preprocess", str(tmp_path / "recipe.yml")]) == 2  # at the CLI: one paragraph, exit 2
     err = capsys.readouterr().err
-    assert "huggingface-cli download --repo-type dataset tatsu-lab/alpaca" in err and "Traceback" not in err
+    assert "hf download --repo-type dataset tatsu-lab/alpaca" in err and "Traceback" not in err
     assert not (tmp_path / "cache" / "ingested").exists() and not (tmp_path / "cache" / "prepared").exists()
 
 

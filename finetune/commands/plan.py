@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", choices=("off", "mlp", "full"), default=None)
     parser.add_argument("--attn", choices=ATTENTION, default=None)
     parser.add_argument("--method", choices=METHODS, default=None,
-                        help="training method: a preference pair (dpo, ipo, orpo, simpo) is two sequences")
+                        help="training method: a preference pair (dpo, ipo, orpo, simpo, reward) is two sequences")
     parser.add_argument("--no-data", action="store_true", help="with a recipe: skip tokenizing, so no step count")
 
 
@@ -104,6 +104,10 @@ def _knobs(args: argparse.Namespace, recipe) -> dict:
     out["packed"] = bool(recipe.sample_packing) if recipe is not None else False
     if out["method"] == "grpo":
         out.update(_grpo_knobs(recipe, out["micro_batch_size"]))
+        if recipe is not None:
+            from finetune.plan.model_size import reward_model_loads
+
+            out["reward_models"] = reward_model_loads(recipe) or ()  # loaded beside the policy (plan/grpo.py)
     return out
 
 
@@ -131,7 +135,8 @@ def _batch_shape(knobs: dict) -> dict:
 
     shape = {"sequences_per_item": 2 if knobs["method"] in PAIRED_METHODS else 1, "packed": knobs["packed"]}
     if knobs["method"] == "grpo":
-        shape.update(generated_sequences=knobs["generated_sequences"], completion_tokens=knobs["completion_tokens"])
+        shape.update(generated_sequences=knobs["generated_sequences"], completion_tokens=knobs["completion_tokens"],
+                     reward_models=knobs.get("reward_models", ()))
     return shape
 
 
@@ -249,6 +254,9 @@ def _reference_line(method: str, rl_beta: float = 0.0) -> str | None:
                 "once before training (one no-grad pass with the starting model) and cached, so one model is held")
     if method in PREFERENCE_METHODS:
         return f"reference: none (`method: {method}` does not use a reference model)"
+    if method == "reward":
+        return ("reward model: the score head (hidden -> 1) in place of the LM head, so no logits over the vocabulary; "
+                "each pair is two sequences, no reference")
     return None
 
 
@@ -279,6 +287,9 @@ def format_plan(estimate, knobs: dict, shape, trainable) -> list[str]:
         lines.append(reference)
     if method == "grpo":
         lines.append(_generation_line(knobs, shape))
+        for load in knobs.get("reward_models") or ():
+            lines.append(f"reward model: {load.params / 1e9:.3f}B parameters, held the whole run; scoring "
+                         f"{load.tokens:,} tokens a pass (batch_size x max_length), no grad")
     lines.append("per-GPU memory:")
     for name, value in estimate.components.items():
         if value:
@@ -374,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
     parameters = recipe.lora_target_parameters if recipe is not None else None  # fused MoE experts
     vision = _vision(args, recipe, config, knobs["adapter"])  # a vision-language model's tower and projector
     shape, full, lora = count_model(config, knobs["lora_r"], targets, to_save, dora, parameters,
-                                     **_vision_counts(vision))
+                                     reward=knobs["method"] == "reward", **_vision_counts(vision))
     inputs = PlanInputs(shape, full, lora, adapter=knobs["adapter"], precision=knobs["precision"],
                         optimizer=knobs["optimizer"], seq_len=knobs["seq_len"],
                         micro_batch_size=knobs["micro_batch_size"],

@@ -29,19 +29,52 @@ def run(args: argparse.Namespace) -> int:
     launching = args.num_processes is not None and not inside_launch()
     # validated here, before any process starts, for the process count it will run with
     recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes if launching else None)
-    if launching and (args.num_processes > 1 or args.num_machines > 1):
-        return launch(args, recipe)
-    check_deepspeed_installed(recipe)
-    if (recipe.deepspeed is not None or recipe.fsdp is not None) and not inside_launch():
-        os.environ.update(single_process_env())  # DeepSpeed's / FSDP's process group, with one member
-    skipped = skip_unused_libraries(recipe)  # start-up: no bitsandbytes / DeepSpeed imports it does not use
-    if skipped:
-        get_logger(__name__).info(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "
-            f"{'them' if len(skipped) > 1 else 'it'}; FINETUNE_IMPORT_ALL=1 imports every library)")
+    offline_before = _check_the_machine(recipe, str(args.recipe)) if checks_the_machine() else None
     try:
-        return _train(recipe)
-    finally:  # the marks are for this command's recipe: a later command in the same Python (a notebook) has its own
-        restore_libraries(skipped)
+        if launching and (args.num_processes > 1 or args.num_machines > 1):
+            return launch(args, recipe)
+        check_deepspeed_installed(recipe)
+        if (recipe.deepspeed is not None or recipe.fsdp is not None) and not inside_launch():
+            os.environ.update(single_process_env())  # DeepSpeed's / FSDP's process group, with one member
+        skipped = skip_unused_libraries(recipe)  # start-up: no bitsandbytes / DeepSpeed imports it does not use
+        if skipped:
+            get_logger(__name__).info(f"start-up: not importing {', '.join(skipped)} (this recipe does not use "
+                f"{'them' if len(skipped) > 1 else 'it'}; FINETUNE_IMPORT_ALL=1 imports every library)")
+        try:
+            return _train(recipe)
+        finally:  # the marks are for this command's recipe: a later command in the same Python (a notebook) has
+            restore_libraries(skipped)  # its own
+    finally:
+        if offline_before is not None:
+            from finetune.compat import set_hub_offline
+
+            set_hub_offline(offline_before)
+
+
+def checks_the_machine() -> bool:
+    """Whether this process asks what the machine lacks (finetune/train/preflight.py): the process the user started
+    (alone, or the launcher), or rank 0 under a launcher that is not finetune's; never a worker finetune started."""
+    from finetune.train.launch import MACHINE_CHECKED, inside_launch
+
+    if not inside_launch():
+        return True
+    return rank() == 0 and os.environ.get(MACHINE_CHECKED) != "1"
+
+
+def _check_the_machine(recipe, source: str) -> bool | None:
+    """Every problem this machine has with the recipe, as one message (exit 2). When the hub cannot be reached and
+    everything the run needs from it is in the local HF cache, the run reads the cache without asking the hub
+    (its downloads would retry for ~50 s first): returns the offline switch to restore then, else None."""
+    from finetune.train.preflight import check_machine
+
+    hub = check_machine(recipe, source)
+    if hub is None or hub.reachable or not hub.probed:
+        return None
+    from finetune.compat import set_hub_offline
+
+    get_logger(__name__).info(f"{hub.why}: the run reads its model from the local HF cache (HF_HUB_OFFLINE=1 "
+                              "for this command and the processes it starts)")
+    return set_hub_offline(True)
 
 
 def _train(recipe) -> int:

@@ -248,10 +248,10 @@ def build_dataset(recipe, tokenizer, processor=None) -> Prepared:
     from datasets import DatasetDict
 
     from finetune.data.vision import check_vision_method, image_stats
-    from finetune.recipe.methods import is_grpo, is_preference
+    from finetune.recipe.methods import is_grpo, reads_pairs
 
     check_vision_method(recipe, processor)
-    if is_preference(recipe):
+    if reads_pairs(recipe):  # preference methods and reward models: the pairs' token store
         return build_preference_dataset(recipe, tokenizer, processor)
     if is_grpo(recipe):
         return build_prompt_dataset(recipe, tokenizer)
@@ -322,6 +322,7 @@ def build_preference_dataset(recipe, tokenizer, processor=None) -> Prepared:
         "truncated": outcome.get("truncated", 0),
         "dropped_duplicates": outcome.get("duplicates", 0),
         "dropped_listed": outcome["dropped_listed"],
+        "formats": outcome["formats"],  # records per kind: conversations (chat) or plain text (completion)
         "train": item_stats(train, vision),
         "eval": item_stats(held, vision),
         **image_stats(Counter(outcome), vision),

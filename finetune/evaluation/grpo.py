@@ -46,13 +46,15 @@ def heldout_rewards(models, subject, data_path: str | None, limit: int | None = 
     from pathlib import Path
 
     from finetune.evaluation.uncertainty import paired_interval
-    from finetune.train.grpo.rewards import RewardRunner
+    from finetune.evaluation.subject import device
+    from finetune.train.grpo.reward_models import RewardSet
 
     prompts, source = heldout_prompts(subject, models.tokenizer, data_path)
     prompts = prompts[:limit] if limit else prompts
     log.info(f"GRPO rewards on {len(prompts)} held-out prompts x {SAMPLES} answers per side: {source}")
     sides, per_prompt, answers = {}, {}, {}
-    with RewardRunner(subject.recipe.rewards, base_dir=Path.cwd(), counted_in="this evaluation's log") as runner:
+    with RewardSet(subject.recipe.rewards, base_dir=Path.cwd(), device=device(),
+                   counted_in="this evaluation's log") as runner:
         for name in ("base", "tuned"):
             with models.side(name) as model:
                 sides[name], per_prompt[name], answers[name] = _side(model, models, subject.recipe, prompts, runner)

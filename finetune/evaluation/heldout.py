@@ -26,6 +26,14 @@ class Heldout:
     source: str  # where they came from, for the report
 
 
+def record_text(value) -> str:
+    """A record's text for a report: a string, or a conversation's turns as `role: content` lines."""
+    if isinstance(value, list):
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
+                         for m in value)
+    return "" if value is None else str(value)
+
+
 def _check_shapes(path: str, found: set[str], trained: set[str]) -> None:
     foreign = found - trained - {"auto"}
     if foreign and "auto" not in trained:  # a run that does not record its shapes cannot be checked
@@ -39,7 +47,7 @@ def _check_shapes(path: str, found: set[str], trained: set[str]) -> None:
 
 def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
     """The held-out examples and their records: `data_path`'s records, or the recipe's eval split."""
-    from finetune.recipe.methods import is_preference
+    from finetune.recipe.methods import reads_pairs
 
     recipe = subject.recipe
     if data_path:
@@ -47,9 +55,9 @@ def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
 
         require_records_file(data_path)
         shapes = {shape for shape, _ in read_records(data_path, "auto")}
-        _check_shapes(data_path, shapes, subject.formats if not is_preference(recipe) else {"preference", "unpaired"})
+        _check_shapes(data_path, shapes, subject.formats if not reads_pairs(recipe) else {"preference", "unpaired"})
         files, source = [("auto", data_path)], f"all records of {data_path}"
-        if is_preference(recipe):
+        if reads_pairs(recipe):
             return _preference(recipe, tokenizer, files, source, split_off=False)
         from finetune.data import tokenize_all
 
@@ -65,7 +73,7 @@ def heldout_data(subject, tokenizer, data_path: str | None) -> Heldout:
         )
     files = record_files(recipe)
     source = f"the recipe's eval split (val_set_size {recipe.val_set_size:g}, seed {recipe.seed})"
-    if is_preference(recipe):
+    if reads_pairs(recipe):
         return _preference(recipe, tokenizer, files, source, split_off=True)
     from finetune.data import tokenize_all
 

@@ -84,6 +84,8 @@ def preference_report(models, held, recipe) -> dict:
 
 
 def _kept_pairs(records: list, logps: dict, beta: float) -> list[dict]:
+    from finetune.evaluation.heldout import record_text as _text
+
     out = []
     for (_, record), base, tuned in list(zip(records, logps["base"], logps["tuned"]))[:PAIRS_KEPT]:
         out.append({"prompt": _text(record.get("prompt")), "chosen": _text(record.get("chosen")),
@@ -93,14 +95,6 @@ def _kept_pairs(records: list, logps: dict, beta: float) -> list[dict]:
                     "reward": {"chosen": round(beta * (tuned[0] - base[0]), 4),
                                "rejected": round(beta * (tuned[1] - base[1]), 4)}})
     return out
-
-
-def _text(value) -> str:
-    """A record's text: a string, or a conversation's turns as `role: content` lines."""
-    if isinstance(value, list):
-        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" if isinstance(m, dict) else str(m)
-                         for m in value)
-    return "" if value is None else str(value)
 
 
 def verdict_part(pref: dict) -> str:

@@ -1,5 +1,6 @@
 """The report people read: report.json (everything), report.md (tables and the answers side by side),
-report.png (base vs tuned per metric), each written whole or not at all; and the one-line verdict.
+report.png (base vs tuned per metric; a reward run's score histograms in scores.png), each written whole or not at
+all; and the one-line verdict.
 
 `--compare OTHER`: the other run's report.json (written by its own `finetune eval`) beside this one.
 """
@@ -29,6 +30,10 @@ def headline(report: dict) -> list[tuple[str, dict, bool]]:
         from finetune.evaluation.grpo import headline_rows
 
         rows += headline_rows(report["grpo"])
+    if (report.get("reward") or {}).get("sides"):
+        from finetune.evaluation.reward import headline_rows as reward_rows
+
+        rows += reward_rows(report["reward"])
     pref = report.get("preference") or {}
     if pref.get("log_prob"):
         rows.append(("chosen preferred", {s: v["chosen_preferred"] for s, v in pref["log_prob"].items()}, True))
@@ -59,6 +64,8 @@ def differences(report: dict) -> dict[str, dict]:
         out[f"held-out {metric}"] = interval
     if (report.get("preference") or {}).get("difference"):
         out["chosen preferred"] = report["preference"]["difference"]
+    if (report.get("reward") or {}).get("difference"):
+        out["pair accuracy"] = report["reward"]["difference"]
     return out
 
 
@@ -79,6 +86,10 @@ def verdict(report: dict) -> str:
         from finetune.evaluation.preference import verdict_part as preference_part
 
         parts.append(preference_part(report["preference"]))
+    if (report.get("reward") or {}).get("sides"):
+        from finetune.evaluation.reward import verdict_part as reward_part
+
+        parts.append(reward_part(report["reward"]))
     if "gguf" in sides and "tuned" in sides:
         prompts = (report.get("generation") or {}).get("prompts") or []
         same = sum(row["gguf"]["answer"] == row["tuned"]["answer"] for row in prompts if "gguf" in row)
@@ -112,6 +123,10 @@ def markdown(report: dict, other: dict | None = None) -> str:
         from finetune.evaluation.preference import markdown_lines as preference_lines
 
         lines += preference_lines(report["preference"])
+    if (report.get("reward") or {}).get("sides"):
+        from finetune.evaluation.reward import markdown_lines as reward_lines
+
+        lines += reward_lines(report["reward"])
     bench = report.get("benchmarks")
     if bench:
         limit = "all examples" if bench["limit"] is None else f"{bench['limit']} examples per task"
@@ -172,6 +187,14 @@ def plot(report: dict, path: Path) -> None:
         ax.set_title(f"{name}\n({'higher' if higher else 'lower'} is better)", fontsize=9)
         ax.margins(y=0.2)
     fig.tight_layout()
+    try:
+        save_png(fig, path)
+    finally:
+        plt.close(fig)
+
+
+def save_png(fig, path: Path) -> None:
+    """A matplotlib figure written whole or not at all."""
     fd, tmp = temp_file(path)
     try:
         with os.fdopen(fd, "wb") as fh:
@@ -181,8 +204,6 @@ def plot(report: dict, path: Path) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    finally:
-        plt.close(fig)
 
 
 def read_other(folder: str) -> dict:
@@ -202,6 +223,10 @@ def write_report(report: dict, out_dir: Path, other: dict | None = None) -> Path
     if other is not None:
         report = {**report, "compared_with": other.get("run")}
     plot(report, out_dir / "report.png")
+    if (report.get("reward") or {}).get("histograms"):  # a reward run's score histograms, base and tuned
+        from finetune.evaluation.reward import plot_histograms
+
+        save_png(plot_histograms(report["reward"]), out_dir / "scores.png")
     write_text_atomic(out_dir / "report.md", markdown(report, other))
     write_text_atomic(out_dir / "report.json", json.dumps(report, indent=2, default=str))
     return out_dir

@@ -37,13 +37,18 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
 
     subject = locate_subject(target, overrides, recipe)
     spec = resolve_spec(subject.recipe, changes)
+    reward = subject.recipe.method == "reward"  # a scorer: held-out pairs scored, nothing generated
+    if reward:
+        from finetune.evaluation.reward import refuse_generation
+
+        refuse_generation(spec)
     configs = None
     if spec.tasks or spec.tasks_dir:
         from finetune.evaluation.harness import chosen_tasks
 
         configs = chosen_tasks(spec.tasks, spec.tasks_dir)
     other = read_other(compare) if compare else None
-    gguf = find_gguf(subject, spec.gguf)
+    gguf = None if reward else find_gguf(subject, spec.gguf)
     held = None
     from finetune.model.trained import saved_tokenizer
 
@@ -59,7 +64,7 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
 
         held = heldout_data(subject, tokenizer, spec.data)
         log.info(f"evaluating on {len(held.examples)} held-out examples: {held.source}")
-    models = Models(subject, gguf, tokenizer)
+    models = None if reward else Models(subject, gguf, tokenizer)  # a reward run's models are the scorer's
     log.info(f"base: {subject.base_label}; tuned: {subject.folder}")
     report = {
         "run": str(subject.folder), "model": f"{'adapter on ' if subject.is_adapter else 'full model from '}"
@@ -68,18 +73,22 @@ def evaluate(target: str, overrides: list[str] = (), changes: dict | None = None
         "prompt_format": f"{subject.prompt_format} ({subject.format_reason})",
         "data_source": held.source if held else source, "gguf": str(gguf) if gguf else None,
     }
-    sides = models.sides()
+    sides = models.sides() if models is not None else ("base", "tuned")
     if spec.heldout_loss and grpo:
         from finetune.evaluation.grpo import heldout_rewards
 
         report["grpo"] = heldout_rewards(models, subject, spec.data)
+    elif spec.heldout_loss and reward:
+        from finetune.evaluation.reward import reward_report
+
+        report["reward"], report["prompt_format"] = reward_report(subject, held)
     elif spec.heldout_loss and is_preference(subject.recipe):
         from finetune.evaluation.preference import preference_report
 
         report["preference"] = preference_report(models, held, subject.recipe)
     elif spec.heldout_loss:
         report["heldout"] = _heldout(models, held, sides, subject.recipe.seed)
-    if spec.generations and held and held.records:  # the held-out items' records: their prompts
+    if spec.generations and held and held.records and not reward:  # the held-out items' records: their prompts
         from finetune.evaluation.generation import generation_checks
 
         report["generation"] = generation_checks(
@@ -110,7 +119,7 @@ def _heldout(models, held, sides, seed: int) -> dict:
 
 
 # what run.json's `evaluation` leaves out of the report: the answers and per-item lists stay in eval/report.json
-BULKY = ("answers", "pairs")
+BULKY = ("answers", "pairs", "scores")
 
 
 def evaluate_after_training(recipe) -> dict:
@@ -119,7 +128,7 @@ def evaluate_after_training(recipe) -> dict:
 
     report = evaluate(recipe.output_dir, recipe=recipe)
     summary = {key: report[key] for key in ("verdict", "report_dir") if key in report}
-    for key in ("heldout", "preference", "grpo", "benchmarks"):
+    for key in ("heldout", "preference", "reward", "grpo", "benchmarks"):
         if key in report:
             summary[key] = {k: v for k, v in report[key].items() if k not in BULKY}
     if "generation" in report:

@@ -67,7 +67,7 @@ def offline_message(spec, why: str) -> str:
     local = "data/" + spec.path.split("/")[-1]
     return (f"no file or folder `{spec.path}` is here (relative to the recipe), and as a Hugging Face hub dataset "
             f"id it cannot be fetched: {why}; download it "
-            f"where the hub is reachable: `huggingface-cli download --repo-type dataset {spec.path} --local-dir "
+            f"where the hub is reachable: `hf download --repo-type dataset {spec.path} --local-dir "
             f"{local}` (with `--revision` for a revision), copy the folder here, and set the dataset's `path: {local}` "
             "(parquet/arrow/JSON shards or a save_to_disk folder are read as they are)")
 
@@ -102,8 +102,8 @@ def resolve_hub_revision(spec) -> str:
     try:
         return HfApi().dataset_info(spec.path, revision=spec.revision).sha
     except Exception as exc:  # connection, unknown repo, gated: one message, nothing written
-        first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise DataError(offline_message(spec, f"asking the hub for it failed ({type(exc).__name__}: {first_line})")) \
+        said = " ".join(str(exc).split())  # whole: a message cut short can end mid-URL
+        raise DataError(offline_message(spec, f"asking the hub for it failed ({type(exc).__name__}: {said})")) \
             from None
 
 

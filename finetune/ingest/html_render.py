@@ -55,6 +55,11 @@ def _walk_tree(node, out: list, page_level: bool) -> None:
                 out.append(_BR + " | ".join(_tree_cell_text(c, page_level) for c in cells) + _BR)
         elif name == "code":
             out.append(f"`{_text(child)}`")
+        elif not len(child):  # a leaf (most <p>, <dt>, <td>): its text, without a call
+            if child.text:
+                out.append(f"{_PARA}{child.text}{_PARA}" if name in BLOCK_TAGS else child.text)
+            elif name in BLOCK_TAGS:
+                out.append(_PARA + _PARA)
         elif name in BLOCK_TAGS:
             out.append(_PARA)
             _walk_tree(child, out, page_level and name not in ("article", "main"))
@@ -112,6 +117,8 @@ def render_fragment(html: str) -> str:
 
 
 def _tree_cell_text(cell, page_level: bool) -> str:
+    if not len(cell):
+        return " ".join((cell.text or "").split())
     inner: list[str] = []
     _walk_tree(cell, inner, page_level)
     return " ".join("".join(inner).replace(_PARA, " ").replace(_BR, " ").split())

@@ -4,6 +4,8 @@ Canonical forms, the contract the data stage reads (`read_records` returns them,
 
   preference, plain           {"prompt": str, "chosen": str, "rejected": str}
   preference, conversational  {"prompt": [messages], "chosen": [messages], "rejected": [messages]}
+                              either with an optional "margin": a number, how much better chosen is (a reward
+                              model's loss reads it: finetune/train/reward/loss.py; the other methods ignore it)
   unpaired (KTO)              {"prompt": str | [messages], "completion": str | [messages], "label": bool}
 
 Messages are exactly {"role": "system" | "user" | "assistant", "content": str}; a prompt's user message may
@@ -34,6 +36,7 @@ Pure Python: no torch, no data/.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +89,17 @@ def canonical_preference(record: dict, images: ImageSource | None = None) -> dic
         _check_answer(pair[key], key)
     if _comparable(pair["chosen"]) == _comparable(pair["rejected"]):
         raise RecordProblem('"chosen" and "rejected" are the same answer; a pair must differ', "identical_pair")
+    if record.get("margin") is not None:
+        pair["margin"] = _margin(record["margin"])
     return pair
+
+
+def _margin(value) -> float:
+    """A pair's margin: a finite number (TRL's `margin` column)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordProblem(f'"margin" must be a finite number (how much better "chosen" is than "rejected"), got '
+                            f"{json.dumps(value)}")
+    return float(value)
 
 
 def canonical_unpaired(record: dict, images: ImageSource | None = None) -> dict:

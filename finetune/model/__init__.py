@@ -1,6 +1,9 @@
 """build_model(recipe): the base model, optionally quantized, with LoRA adapters when asked.
 
-QLoRA is LoRA plus one switch (a 4-bit base), not a second code path.
+QLoRA is LoRA plus one switch (a 4-bit base), not a second code path. `method: reward` builds the base's own
+sequence-classification class with one output instead of its causal LM (finetune/model/score_head.py): the same
+decoder, a new score head (hidden -> 1) in place of the LM head; with LoRA the head trains in full and is saved with
+the adapter (peft's modules_to_save), so a reloaded reward model scores as it trained.
 """
 
 from __future__ import annotations
@@ -103,7 +106,8 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         # a tied embedding / lm_head pair stays one trained matrix instead of two diverging copies
         ensure_weight_tying=tie_embeddings and bool(modules_to_save),
         bias="none",
-        task_type="CAUSAL_LM",
+        # a reward model's adapter is peft's sequence-classification kind: it saves the score head with the adapter
+        task_type="SEQ_CLS" if recipe.method == "reward" else "CAUSAL_LM",
         # the variants (docs/lora.md): magnitudes + directions, alpha / sqrt(r), the adapters' starting values
         use_dora=recipe.peft_use_dora,
         use_rslora=recipe.peft_use_rslora,
@@ -112,6 +116,21 @@ def get_lora_config(recipe, modules_to_save: list[str] | None = None, tie_embedd
         # finetune/model/lora_variants.py: eva_initialise, run by the training run once the data is there
         eva_config=EvaConfig() if uses_eva(recipe) else None,
     )
+
+
+def reward_loader():
+    """AutoModelForSequenceClassification.from_pretrained with one output: the base's sequence-classification class, a
+    reward model (`method: reward`; its score head new, the LM head not loaded; transformers' report of exactly those
+    two is expected and kept out of the log: finetune/compat.py)."""
+    from transformers import AutoModelForSequenceClassification
+
+    def load(*args, **kwargs):
+        from finetune.compat import quiet_head_swap_report
+
+        with quiet_head_swap_report():
+            return AutoModelForSequenceClassification.from_pretrained(*args, num_labels=1, **kwargs)
+
+    return load
 
 
 def load_base_model(recipe, precision: str, attn: str):
@@ -127,7 +146,8 @@ def load_base_model(recipe, precision: str, attn: str):
     quantization = get_quantization_config(recipe, dtypes[precision], unquantized_modules(recipe))
     # bitsandbytes quantizes while loading, onto this process's GPU (one per process under accelerate)
     device_map = {"": int(os.environ.get("LOCAL_RANK", "0"))} if quantization and torch.cuda.is_available() else None
-    load = functools.partial(model_class(recipe).from_pretrained, source, dtype=load_dtype,
+    loader = reward_loader() if recipe.method == "reward" else model_class(recipe).from_pretrained
+    load = functools.partial(loader, source, dtype=load_dtype,
                              quantization_config=quantization, device_map=device_map,
                              trust_remote_code=recipe.trust_remote_code)
     try:
@@ -169,7 +189,7 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
     adapter = adapter_folder(recipe.base_model)
     moe = prepare_experts(model, recipe, precision) if adapter is None else MoeSetup()
-    lora = get_lora_config(recipe, (recipe.lora_modules_to_save or []) + moe.saved or None,
+    lora = get_lora_config(recipe, modules_to_save(recipe, model, moe.saved),
                            tie_embeddings=ties_embeddings(model), trainable_tokens=trainable_tokens,
                            exclude_modules=moe.excluded)
     if lora is not None:
@@ -212,6 +232,21 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
     return model, tokenizer
 
 
+def modules_to_save(recipe, model, more: list[str] = ()) -> list[str] | None:
+    """The modules an adapter trains in full and saves: the recipe's, `more` (a mixture-of-experts model's), and a
+    reward model's score head always (without it the head stays at its random start and is not saved: the reloaded
+    model scores at random, TRL #1379)."""
+    names = list(recipe.lora_modules_to_save or []) + list(more)
+    if recipe.method == "reward" and recipe.adapter != "none":
+        from finetune.model.score_head import head_name
+
+        head = head_name(model)
+        names += [] if head in names else [head]
+        log.info(f"reward model: the score head `{head}` ({model.config.hidden_size} -> 1, new) trains in full and "
+                 "is saved with the adapter (modules_to_save)")
+    return names or None
+
+
 def peft_version() -> str:
     from importlib.metadata import version
 
@@ -224,6 +259,11 @@ def continue_adapter(model, folder, recipe):
     not apply); with `adapter: none` it is merged into the weights, which are then trained in full."""
     from peft import PeftModel
 
+    if recipe.method == "reward" and recipe.adapter != "none":
+        raise ModelError(f"base_model is the adapter in {folder}, which a reward model cannot keep training: that "
+                         "adapter has no place for the score head, which must train and be saved with the adapter. "
+                         f"Merge it first (`finetune merge {folder}`) and set base_model to the merged folder, or set "
+                         "`adapter: none` (the adapter is merged into its base, then every weight trains)")
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
         # peft froze the base's weights when it put the adapter on: after merging, every weight trains again

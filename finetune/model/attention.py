@@ -116,23 +116,32 @@ def _choose(recipe, device, supports_flex) -> tuple[str, str]:
                     "has no backward on CPU)")
 
 
-def check_trainable(recipe, device) -> None:
-    """Raise ModelError for an attention implementation the recipe sets that cannot train on this machine, before
-    any model is loaded (flex_attention on CPU would otherwise fail in the first backward pass). `auto` never
-    chooses it there."""
-    from finetune.errors import ModelError
-
+def attention_problems(recipe, device) -> list[str]:
+    """Every reason the attention implementation the recipe sets cannot train on `device` (flex_attention on CPU
+    would otherwise fail in the first backward pass); `auto` never chooses one of these there."""
+    problems = []
     if recipe.attn_implementation == "flash_attention_2":
         fix = "Set `attn_implementation: auto` (it picks flash-attn where it can run) or `sdpa`."
         if not device.cuda:
-            raise ModelError("`attn_implementation: flash_attention_2` needs a CUDA GPU (flash-attn's kernels are CUDA "
-                             f"only) and this machine has none. {fix}")
-        if not device.fast_paths:
-            raise ModelError("`attn_implementation: flash_attention_2` needs a GPU of compute capability 8.0 or newer "
-                             f"(flash-attn 2); this one is {device.describe()}. {fix}")
+            problems.append("`attn_implementation: flash_attention_2` needs a CUDA GPU (flash-attn's kernels are CUDA "
+                            f"only) and this machine has none. {fix}")
+        elif not device.fast_paths:
+            problems.append("`attn_implementation: flash_attention_2` needs a GPU of compute capability 8.0 or newer "
+                            f"(flash-attn 2); this one is {device.describe()}. {fix}")
         if importlib.util.find_spec("flash_attn") is None:
-            raise ModelError("`attn_implementation: flash_attention_2`: the flash-attn package is not installed "
-                             f"(`pip install flash-attn --no-build-isolation`). {fix}")
+            problems.append("`attn_implementation: flash_attention_2`: the flash-attn package is not installed "
+                            f"(`pip install flash-attn --no-build-isolation`). {fix}")
     if recipe.attn_implementation == "flex_attention" and not device.cuda:
-        raise ModelError("`attn_implementation: flex_attention` cannot train on CPU: PyTorch's flex_attention has "
-                         "no backward pass there (torch 2.13). Set `attn_implementation: auto` (or `sdpa`).")
+        problems.append("`attn_implementation: flex_attention` cannot train on CPU: PyTorch's flex_attention has "
+                        "no backward pass there (torch 2.13). Set `attn_implementation: auto` (or `sdpa`).")
+    return problems
+
+
+def check_trainable(recipe, device) -> None:
+    """Raise ModelError for an attention implementation the recipe sets that cannot train on this machine, before
+    any model is loaded."""
+    from finetune.errors import ModelError
+
+    problems = attention_problems(recipe, device)
+    if problems:
+        raise ModelError(" ".join(problems))

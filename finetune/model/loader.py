@@ -124,7 +124,7 @@ def _not_found(name: str, exc: Exception) -> ModelError:
     return ModelError(
         f"cannot load base model `{name}`: it is not a local folder, a .gguf file, a file inside an installed "
         f"package, nor{' (offline)' if offline else ''} a hub model that could be fetched or found in the local "
-        f"HF cache. Check the spelling, or download it first. ({exc.__class__.__name__}: {str(exc)[:200]})"
+        f"HF cache. Check the spelling, or download it first. ({exc.__class__.__name__}: {' '.join(str(exc).split())})"
     )
 
 

@@ -170,17 +170,20 @@ def load_full_model(trained: Trained, dtype: str = "fp32"):
                          f"{str(exc)[:200]})") from None
 
 
-def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None, tokenizer=None):
+def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_config=None, tokenizer=None,
+                       method: str = "sft"):
     """(PeftModel, tokenizer): the base (unquantized unless asked), grown to the run's vocabulary, plus the adapter.
-    `tokenizer`: the run's, when the caller has loaded it already."""
+    `tokenizer`: the run's, when the caller has loaded it already; `method`: the run's (a reward model's base is its
+    sequence-classification class, the adapter brings the trained score head)."""
     from peft import PeftModel
 
+    from finetune.model import reward_loader
     from finetune.model.loader import _not_found
 
     tokenizer = tokenizer or saved_tokenizer(trained.folder)
     try:
-        base = trained.model_class().from_pretrained(trained.base_source, dtype=torch_dtype(dtype),
-                                                     quantization_config=quantization_config)
+        loader = reward_loader() if method == "reward" else trained.model_class().from_pretrained
+        base = loader(trained.base_source, dtype=torch_dtype(dtype), quantization_config=quantization_config)
     except (OSError, ValueError) as exc:
         raise _not_found(trained.base_source, exc) from None
     if len(tokenizer) > base.get_input_embeddings().num_embeddings:

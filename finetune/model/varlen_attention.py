@@ -43,7 +43,7 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
 
     from finetune.compat import sdpa_functions
 
-    repeat_kv, sdpa_attention_forward, _ = sdpa_functions()
+    _, sdpa_attention_forward, _ = sdpa_functions()
 
     position_ids = kwargs.get("position_ids")
     q_length = query.shape[2]
@@ -52,8 +52,9 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
-    groups = getattr(module, "num_key_value_groups", 1)
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    # grouped-query attention: SDPA reads each key/value head for its group of query heads (enable_gqa), where
+    # repeating them first kept copies 3x the size for the backward pass (SmolLM2: 9 query heads, 3 key/value)
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
     position_ids = position_ids.expand(query.shape[0], -1).tolist()
     rows = []
     # unbind + split, not one slice per example: their backward is a single stack / cat of the pieces' grads,
@@ -77,7 +78,7 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
                 mask = torch.ones(q.shape[1], k.shape[1], dtype=torch.bool, device=q.device).tril(shared)
             pieces.append(torch.nn.functional.scaled_dot_product_attention(
                 q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, dropout_p=dropout_p, scale=scaling,
-                is_causal=mask is None and q.shape[1] > 1))
+                is_causal=mask is None and q.shape[1] > 1, enable_gqa=gqa))
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
     out = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
     return out.transpose(1, 2).contiguous(), None

@@ -57,7 +57,7 @@ def _layer_bytes_per_token(shape: ModelShape, seq_len: int, compute: str, attn: 
 
 
 def _head_bytes_per_token(shape: ModelShape, compute: str) -> float:
-    h, vocab = shape.hidden_size, shape.vocab_size
+    h, vocab = shape.hidden_size, shape.head_width
     return 4 * vocab + {"fp32": 12 * h + 64, "autocast": 11 * h + 40}.get(compute, 8 * h + 40)
 
 
@@ -81,7 +81,7 @@ def activation_memory(shape: ModelShape, seq_len: int, micro_batch_size: int, co
     tokens = seq_len * micro_batch_size
     layer = _layer_bytes_per_token(shape, seq_len, compute, attn) * tokens
     head = _head_bytes_per_token(shape, compute) * tokens
-    transient = 4 * shape.vocab_size * tokens  # d(loss)/d(logits) in fp32
+    transient = 4 * shape.head_width * tokens  # d(loss)/d(logits) in fp32
     mode = checkpointing_mode(gradient_checkpointing)
     if mode == "mlp":  # the MLP's gate/up/act/product (4I) are recomputed; its input is kept
         e = 4 if compute == "fp32" else 2

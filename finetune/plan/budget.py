@@ -54,6 +54,8 @@ class PlanInputs:
     # each of up to seq_len tokens, the last completion_tokens of them generated; 0: nothing is generated
     generated_sequences: int = 0
     completion_tokens: int = 0
+    # GRPO's reward models (plan/grpo.py): loaded beside the policy for the whole run, scoring after generation
+    reward_models: tuple = ()
     fsdp: bool = False  # FSDP2 shards over num_gpus (the recipe's `fsdp:`); its two knobs below
     fsdp_reshard_after_forward: bool = True
     fsdp_offload_params: bool = False
@@ -146,8 +148,18 @@ def plan_memory(inputs: PlanInputs) -> MemoryEstimate:
     cache = acts.autocast_cache_bytes if inputs.adapter == "none" else 0
     generation = inputs.generation()
     kv_cache = kv_cache_bytes(inputs.shape, generation) if generation else 0
-    estimate = estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache, generation_bytes=kv_cache)
+    estimate = estimate_memory(setup, acts.saved_bytes + acts.transient_bytes + extra, cache, generation_bytes=kv_cache,
+                               **_reward_models(inputs))
     return _fsdp(estimate, inputs) if inputs.fsdp else estimate
+
+
+def _reward_models(inputs: PlanInputs) -> dict:
+    """estimate_memory's reward-model terms: their weights, and the largest scoring pass."""
+    if not inputs.reward_models:
+        return {}
+    e = 4 if inputs.precision == "fp32" else 2
+    return {"reward_model_bytes": sum(m.weights_bytes(e) for m in inputs.reward_models),
+            "reward_scoring_bytes": max(m.scoring_bytes(e) for m in inputs.reward_models)}
 
 
 def fsdp_gathered_bytes(inputs: PlanInputs) -> float:

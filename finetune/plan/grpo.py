@@ -18,6 +18,14 @@ holds their KV cache (keys and values of every layer, for every token so far) un
     sequences = G x prompts per process per step = micro_batch_size x gradient_accumulation_steps
     tokens    = sequence_len: the longest prompt (sequence_len - max_completion_length) + max_completion_length
 
+Reward models (`rewards: [{model: ...}]`) stay loaded for the whole run, in the compute dtype, beside the policy; they
+score a step's completions after generation, `batch_size` sequences of up to `max_length` tokens at a time, without
+gradients, so a scoring pass holds about one layer's working set at once (held with neither the KV cache nor the
+training activations):
+
+    reward models  = their parameters x bytes
+    scoring        = batch_size x max_length x (4 hidden + 3 intermediate) x bytes   (the largest reward model's)
+
 Generation runs without gradients, before the step's scoring forward/backward passes, so the cache and the
 scoring activations (micro_batch_size completions of prompt + completion tokens: an SFT micro batch of
 sequence_len rows) are never held at the same time: the peak is the larger of the two (plan/memory.py). Not
@@ -123,3 +131,21 @@ def kv_cache_arithmetic(shape: ModelShape, generation: Generation, group: int) -
             f"{generation.bytes_per_value} bytes x {generation.sequences} sequences (G {group} x {prompts} prompts) x "
             f"{generation.tokens} tokens ({generation.prompt_tokens} prompt + {generation.completion_tokens} "
             f"completion) = {kv_cache_bytes(shape, generation):,} bytes")
+
+
+@dataclass(frozen=True)
+class RewardModelLoad:
+    """One reward model of a GRPO recipe, for its memory: its size and the tokens of one scoring pass."""
+
+    params: int
+    hidden_size: int
+    intermediate_size: int
+    tokens: int  # batch_size x max_length
+
+    def weights_bytes(self, bytes_per_value: int) -> int:
+        return self.params * bytes_per_value
+
+    def scoring_bytes(self, bytes_per_value: int) -> int:
+        # one decoder layer's working set for `tokens` at once, no grad: the residual stream, q/k/v/o and the MLP's
+        # gate, up and down (attention scores: SDPA keeps none)
+        return self.tokens * (4 * self.hidden_size + 3 * self.intermediate_size) * bytes_per_value

@@ -1,4 +1,5 @@
-"""`learning_rate: auto` for preference methods and GRPO: a published default per method, with where it comes from.
+"""`learning_rate: auto` for preference methods, reward models and GRPO: a published default per method, with where it
+comes from.
 
 The SFT formula (finetune/plan/lr.py) scales a pretraining LR by the supervised tokens of a step; a preference
 loss is not next-token prediction on those tokens, and the learning rates that work for it are far lower and
@@ -14,8 +15,12 @@ fine-tune (of 7-8B models, the size nearly every recipe reports) and for LoRA / 
     orpo     8e-6    8e-5    TRL's ORPO example: 8e-6 full, 8e-5 with LoRA (ORPO learns the SFT part too)
     grpo     1e-6    1e-5    TRL's GRPOConfig default (1e-6); TRL's "LoRA Without Regret" GRPO runs: 1e-6 full,
                              1e-5 LoRA; axolotl's GRPO quick start and unsloth's Qwen2.5 GRPO notebook: 5e-6 LoRA
+    reward   1e-5    1e-4    Llama 2's reward models (1e-5 up to 34B, 5e-6 at 70B), InstructGPT's 6B RM (9e-6);
+                             TRL's RewardConfig default (1e-4), which its docs pair with a LoRA adapter
 
-GRPO is not a preference loss either, but the same holds: its policy-gradient update is not next-token
+A reward model trains a new head (and the model under it) on a classification loss; its rates sit between SFT's and
+the preference methods' (the head starts at random, the decoder should move little). GRPO is not a preference loss
+either, but the same holds: its policy-gradient update is not next-token
 prediction on counted tokens (the completions are the model's own), and its LR is set by practice.
 
 Larger models want less (Tulu 3: 5e-7 at 8B, 2e-7 at 70B), and every source treats the LR as the first
@@ -66,6 +71,10 @@ class MethodLR:
 #     5e-6: axolotl docs/grpo.qmd quick start (commit 067b021;
 #     Qwen2.5-1.5B-Instruct, LoRA r32) and unslothai/notebooks python_scripts/Qwen2.5_(3B)-GRPO.py (QLoRA r64).
 #     Not checked here: the DeepSeekMath paper's own policy LR (1e-6 as recalled, not re-read).
+#   Reward models: TRL 1.16 trl/trainer/reward_config.py: `learning_rate` "Defaults to 1e-4 instead of 5e-5" (checked in
+#     the installed package). Llama 2 (Touvron et al. 2023, section 3.2.2): reward models trained one epoch at a maximum
+#     LR of 5e-6 for 70B and 1e-5 for the rest; InstructGPT (Ouyang et al. 2022, appendix C.2): the 6B RM at 9e-6.
+#     The two papers' figures are as recalled, not re-read here.
 METHOD_LRS: dict[str, MethodLR] = {m.method: m for m in (
     MethodLR("dpo", 5e-7, 5e-6, "5e-7 full (7-8B; 2e-7 at 70B) to 5e-6 with LoRA",
              "Zephyr-7B-beta, Tulu 2 and Tulu 3 8B DPO (5e-7; Tulu 3 70B: 2e-7)",
@@ -85,6 +94,9 @@ METHOD_LRS: dict[str, MethodLR] = {m.method: m for m in (
     MethodLR("grpo", 1e-6, 1e-5, "1e-6 full; 5e-6 to 1e-5 with LoRA",
              "TRL's GRPOConfig default (TRL 1.16) and its LoRA Without Regret full-FT GRPO run (1e-6)",
              "TRL's LoRA Without Regret GRPO run (1e-5, 10x full); axolotl's and unsloth's GRPO LoRA examples: 5e-6"),
+    MethodLR("reward", 1e-5, 1e-4, "5e-6 to 1e-5 full (Llama 2, InstructGPT); 1e-4 with LoRA",
+             "Llama 2's reward models (1e-5 to 34B, 5e-6 at 70B; InstructGPT's 6B RM: 9e-6)",
+             "TRL's RewardConfig default (TRL 1.16: 1e-4), 10x full"),
 )}
 
 

@@ -209,7 +209,7 @@ def preference_lr_report(recipe, train_examples: int, world_size: int) -> list[s
         lr = float(recipe.learning_rate)
         lines.append(f"recipe learning_rate       {format_lr(lr)}   (recipe `learning_rate`; "
                      f"{_ratio(lr, plan.learning_rate)} the {setup} default; training uses this)")
+    kind = "a policy-gradient" if grpo else "a reward model's" if recipe.method == "reward" else "a preference"
     lines.append("not used                   the SFT formula (lr_base x sqrt(supervised tokens per step / pretraining "
-                 f"batch)): it sizes next-token updates, not {'a policy-gradient' if grpo else 'a preference'} "
-                 "loss's")
+                 f"batch)): it sizes next-token updates, not {kind} loss's")
     return lines

@@ -97,7 +97,8 @@ class MemoryEstimate:
     @property
     def model_states(self) -> float:
         return sum(self.components.get(k, 0.0) for k in ("weights", "gradients", "master weights", "optimizer states",
-                                                         "FSDP gathered weights"))  # FSDP2: the layers it gathers
+                                                         "FSDP gathered weights",  # FSDP2: the layers it gathers
+                                                         "reward models"))  # GRPO's, loaded the whole run
 
     @property
     def peak_allocated(self) -> float:
@@ -107,7 +108,8 @@ class MemoryEstimate:
         # GRPO generates (no grad) before a step's forward/backward passes: its KV cache and the activations are
         # never held together (plan/grpo.py)
         generating = self.components.get("generation KV cache", 0.0)
-        return states + max(live, step, generating)
+        scoring = self.components.get("reward model scoring", 0.0)  # after generation, before the step's passes
+        return states + max(live, step, generating, scoring)
 
     @property
     def total(self) -> float:
@@ -156,13 +158,17 @@ FRAGMENTATION = 0.05  # allocator slack between what is allocated and what is re
 
 
 def estimate_memory(setup: TrainingSetup, activation_bytes: float = 0.0, autocast_cache_bytes: float = 0.0,
-                    cuda_overhead: bool = True, generation_bytes: float = 0.0) -> MemoryEstimate:
+                    cuda_overhead: bool = True, generation_bytes: float = 0.0, reward_model_bytes: float = 0.0,
+                    reward_scoring_bytes: float = 0.0) -> MemoryEstimate:
     estimate = MemoryEstimate(components=model_state_memory(setup))
     estimate.components["activations"] = float(activation_bytes)
     estimate.components["autocast weight cache"] = float(autocast_cache_bytes)
     estimate.components["optimizer step temporaries"] = step_temporaries(setup)
     if generation_bytes:
         estimate.components["generation KV cache"] = float(generation_bytes)
+    if reward_model_bytes:
+        estimate.components["reward models"] = float(reward_model_bytes)
+        estimate.components["reward model scoring"] = float(reward_scoring_bytes)
     if cuda_overhead:
         estimate.overhead = CUDA_CONTEXT_BYTES + FRAGMENTATION * estimate.peak_allocated
     return estimate

@@ -29,21 +29,34 @@ def load_config(model: str, trust_remote_code: bool = False):
         ) from None
 
 
-def meta_model(config):
-    """The model with every tensor on the meta device: shapes without storage."""
+def meta_model(config, reward: bool = False):
+    """The model with every tensor on the meta device: shapes without storage. `reward`: the base's
+    sequence-classification class with one output (a reward model: the score head in place of the LM head)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    if reward:
+        import copy
+
+        config = copy.deepcopy(config)
+        config.num_labels = 1
     with torch.device("meta"):
+        if reward:
+            return AutoModelForSequenceClassification.from_config(config)
         return AutoModelForCausalLM.from_config(config)
 
 
+def _head(model):
+    """The output layer: the LM head, or a sequence-classification model's score head."""
+    return model.get_output_embeddings() or getattr(model, "score", None)
+
+
 def _blocks_linears(model):
-    """(qualified name, module) for every Linear except the output projection."""
+    """(qualified name, module) for every Linear except the output layer."""
     import torch
 
-    out_emb = model.get_output_embeddings()
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out_emb]
+    out = _head(model)
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not out]
 
 
 def _added_by_peft(name: str) -> bool:
@@ -91,6 +104,7 @@ def model_shape(model, unquantized=None) -> ModelShape:
         expert_params=moe.expert_params if moe else 0,
         active_expert_params=moe.active_expert_params if moe else 0,
         non_matmul_params=_non_matmul(model),
+        head_outputs=None if out is not None else getattr(cfg, "num_labels", None),
     )
 
 
@@ -159,8 +173,30 @@ def _elements(shape: tuple) -> int:
 
 
 def count_model(config, lora_r: int = 8, target_modules="all-linear", modules_to_save=None, dora: bool = False,
-                target_parameters=None, model=None, frozen=None, unquantized=None):
-    """(ModelShape, full Trainable, LoRA Trainable) for a config (or its meta `model`, already built)."""
-    model = model if model is not None else meta_model(config)
+                target_parameters=None, model=None, frozen=None, unquantized=None, reward: bool = False):
+    """(ModelShape, full Trainable, LoRA Trainable) for a config (or its meta `model`, already built); `reward`: as a
+    reward model, whose score head trains in full beside the adapter."""
+    model = model if model is not None else meta_model(config, reward)
+    if reward:
+        modules_to_save = [*(modules_to_save or []), "score"]
     return (model_shape(model, unquantized), full_trainable(model, frozen),
             lora_trainable(model, lora_r, target_modules, modules_to_save, dora, target_parameters, frozen))
+
+
+def reward_model_loads(recipe) -> tuple:
+    """A GRPO recipe's reward models as plan/grpo.py counts them: each one's parameters (the sequence-classification
+    model it loads as) and the tokens of one scoring pass (batch_size x max_length: the entry's, else the length it
+    trained with, else its max_position_embeddings)."""
+    from finetune.plan.grpo import RewardModelLoad
+    from finetune.reward_models import config_source, trained_length
+
+    loads = []
+    for entry in getattr(recipe, "rewards", None) or ():
+        if not entry.model:
+            continue
+        config = load_config(config_source(entry.model))
+        shape = model_shape(meta_model(config, reward=True))
+        length = entry.max_length or trained_length(entry.model) or getattr(config, "max_position_embeddings", 2048)
+        loads.append(RewardModelLoad(shape.total_params, shape.hidden_size, shape.intermediate_size,
+                                     entry.batch_size * length))
+    return tuple(loads)

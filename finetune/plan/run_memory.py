@@ -3,8 +3,8 @@
 Takes what the run resolved (precision, attention, optimizer) rather than the recipe's `auto`s, so the
 prediction is for the same setup the run measures. DeepSpeed runs are not predicted here: the ZeRO stage
 lives in the DeepSpeed JSON (`finetune plan --zero-stage N` plans them); FSDP2 runs are, from the recipe's `fsdp:`.
-A preference run is planned with two sequences per pair (recipe_shape below), a GRPO run with its generation's KV
-cache, as `finetune plan` plans them.
+A preference run (and a reward model's) is planned with two sequences per pair (recipe_shape below), a GRPO run with
+its generation's KV cache and its reward models, as `finetune plan` plans them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def planned_memory(recipe, config, precision: str, attn: str, optimizer: str, nu
         return None
     adapter = "qlora" if recipe.load_in_4bit and recipe.adapter != "none" else recipe.adapter
     shape, full, lora = count_model(config, recipe.lora_r, recipe.lora_target_modules, recipe.lora_modules_to_save,
-                                    dora=recipe.peft_use_dora, target_parameters=recipe.lora_target_parameters)
+                                    dora=recipe.peft_use_dora, target_parameters=recipe.lora_target_parameters,
+                                    reward=recipe.method == "reward")
     inputs = PlanInputs(shape, full, lora, adapter=adapter, precision=precision, optimizer=optimizer,
                         seq_len=recipe.sequence_len, micro_batch_size=recipe.micro_batch_size,
                         gradient_checkpointing=recipe.gradient_checkpointing,
@@ -52,6 +53,11 @@ def recipe_shape(recipe) -> dict:
 
     shape = {"sequences_per_item": 2 if recipe.method in PAIRED_METHODS else 1, "packed": bool(recipe.sample_packing)}
     if recipe.method == "grpo":  # G completions for each of a step's prompts: micro_batch_size x accumulation
+        from finetune.plan.model_size import reward_model_loads
+
         shape["generated_sequences"] = recipe.micro_batch_size * recipe.gradient_accumulation_steps
         shape["completion_tokens"] = method_setting(recipe, "max_completion_length")
+        loads = reward_model_loads(recipe)  # loaded beside the policy (plan/grpo.py)
+        if loads:
+            shape["reward_models"] = loads
     return shape

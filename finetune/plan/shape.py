@@ -23,6 +23,12 @@ class ModelShape:
     expert_params: int = 0
     active_expert_params: int = 0
     non_matmul_params: int = 0  # norms, biases, attention sinks: no matmul (model_size.py fills it; 0: not counted)
+    head_outputs: int | None = None  # the output layer's width per token: None, a causal LM's vocabulary; 1, a reward
+    #                                  model's score head (`method: reward`)
+
+    @property
+    def head_width(self) -> int:
+        return self.vocab_size if self.head_outputs is None else self.head_outputs
 
     @property
     def kv_dim(self) -> int:

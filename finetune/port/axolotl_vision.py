@@ -3,7 +3,8 @@
 Checked against axolotl's schema (src/axolotl/utils/schemas/model.py, multimodal.py, config.py: processor_type,
 processor_kwargs, image_size, image_resize_algorithm, role_boundaries, freeze_mm_modules), its processing strategy
 (processing_strategies.py: how image_size resizes) and its multimodal examples (examples/{llava, qwen2-vl, gemma3,
-smolvlm2, llama-3-vision, qwen3.5}/) at the commit finetune/port/axolotl.py names.
+smolvlm2, llama-3-vision, qwen3.5}/) at the commit finetune/recipe/axolotl/keys.py names. What `finetune validate` says
+of each key (HINTS) is finetune/recipe/axolotl/vision.py: the recipe reads it too.
 
 What axolotl trains in a vision-language model, and finetune's keys for it (finetune/recipe/vision.py):
 - a full fine-tune trains every weight, the vision tower's too: `freeze_vision_tower: false`;
@@ -20,26 +21,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from finetune.recipe.axolotl.vision import BLOCKING, HINTS
+
 TOP_KEYS = ("processor_type", "processor_kwargs", "skip_prepare_dataset", "remove_unused_columns", "image_size",
             "image_resize_algorithm", "freeze_mm_modules", "role_boundaries")
-
-# what `finetune validate` says of each (finetune/port/axolotl.py adds them to its KEYS table)
-HINTS = {
-    "processor_type": "not needed: finetune loads the model's processor (AutoProcessor) whenever base_model is a "
-                      "vision-language model",
-    "processor_kwargs": "the processor's pixel bounds are finetune's `image_min_pixels` / `image_max_pixels`; other "
-                        "processor settings are the model's own (its saved processor config)",
-    "skip_prepare_dataset": "not needed: finetune tokenizes image records with the processor once, caches them, "
-                            "and loads each batch's images when it is made",
-    "remove_unused_columns": "not needed: finetune's rows keep the images their collator reads",
-    "image_size": "finetune keeps each image's aspect and bounds its pixels: `image_max_pixels` (and "
-                  "`image_min_pixels`) = width x height",
-    "image_resize_algorithm": "finetune scales images with bicubic (PIL) before the processor sees them",
-    "freeze_mm_modules": "write `freeze_vision_tower: true` and `freeze_multi_modal_projector: true`",
-    "role_boundaries": "finetune finds each turn from the chat template itself (the rendered conversation, the "
-                       "image tokens left unsupervised); it takes no boundary strings",
-}
-BLOCKING = ("role_boundaries",)  # set, always kept for a decision
 
 _PIXEL_KWARGS = {"min_pixels": "image_min_pixels", "max_pixels": "image_max_pixels"}
 # axolotl's examples: 'model.language_model.layers.[\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)_proj'

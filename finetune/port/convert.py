@@ -1,6 +1,7 @@
 """An axolotl recipe (a dict) -> a finetune recipe (a dict) and the YAML text with a comment on every key
 that changed or was dropped, saying why. Pure: no files, no torch; commands/port.py does the I/O. The tables are
-axolotl.py's (every recipe), preference/'s (`rl: dpo` and the other preference methods) and grpo.py's (`rl: grpo`).
+finetune/recipe/axolotl/'s and axolotl.py's (every recipe), axolotl_vision.py's (vision-language keys), fsdp.py's,
+preference/'s (`rl: dpo` and the other preference methods) and grpo.py's (`rl: grpo`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 import yaml
 
 from finetune.errors import FinetuneError
-from finetune.port import axolotl, axolotl_vision, fsdp, grpo
+from finetune.port import axolotl, axolotl_vision, fsdp, grpo, reward
 from finetune.port.preference import method as preference, records as preference_records
 from finetune.recipe import Recipe
+from finetune.recipe.axolotl import chat_templates, keys as axolotl_keys
 from finetune.recipe.data import DatasetSpec
 from finetune.recipe.methods import METHOD_SETTINGS
 from finetune.recipe.training import OPTIMIZERS
@@ -91,7 +93,7 @@ def _shared_value(key: str, value: Any, out: Ported, source_dir) -> None:
     if key == "deepspeed" and not (source_dir / str(value)).is_file():  # your own JSON stays yours
         ported, note = axolotl.deepspeed(str(value))
     elif key == "gradient_checkpointing":
-        ported, note = axolotl.gradient_checkpointing(value)
+        ported, note = axolotl_keys.gradient_checkpointing(value)
     elif key == "optimizer" and value not in OPTIMIZERS:
         return out.drop(key, value, f"not in finetune; it has {', '.join(OPTIMIZERS)} (default adamw_torch)")
     elif key in ("lr_scheduler", "attn_implementation"):
@@ -119,7 +121,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
             out.note("datasets", f"{where}.path: `{value}` -> `{records.path}`: the records once converted (see "
                      "BEFORE TRAINING)")
         elif key == "type":
-            ported, note = axolotl.dataset_type(value)
+            ported, note = axolotl_keys.dataset_type(value)
             if ported:
                 result["type"] = ported
                 if ported != value:
@@ -133,7 +135,7 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
                 out.hub_paths.append(value)
                 out.note("datasets", f"{where}.path: `{value}` looks like a Hugging Face dataset id: finetune loads it "
                          "from the hub with `datasets` when training; where the hub cannot be reached, download it "
-                         f"(huggingface-cli download --repo-type dataset {value} --local-dir data/) and point `path` "
+                         f"(hf download --repo-type dataset {value} --local-dir data/) and point `path` "
                          "at the folder")
         elif records is None and key in _MAPPED_KEYS and value is not None:
             _mapped_key(where, key, value, spec, result, out)
@@ -143,9 +145,9 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
         elif value is None or axolotl.DATASET_DEFAULTS.get(key) == value:
             out.note_dropped("datasets", f"{where}.{key}",
                              f"{where}.{key}: {_inline(value)}: dropped, finetune's behaviour already")
-        elif key in axolotl.DATASET_KEYS:
+        elif key in axolotl_keys.DATASET_KEYS:
             out.note_dropped("datasets", f"{where}.{key}",
-                             f"{where}.{key}: {_inline(value)}: dropped, {axolotl.DATASET_KEYS[key].hint}")
+                             f"{where}.{key}: {_inline(value)}: dropped, {axolotl_keys.DATASET_KEYS[key].hint}")
         elif key in _DATASET_KEYS:
             result[key] = value
         else:
@@ -154,6 +156,19 @@ def _dataset(i: int, spec: Any, source_dir, out: Ported, method: str = "sft") ->
     if records is not None and "type" not in spec:
         _preference_type(where, spec, records, result, out)
     return result
+
+
+def _roles_to_train(specs: list, out: Ported) -> None:
+    """axolotl sets `roles_to_train` per dataset; finetune's is one top-level key (recipe/data.py)."""
+    values = [spec.get("roles_to_train") or ["assistant"] for spec in specs if isinstance(spec, dict)]
+    if all(value == ["assistant"] for value in values):
+        return  # axolotl's default and finetune's
+    ported, why = axolotl.roles_to_train(values)
+    if ported is None:
+        out.block("roles_to_train", values, f"the datasets' roles_to_train {_inline(values)}: {why}")
+    else:
+        out.settings["roles_to_train"] = ported
+        out.note("roles_to_train", f"from the datasets' axolotl `roles_to_train` ({_inline(values)})")
 
 
 _MAPPED_KEYS = (*axolotl.FIELD_MAP, "message_property_mappings", "field_system", "roles")
@@ -192,14 +207,20 @@ def _preference_type(where: str, spec: dict, records: preference_records.Dataset
 
 def port_axolotl(config: dict, source_dir) -> Ported:
     """Convert an axolotl config; FinetuneError for the kinds of training finetune does not do (rl: gdpo...)."""
-    for key, why in axolotl.UNPORTABLE.items():
+    for key, why in axolotl_keys.UNPORTABLE.items():
         if config.get(key):
             raise FinetuneError(f"`{key}`: {why.format(value=config[key])}; nothing was written")
-    rl = config.get("rl")
+    rl, reward_model = config.get("rl"), bool(config.get("reward_model"))
     if rl and rl not in preference.RL_METHODS and rl != "grpo":
         raise FinetuneError(f"`rl: {rl}`: {axolotl.online_rl(rl)}; nothing was written")
+    if rl and reward_model:
+        raise FinetuneError(f"`reward_model: true` and `rl: {rl}`: a recipe trains a reward model or a policy, not "
+                            "both; drop one (a reward model then serves a GRPO run: `rewards: [{model: DIR}]`); nothing "
+                            "was written")
     if rl == "grpo":
         method, rl_ports = "grpo", grpo.port_trl(config, source_dir)
+    elif reward_model:
+        method, rl_ports = "reward", reward.port_keys(config)
     else:
         method, rl_ports = preference.port_keys(config) if rl else ("sft", {})
     out = Ported()
@@ -207,20 +228,24 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         if key == "datasets" and isinstance(value, list):
             specs = [_dataset(i, spec, source_dir, out, method) for i, spec in enumerate(value)]
             out.settings["datasets"] = [s for s in specs if s is not None]
+            if method == "sft":
+                _roles_to_train(value, out)
         elif key in fsdp.TOP_KEYS:
             pass  # read together once the other keys are in (_fsdp_recipe)
         elif key in axolotl_vision.TOP_KEYS and value is not None and not rl:
             axolotl_vision.port_key(key, value, config, out)  # vision-language keys, where they stand
         elif method == "grpo" and value is not None and (key in preference.RL_KEYS or key in grpo.TOP_DROPPED):
             _grpo_key(key, value, rl_ports, out)
-        elif key in preference.RL_KEYS and value is not None:
+        elif method == "reward" and key in reward.KEYS and value is not None:
             _rl_key(key, value, rl_ports.get(key), out)
-        elif rl and key in axolotl.RL_DIFFERENT and value is not None:
+        elif key in preference.RL_KEYS and value is not None:
+            _rl_key(key, value, rl_ports.get(key), out, method)
+        elif (rl or reward_model) and key in axolotl.RL_DIFFERENT and value is not None:
             _under_rl(key, value, out)
-        elif key in axolotl.KEYS and axolotl.KEYS[key].blocks and value not in (None, False, [], ""):
-            out.block(key, value, axolotl.KEYS[key].hint)
-        elif key in axolotl.KEYS:
-            entry = axolotl.KEYS[key]
+        elif key in axolotl_keys.KEYS and axolotl_keys.KEYS[key].blocks and value not in (None, False, [], ""):
+            out.block(key, value, axolotl_keys.KEYS[key].hint)
+        elif key in axolotl_keys.KEYS:
+            entry = axolotl_keys.KEYS[key]
             settings = entry.convert(value, config) if entry.convert and value is not None else {}
             if not settings:
                 out.drop(key, value, _EMPTY if value is None else "dropped, " + entry.hint)
@@ -230,7 +255,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
         elif value is None:
             out.drop(key, value, _EMPTY)
         elif key == "chat_template":  # which family's template axolotl names, beside this base model
-            ported, note = axolotl.chat_template(value, config.get("base_model"), source_dir)
+            ported, note = chat_templates.chat_template(value, config.get("base_model"), source_dir)
             out.settings[key] = ported
             if note:
                 out.note(key, note)
@@ -246,7 +271,7 @@ def port_axolotl(config: dict, source_dir) -> Ported:
                  "linear layer to it")
     if rl == "grpo":
         _grpo_recipe(config, out)
-    elif rl:
+    elif rl or reward_model:
         _preference_recipe(config, rl_ports, out)
     return out
 
@@ -334,11 +359,13 @@ def _grpo_recipe(config: dict, out: Ported) -> None:
     _continued_adapter(config, out, "")
 
 
-def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported) -> None:
-    """One key of axolotl's preference training: what it becomes (preference.port_keys), or why it is dropped."""
+def _rl_key(key: str, value: Any, port: preference.KeyPort | None, out: Ported, method: str = "sft") -> None:
+    """One key of axolotl's preference (or reward-model) training: what it becomes (preference.port_keys,
+    reward.port_keys), or why it is dropped."""
     if port is None:  # no `rl:` in the recipe
+        what = "a reward model" if method == "reward" else "supervised fine-tuning"
         return out.drop(key, value, "dropped: a preference-tuning key, which axolotl reads only with `rl:`; this "
-                                    "recipe trains supervised fine-tuning")
+                                    f"recipe trains {what}")
     if port.block:
         return out.block(key, value, port.block)
     if not port.settings:
@@ -360,16 +387,20 @@ def _under_rl(key: str, value: Any, out: Ported) -> None:
 
 
 def _preference_recipe(config: dict, rl_ports: dict, out: Ported) -> None:
-    """What a preference recipe needs once every key is read: the adapter it continues as base_model, packing,
-    and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
-    _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's is "
-                                    "the base with the adapter switched off (docs/preference.md)")
-    if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
-        out.settings["sample_packing"] = True
-    elif out.settings.get("sample_packing") is False:
-        whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
-        out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
-                                   "`sample_packing: true` is worth setting")
+    """What a preference (or reward-model) recipe needs once every key is read: the adapter it continues as base_model,
+    packing, and the chat turns axolotl's chatml.* / llama3.* dataset types write whatever chat_template says."""
+    if out.settings["method"] == "reward":
+        _continued_adapter(config, out, "")
+        reward.note_packing(out)
+    else:
+        _continued_adapter(config, out, " The reference is this model as it starts (base + adapter), where axolotl's "
+                                        "is the base with the adapter switched off (docs/preference.md)")
+        if rl_ports.get("dpo_padding_free", preference.KeyPort()).settings:
+            out.settings["sample_packing"] = True
+        elif out.settings.get("sample_packing") is False:
+            whole = "examples" if out.settings["method"] == "kto" else "pairs (chosen and rejected as separate sequences)"
+            out.note("sample_packing", f"finetune packs whole {whole}, which axolotl refuses with `rl:`: "
+                                       "`sample_packing: true` is worth setting")
     template = out.settings.get("chat_template", "tokenizer_default")
     turns = {"template": template, "llama3": "Llama 3's", "chatml": "chatml", None: None}
     chats = {turns[preference_records.dataset(spec, out.settings["method"]).chat]

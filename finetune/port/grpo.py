@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any
 
+from finetune.recipe.axolotl.keys import GRPO_HINTS, IN_PROCESS
+
 # TRL's loss aggregations finetune trains (finetune/recipe/grpo.py); TRL 1.16 also has cispo, sapo, luspo...
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 # `trl.*` keys with the same name and meaning in finetune
@@ -34,11 +36,9 @@ class KeyPort:
     block: str = ""
 
 
-_IN_PROCESS = ("not needed: finetune generates with the model as it trains, in the training process, so there is no "
-               "vLLM server to start, configure or sync weights to")
 _DELETE = "delete the line to train without it, or keep training this recipe with axolotl"
 
-# `trl.*` keys finetune has no setting for: why each is dropped (the vLLM ones: _IN_PROCESS)
+# `trl.*` keys finetune has no setting for: why each is dropped (the vLLM ones: IN_PROCESS)
 TRL_DROPPED: dict[str, str] = {
     **dict.fromkeys(("use_data_producer", "async_prefetch", "prefetch_depth", "streaming_partial_batch",
                      "streaming_min_groups"),
@@ -61,7 +61,8 @@ TRL_DROPPED: dict[str, str] = {
     "use_liger_loss": "not needed: a fused-kernel speed option with the same loss",
     "reward_num_workers": "not needed: finetune runs each reward function in its own worker process with a timeout "
                           "(`rewards[].timeout_s`)",
-    "reward_processing_classes": "not in finetune: for reward models, which finetune does not score with",
+    "reward_processing_classes": "not needed: finetune scores a reward model with its own tokenizer and template, "
+                                 "saved with it",
     "off_policy_mask_threshold": "not in finetune: its completions come from the policy being trained, so none are "
                                  "off-policy",
     "use_bias_correction_kl": "not in finetune: its KL term (`rl_beta`) is TRL's k3 estimator",
@@ -74,20 +75,14 @@ TRL_DROPPED: dict[str, str] = {
                                    "but its KL term",
 }
 
-# top-level axolotl keys of a GRPO recipe
+# top-level axolotl keys of a GRPO recipe (the GRPO-only ones: `finetune validate` names them too)
 TOP_DROPPED: dict[str, str] = {
-    "vllm": _IN_PROCESS,
-    "skip_prepare_dataset": "not needed: finetune tokenizes the prompt records once and caches them",
-    "batch_flattening": "not needed: finetune scores each prompt's completions packed in rows already",
+    **GRPO_HINTS,
     "sample_packing": "not needed: GRPO packs the completions it generates itself (a prompt held once, its "
                       "completions after it); finetune refuses `sample_packing` with `method: grpo`",
     "train_on_inputs": "not needed: GRPO's loss is on the completions only (finetune refuses `train_on_inputs` with "
                        "`method: grpo`)",
 }
-
-
-# for `finetune validate`: axolotl's GRPO-only top-level keys (sample_packing, train_on_inputs are finetune keys too)
-HINTS = {key: TOP_DROPPED[key] for key in ("vllm", "skip_prepare_dataset", "batch_flattening")}
 
 
 def trl_key(key: str, value: Any) -> KeyPort:
@@ -106,7 +101,7 @@ def trl_key(key: str, value: Any) -> KeyPort:
             return KeyPort({key: scaling}, note)
         return KeyPort(drop=f"dropped: `{value}` is not a reward scaling finetune has (group, batch, none)")
     if key.startswith("vllm") or key == "use_vllm":
-        return KeyPort(drop=_IN_PROCESS)
+        return KeyPort(drop=IN_PROCESS)
     return _not_ours(key, value)
 
 
@@ -138,12 +133,19 @@ def rewards(funcs: Any, weights: Any, source_dir) -> KeyPort:
     if weights is not None and (not isinstance(weights, list) or len(weights) != len(funcs)):
         return KeyPort(block=f"{len(funcs)} reward functions and reward_weights {weights!r}: TRL refuses a recipe "
                              "where the counts differ; give one weight per function")
-    models = [name for name in funcs if not _is_function(name, source_dir)]
+    models = [name for name in funcs if not _is_function(name, source_dir) and not _reward_folder(name, source_dir)]
     if models:
-        return KeyPort(block=f"{', '.join(models)}: a reward model (a hub id or a folder), which finetune does not "
-                             f"score with; its rewards are Python functions (`rewards:`); {_DELETE}")
+        return KeyPort(block=f"{', '.join(models)}: a reward model finetune cannot find as a folder beside the recipe "
+                             "(a hub id, or not a reward model); finetune scores with a local folder: download it "
+                             "(`huggingface-cli download ID --local-dir DIR`) and write `rewards: [{model: DIR}]` "
+                             f"(docs/reward-models.md), or {_DELETE}")
     specs, said = [], []
     for name, weight in zip(funcs, weights or [1.0] * len(funcs)):
+        if _reward_folder(name, source_dir):
+            specs.append({"model": name, "weight": float(weight)})
+            said.append(f"`{name}` is a reward model, scored in the training process (TRL sums its raw score with "
+                        "the functions'; `normalize: true` z-scores it within each group first)")
+            continue
         function, how = reward_function(name, source_dir)
         specs.append({"function": function, "weight": float(weight)})
         said.append(how)
@@ -151,6 +153,13 @@ def rewards(funcs: Any, weights: Any, source_dir) -> KeyPort:
     note = (f"axolotl's reward functions{weighed}, called with TRL's arguments as axolotl calls them; "
             + "; ".join(said) + ". A `FILE.py` path is relative to this recipe: keep the file beside it")
     return KeyPort({"rewards": specs}, note)
+
+
+def _reward_folder(name: Any, source_dir) -> bool:
+    """A reward model's folder beside the recipe (TRL loads a reward_funcs entry that is not a function as one)."""
+    from finetune.reward_models import reward_model_problem
+
+    return isinstance(name, str) and (source_dir / name).is_dir() and reward_model_problem(source_dir / name) is None
 
 
 def _is_function(name: Any, source_dir) -> bool:

@@ -13,6 +13,7 @@
     tags.py      what each key affects (the cache and checkpoint fingerprints read these), the Strict base
     load.py      load_recipe(): YAML + --set -> Recipe, every problem gathered into one RecipeError
     checks.py    cross-key checks that read the filesystem (output_dir, resume, DeepSpeed JSON, lm-eval)
+    axolotl/     axolotl's keys and values with their finetune equivalents: load.py's hints, port/'s tables
 
 `from finetune.recipe import Recipe, load_recipe` is the public face. Pure Python: nothing heavy is imported.
 """

@@ -96,6 +96,10 @@ def fsdp_problems(recipe) -> list[str]:
         problems.append("`method: grpo` does not run under `fsdp`: it generates with the model as it trains, and "
                         "FSDP2 would gather every decoder layer's weights at every generated token (why GRPO refuses "
                         "ZeRO-3 too); use `deepspeed: zero2` (or no sharding) for GRPO")
+    elif recipe.method == "reward":
+        problems.append("`method: reward` does not run under `fsdp` yet: its score head read in the forward and its "
+                        "shared-prompt rows are built and tested for DDP and DeepSpeed ZeRO only; use `deepspeed: "
+                        "zero3` to shard a reward model's training")
     elif recipe.method != "sft":
         problems.append(f"`method: {recipe.method}` does not run under `fsdp` yet: its reference pass and "
                         "shared-prompt scoring are built and tested for DDP and DeepSpeed ZeRO only; use "

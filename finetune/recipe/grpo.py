@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from finetune.recipe.tags import TOKENS, TRAIN, Strict, affects
 
@@ -20,22 +20,63 @@ REWARD_SCALING = ("group", "batch", "none")
 
 
 class RewardSpec(Strict):
-    """One reward function: called with TRL's keyword arguments, returns a float (or None) per completion."""
+    """One reward: a function (called with TRL's keyword arguments, returns a float or None per completion) or a
+    reward model (a `method: reward` run's output_dir, or an HF sequence-classification folder with one output)."""
 
-    function: str = Field(
+    function: str | None = Field(
+        None,
         description=("`FILE.py:NAME` (relative to the recipe) or `package.module:NAME`. Called as TRL calls it: "
                      "`NAME(prompts=..., completions=..., completion_ids=..., **the record's other columns)`; returns "
-                     "a list of floats, None where it does not apply."),
+                     "a list of floats, None where it does not apply. Set `function` or `model`."),
         json_schema_extra=affects(TRAIN),
     )
-    weight: float = Field(1.0, description="Weight of this function in the total reward (a weighted sum).",
+    model: str | None = Field(
+        None,
+        description=("A reward model: a `method: reward` run's output_dir (or an HF folder holding a "
+                     "*ForSequenceClassification with one output), relative to the recipe. Scored in the training "
+                     "process on the training device, batched, without gradients; each completion rendered with the "
+                     "reward model's own template and EOS, as it trained (docs/reward-models.md). Named by its folder."),
+        json_schema_extra=affects(TRAIN),
+    )
+    weight: float = Field(1.0, description="Weight of this reward in the total reward (a weighted sum).",
                           json_schema_extra=affects(TRAIN))
+    normalize: bool = Field(
+        False,
+        description=("Z-score this reward within each group of G completions before the weighted sum (its group "
+                     "mean 0, std 1), so a reward model's logits do not drown 0/1 rewards beside it. Logged values "
+                     "stay raw."),
+        json_schema_extra=affects(TRAIN),
+    )
     timeout_s: float = Field(
         30.0, gt=0.0,
-        description=("Seconds one call may take. A call that takes longer, raises, or returns the wrong length or a "
+        description=("A function's seconds per call. A call that takes longer, raises, or returns the wrong length or a "
                      "non-number counts as missing for that batch (logged and in run.json); the run goes on."),
         json_schema_extra=affects(),
     )
+    max_length: int | None = Field(
+        None, gt=0,
+        description=("A reward model's longest sequence (prompt + completion, its tokens); longer ones lose the "
+                     "prompt's start, then the completion's. Default: the sequence_len it trained with."),
+        json_schema_extra=affects(TRAIN),
+    )
+    batch_size: int = Field(8, gt=0, description="A reward model's sequences per forward pass.",
+                            json_schema_extra=affects())
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        if (self.function is None) == (self.model is None):
+            raise ValueError("give a reward either `function: FILE.py:NAME` or `model: FOLDER` (one of them)")
+        wrong = ("timeout_s",) if self.model else ("max_length", "batch_size")
+        # set to other than its default (a dumped recipe, run.json's, writes every key with its default)
+        stray = [key for key in wrong if getattr(self, key) != type(self).model_fields[key].default]
+        if stray:
+            kind = "a reward model" if self.model else "a reward function"
+            raise ValueError(f"`{'`, `'.join(stray)}` does not apply to {kind}; remove it")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.function or self.model
 
 
 class GRPOKeys(Strict):
@@ -43,9 +84,10 @@ class GRPOKeys(Strict):
 
     rewards: list[RewardSpec] = Field(
         [],
-        description=("`method: grpo`: the reward functions, e.g. `[{function: rewards.py:correct, weight: 1.0}]`. "
-                     "Each runs in a worker process with a timeout; `finetune validate` imports each and checks its "
-                     "signature, and runs it on a few records."),
+        description=("`method: grpo`: the reward functions and reward models, e.g. `[{function: rewards.py:correct}, "
+                     "{model: runs/rm, weight: 0.5, normalize: true}]`. A function runs in a worker process with a "
+                     "timeout; `finetune validate` imports each and checks its signature, and runs it on a few "
+                     "records. A reward model is checked to be one (docs/reward-models.md)."),
         json_schema_extra=affects(TRAIN),
     )
     num_generations: int | None = Field(
@@ -159,13 +201,20 @@ def grpo_problems(recipe, world_size: int) -> list[str]:
 
 
 def reward_problems(recipe) -> list[str]:
-    """Each reward function imported and its signature checked, before any model loads (a FILE is absolute by now;
-    a `package.module:NAME` imports from sys.path and the current folder)."""
+    """Each reward function imported and its signature checked, each reward model's folder checked to hold one, before
+    any model loads (a FILE and a model folder are absolute by now; a `package.module:NAME` imports from sys.path and
+    the current folder)."""
     from finetune.errors import RewardError
     from finetune.reward_functions import check_reward, load_reward
 
+    from finetune.reward_models import reward_model_problem
+
     problems = []
     for i, entry in enumerate(recipe.rewards):
+        if entry.model is not None:
+            found = reward_model_problem(entry.model)
+            problems += [f"`rewards.{i}.model`: {found}"] if found else []
+            continue
         try:
             check_reward(load_reward(entry.function, Path.cwd()), entry.function)
         except RewardError as err:

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from finetune.errors import RecipeError
-from finetune.port import axolotl
+from finetune.recipe.axolotl import hints as axolotl
 from finetune.recipe.adapter import adapter_problems
 from finetune.recipe.schema import Recipe
 from finetune.recipe.data import DatasetSpec
@@ -199,6 +199,9 @@ def _resolve_paths(recipe: Recipe, base: Path) -> None:
     if isinstance(recipe.resume, str) and recipe.resume != "auto":
         recipe.resume = _resolve(recipe.resume, base)
     for entry in recipe.rewards:  # FILE.py:NAME relative to the recipe; package.module:NAME stays as it is
+        if entry.model is not None:  # a reward model's folder, relative to the recipe
+            entry.model = _resolve(entry.model, base)
+            continue
         target, sep, name = entry.function.rpartition(":")
         if sep and (target.endswith(".py") or "/" in target):
             entry.function = f"{_resolve(target, base)}:{name}"

@@ -1,9 +1,10 @@
-"""The training method: supervised fine-tuning, preference tuning (DPO, IPO, ORPO, SimPO, KTO) or online RL with
-rewards a program checks (GRPO), and the settings each method reads.
+"""The training method: supervised fine-tuning, preference tuning (DPO, IPO, ORPO, SimPO, KTO), a reward model
+trained on the same pairs (Bradley-Terry), or online RL with rewards a program or a reward model gives (GRPO), and the
+settings each method reads.
 
 Every method setting is a flat recipe key named as axolotl names it (`rl_beta`, `dpo_label_smoothing`,
-`simpo_gamma`, `orpo_alpha`, `rpo_alpha`, `kto_desirable_weight`, `kto_undesirable_weight`; GRPO's in
-finetune/recipe/grpo.py, named as TRL names them). A key is
+`simpo_gamma`, `orpo_alpha`, `rpo_alpha`, `kto_desirable_weight`, `kto_undesirable_weight`; the reward model's
+`center_rewards_coefficient` and GRPO's in finetune/recipe/grpo.py, named as TRL names them). A key is
 `None` in the schema; METHOD_SETTINGS below is where each one's default for each method lives (the recipe
 is the only place a default lives: this module is part of it), and `method_setting(recipe, key)` reads
 the value a run trains with. A key the recipe's method does not read is an error, never silently ignored.
@@ -19,9 +20,9 @@ from pydantic import Field
 
 from finetune.recipe.tags import TOKENS, TRAIN, Strict, affects
 
-METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto", "grpo")
-PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
-PAIRED_METHODS = ("dpo", "ipo", "orpo", "simpo")  # need {prompt, chosen, rejected}
+METHODS = ("sft", "dpo", "ipo", "orpo", "simpo", "kto", "reward", "grpo")
+PREFERENCE_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")  # tune the policy on preferences
+PAIRED_METHODS = ("dpo", "ipo", "orpo", "simpo", "reward")  # need {prompt, chosen, rejected}
 REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference (the model before step 1)
 
 # key -> {method: default}. Sources: DPO (Rafailov et al. 2023) and TRL's DPOConfig beta 0.1; IPO (Azar et
@@ -30,6 +31,7 @@ REFERENCE_METHODS = ("dpo", "ipo", "kto")  # compare the policy with a reference
 # GRPO (Shao et al. 2024; TRL 1.16's GRPOConfig): beta 0 (no reference pass: TRL's default since DAPO / Dr. GRPO
 # found the KL term unneeded for verifiable rewards), G 8, clip 0.2, loss dapo, group scaling; completions of at most
 # 256 tokens instead of TRL's 512 so that a CPU run stays short.
+# Reward model (TRL 1.16's RewardConfig): no centering term unless asked (TRL: None; 0 is the same loss).
 METHOD_SETTINGS: dict[str, dict[str, object]] = {
     "rl_beta": {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "kto": 0.1, "grpo": 0.0},
     "dpo_label_smoothing": {"dpo": 0.0},
@@ -38,6 +40,7 @@ METHOD_SETTINGS: dict[str, dict[str, object]] = {
     "orpo_alpha": {"orpo": 0.1},
     "kto_desirable_weight": {"kto": 1.0},
     "kto_undesirable_weight": {"kto": 1.0},
+    "center_rewards_coefficient": {"reward": 0.0},
     "num_generations": {"grpo": 8},
     "max_completion_length": {"grpo": 256},
     "temperature": {"grpo": 1.0},
@@ -64,6 +67,16 @@ def is_grpo(recipe) -> bool:
 
 def is_preference(recipe) -> bool:
     return recipe.method in PREFERENCE_METHODS
+
+
+def is_reward(recipe) -> bool:
+    """`method: reward`: a sequence-classification head trained on preference pairs (finetune/train/reward/)."""
+    return recipe.method == "reward"
+
+
+def reads_pairs(recipe) -> bool:
+    """The method trains on preference records through the pair store (finetune/data/preference/)."""
+    return is_preference(recipe) or is_reward(recipe)
 
 
 def uses_reference(recipe) -> bool:
@@ -125,7 +138,7 @@ def method_problems(recipe) -> list[str]:
     if recipe.method != "sft" and recipe.train_on_inputs:
         problems.append(f"`train_on_inputs` does not apply to `method: {recipe.method}`: its loss is on responses, "
                         "never on prompts; remove it")
-    if recipe.rl_beta == 0 and recipe.method not in ("grpo", "sft"):
+    if recipe.rl_beta == 0 and recipe.method not in ("grpo", "sft", "reward"):
         problems.append(f"`rl_beta` 0 leaves `method: {recipe.method}` without its scale: it must be above 0 "
                         "(the default is 0.1; SimPO 2.0)")
     return problems
@@ -158,8 +171,9 @@ class MethodKeys(Strict):
             "`sft`: supervised fine-tuning on completion / instruction / chat records. Preference tuning on "
             "{prompt, chosen, rejected} pairs: `dpo`, `ipo` (against the reference: the model as it is before the "
             "first step), `orpo`, `simpo` (no reference); `kto` on {prompt, completion, label} records or pairs "
-            "(docs/preference.md). `grpo`: online RL on {prompt, ...} records with the `rewards` functions "
-            "(docs/grpo.md)."
+            "(docs/preference.md). `reward`: a reward model (a one-output sequence-classification head, "
+            "Bradley-Terry loss) on the same pairs (docs/reward-models.md). `grpo`: online RL on {prompt, ...} "
+            "records with the `rewards` functions or reward models (docs/grpo.md)."
         ),
         json_schema_extra=affects(TRAIN, TOKENS),
     )
@@ -203,5 +217,14 @@ class MethodKeys(Strict):
         None, gt=0.0,
         description=("KTO: weight of undesirable examples' loss. Default 1.0; with unbalanced data, aim for "
                      "desirable_weight x desirable count / (undesirable_weight x undesirable count) in [1, 4/3]."),
+        json_schema_extra=affects(TRAIN),
+    )
+
+    center_rewards_coefficient: float | None = Field(
+        None, ge=0.0,
+        description=("Reward model: weight of a term pulling scores toward 0, coefficient x mean((r_chosen + "
+                     "r_rejected)^2) (TRL's name; Eisenstein et al. 2023 use 0.01). The Bradley-Terry loss sees only "
+                     "differences, so scores may drift as a whole; centering keeps them near 0, which matters when "
+                     "they are summed with other rewards. Default 0: off."),
         json_schema_extra=affects(TRAIN),
     )

@@ -9,7 +9,8 @@
   var FIRST = ["loss", "eval_loss", "learning_rate", "grad_norm",
                "rewards/accuracies", "eval_rewards/accuracies", "rewards/margins", "eval_rewards/margins",  // preference
                "rewards/chosen, rejected", "eval_rewards/chosen, rejected",
-               "reward", "rewards/*/mean", "completions/length", "completions/clipped_ratio", "entropy"];  // GRPO
+               "reward", "rewards/*/mean", "completions/length", "completions/clipped_ratio", "entropy",  // GRPO
+               "accuracy", "eval_accuracy", "margin", "eval_margin", "reward score", "eval_reward score"];  // reward models
   // metrics drawn together on one chart, each a member (its dash): GRPO's per reward function metrics, its lengths and
   // clip ratios, preference's chosen and rejected. [pattern, chart name, member name] from the regex's match.
   var GROUPS = [
@@ -19,7 +20,9 @@
     [/^(eval_)?completions\/(mean|min|max)_terminated_length$/,
      function (m) { return [(m[1] || "") + "completions/terminated length", m[2]]; }],
     [/^(eval_)?clip_ratio\/(.+)$/, function (m) { return [(m[1] || "") + "clip_ratio", m[2]]; }],
-    [/^(eval_)?(rewards|logps)\/(chosen|rejected)$/, function (m) { return [(m[1] || "") + m[2] + "/chosen, rejected", m[3]]; }]
+    [/^(eval_)?(rewards|logps)\/(chosen|rejected)$/, function (m) { return [(m[1] || "") + m[2] + "/chosen, rejected", m[3]]; }],
+    // a reward model's scores: chosen, rejected and their mean on one chart (min / max beside them)
+    [/^(eval_)?(chosen|rejected|mean|min|max)_reward$/, function (m) { return [(m[1] || "") + "reward score", m[2]]; }]
   ];
   var NOT_SET = "(not set)";
   var X_LABELS = {step: "optimizer step", epoch: "epoch", tokens: "tokens (step x the plan's tokens per step)"};
@@ -379,7 +382,33 @@
     body.appendChild(verdicts);
     table.appendChild(body);
     out.appendChild(table);
+    data.runs.forEach(function (run, i) {
+      var hists = (run.evaluation || {}).histograms;
+      if (hists) out.appendChild(histograms(run, i, hists));
+    });
     return out;
+  }
+
+  // a reward run's held-out scores: per side, the chosen (green) and rejected (red) answers' histograms as bars
+  function histograms(run, i, hists) {
+    var box = el("div", {cls: "histograms", "data-run": run.name},
+                 el("h3", {}, swatch(i), run.name + ": held-out scores, chosen (green) and rejected (red)"));
+    ["base", "tuned"].forEach(function (side) {
+      var h = hists[side];
+      if (!h) return;
+      var top = Math.max.apply(null, h.chosen.concat(h.rejected).concat([1]));
+      var bars = el("div", {cls: "hist", "data-side": side});
+      h.chosen.forEach(function (c, b) {
+        var r = h.rejected[b], title = fmt(h.edges[b], 3) + " … " + fmt(h.edges[b + 1], 3) + ": chosen " + c +
+          ", rejected " + r;
+        bars.appendChild(el("div", {cls: "bin", title: title},
+                            el("span", {cls: "bar chosen", style: "height:" + (100 * c / top).toFixed(1) + "%"}),
+                            el("span", {cls: "bar rejected", style: "height:" + (100 * r / top).toFixed(1) + "%"})));
+      });
+      box.appendChild(el("div", {cls: "hist-side"}, el("div", {cls: "muted", text: side + " (scores " +
+        fmt(h.edges[0], 3) + " … " + fmt(h.edges[h.edges.length - 1], 3) + ")"}), bars));
+    });
+    return box;
   }
 
   // --- sample answers ----------------------------------------------------------------------------------------

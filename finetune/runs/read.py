@@ -3,7 +3,8 @@ partial run.json (or none: a crashed run) shows what it has and leaves the rest 
 
     summary     method, model, adapter, steps, tokens, wall time, eval loss before/after (run.json)
     diagnosis   the verdict on the curves (diagnosis.json, else run.json's `curves`)
-    evaluation  `finetune eval`'s numbers, base and tuned (eval/report.json, else run.json's `evaluation`)
+    evaluation  `finetune eval`'s numbers, base and tuned (eval/report.json, else run.json's `evaluation`); a reward
+                run's score histograms
     curves      every logged metric as (step, epoch, value) points (run.json's log_history, else the newest
                 checkpoint's trainer_state.json); the train loss per optimizer step where the run recorded it
     settings    the resolved recipe, the settings resolved on the machine and the package versions, flattened
@@ -173,7 +174,23 @@ def _evaluation(folder: Path, run: dict) -> dict | None:
                 for name, values, higher in headline(report)]
     except (KeyError, TypeError, AttributeError, ValueError):  # a report of another shape: its verdict alone
         rows = []
-    return {"verdict": str(report.get("verdict", "")), "rows": rows}
+    out = {"verdict": str(report.get("verdict", "")), "rows": rows}
+    histograms = _histograms(_dict(report.get("reward")).get("histograms"))
+    if histograms:  # a reward run's held-out scores, chosen and rejected, per side
+        out["histograms"] = histograms
+    return out
+
+
+def _histograms(found) -> dict:
+    """{side: {"edges": [...], "chosen": [...], "rejected": [...]}} as numbers, sides of another shape left out."""
+    out = {}
+    for side, hist in _dict(found).items():
+        hist = _dict(hist)
+        lists = {key: hist.get(key) for key in ("edges", "chosen", "rejected")}
+        if all(isinstance(v, list) for v in lists.values()) and len(lists["edges"]) == len(lists["chosen"]) + 1 \
+                and len(lists["chosen"]) == len(lists["rejected"]):
+            out[str(side)] = {key: [_number(v) for v in values] for key, values in lists.items()}
+    return out
 
 
 def _eval_samples(folder: Path) -> list[dict]:

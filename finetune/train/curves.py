@@ -27,6 +27,12 @@ has two more verdicts, checked with the rules above
     likelihood displacement  the chosen log-prob fell while the reward margin grew, checked after diverged and
                              overfit; its plot adds accuracy, margin and log-prob panels beside the loss
 
+A reward run (it logs pair accuracy and margin: finetune/train/reward/curves.py has the thresholds) has three more:
+    nothing learned          pair accuracy ended at chance or did not rise, checked before diverged / overfit / underfit
+    margins exploding        the mean margin ended far past what the loss needs, checked after diverged and overfit
+    scores drifting          the mean score moved far more than the margin (the centering hint), the same
+and its plot adds accuracy, margin and score panels beside the loss.
+
 Thresholds are deliberately simple and stated; the plot is the evidence. Plotting uses matplotlib's
 Agg canvas directly, so it runs headless and never touches the global backend.
 """
@@ -42,6 +48,7 @@ from finetune.train.preference.curves import (LOG2, is_preference, learned, like
                                               plot_panels)
 from finetune.train.preference.curves import summary as preference_summary
 from finetune.train.grpo import verdict as grpo_verdict
+from finetune.train.reward import curves as reward_curves
 
 MIN_POINTS = 8  # fewer training losses than this: too short to judge
 MIN_TAIL = 4  # the last quarter's slope needs this many points: a loss that did not rise needs 4 x as many steps
@@ -161,7 +168,13 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
         result["train_loss_levels"] = {"first": round(first, 6), "last": round(last_level, 6), "steps_each_end": k}
     epochs = [float(e["epoch"]) for e in log_history if isinstance(e.get("epoch"), (int, float))]
     verdict, why = _train_shape(train, max(epochs) if epochs else None)
-    preference = is_preference(log_history)
+    preference, reward = is_preference(log_history), reward_curves.is_reward(log_history)
+    if reward:
+        result["reward_model"] = reward_curves.summary(log_history)
+        stuck = reward_curves.nothing_learned(log_history, train) if verdict != "unknown" else None
+        if stuck:
+            result.update(verdict="nothing learned", reason=stuck)
+            return result
     if preference:
         result["preference"] = preference_summary(log_history)
         # a loss held at its start with accuracy at chance needs no trend: judged from MIN_POINTS, as diverged is
@@ -187,6 +200,12 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
     if displaced:
         result.update(verdict="likelihood displacement", reason=displaced)
         return result
+    for name, check in (("margins exploding", reward_curves.margins_exploding),
+                        ("scores drifting", reward_curves.scores_drifting)):
+        found = check(log_history) if reward and verdict not in ("unknown", "diverged") else None
+        if found:
+            result.update(verdict=name, reason=found)
+            return result
     if verdict:
         result.update(verdict=verdict, reason=why)
         return result
@@ -203,17 +222,18 @@ def plot_curves(log_history: list[dict], path: str | Path, diagnosis: dict | Non
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    preference = is_preference(log_history)
+    preference, reward = is_preference(log_history), reward_curves.is_reward(log_history)
     if grpo_verdict.is_grpo(log_history):
         return _save(grpo_figure(log_history, diagnosis), path)
-    fig = Figure(figsize=(11, 7.5) if preference else (7, 4.2), dpi=110)
+    fig = Figure(figsize=(11, 7.5) if preference or reward else (7, 4.2), dpi=110)
     FigureCanvasAgg(fig)
-    if preference:
+    if preference or reward:
         axes = fig.subplots(2, 2).flatten()
         _plot_loss(axes[0], log_history, diagnosis)
-        axes[0].axhline(LOG2, color="gray", linestyle=":", linewidth=1, label="log 2 (DPO at the start)")
+        start = "log 2 (DPO at the start)" if preference else "log 2 (an untrained head's scores tie)"
+        axes[0].axhline(LOG2, color="gray", linestyle=":", linewidth=1, label=start)
         axes[0].legend()
-        plot_panels(axes[1:], log_history)
+        (plot_panels if preference else reward_curves.plot_reward_panels)(axes[1:], log_history)
         if diagnosis:
             axes[0].set_title("loss")
             fig.suptitle(_title(diagnosis))

@@ -22,6 +22,9 @@ from importlib.util import find_spec
 from finetune.errors import FinetuneError
 from finetune.log import get_logger
 
+# set for the workers launch() starts: `finetune train` checked the machine (train/preflight.py) before starting them
+MACHINE_CHECKED = "FINETUNE_MACHINE_CHECKED"
+
 log = get_logger(__name__)
 
 
@@ -115,6 +118,7 @@ def launch(args: argparse.Namespace, recipe) -> int:
                              machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
                              main_process_port=port)
     env = dict(os.environ)
+    env[MACHINE_CHECKED] = "1"  # the caller (finetune train) checked the machine: its workers need not again
     if not cuda_devices:
         # torch would otherwise start ~all-cores threads in each process and oversubscribe the CPU
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) * args.num_machines // args.num_processes)))

@@ -101,14 +101,7 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
         "throughput": run["throughput"].summary(),  # since start and steady state; peak memory vs the plan's
         "method": recipe.method,
     }
-    if recipe.method == "grpo":
-        from finetune.train.grpo.setup import grpo_record
-
-        summary["grpo"] = grpo_record(recipe, trainer)
-    if prepared.store is not None:
-        from finetune.train.preference.setup import preference_record
-
-        summary["preference"] = preference_record(recipe, trainer)
+    summary.update(method_record(recipe, trainer, prepared, run))
     if not trainer.is_world_process_zero():
         return redact(summary)
     # loss_curve.png + verdict (a GRPO run's names why a reward gave no value)
@@ -127,6 +120,25 @@ def save_and_record(recipe, settings: Resolved, layout, prepared, run: dict, sta
     log.info(f"done: {summary['steps']} steps, {_train_loss_line(summary)}, eval loss "
              f"{_number(run['eval_before'])} -> {_number(run['eval_after'])}; saved to {output_dir}")
     return summary
+
+
+def method_record(recipe, trainer, prepared, run: dict) -> dict:
+    """run.json's part for the method beyond SFT: `grpo`, `reward` or `preference` ({} for SFT)."""
+    if recipe.method == "grpo":
+        from finetune.train.grpo.setup import grpo_record
+
+        return {"grpo": grpo_record(recipe, trainer)}
+    if recipe.method == "reward":
+        from finetune.train.reward.setup import reward_record
+
+        formats = set(prepared.stats.get("formats") or ())  # conversations (chat) or plain text: how it scores
+        conversational = None if len(formats) != 1 else formats == {"chat"}
+        return {"reward": reward_record(recipe, trainer, run.get("collator"), run["tokenizer"], conversational)}
+    if prepared.store is not None:
+        from finetune.train.preference.setup import preference_record
+
+        return {"preference": preference_record(recipe, trainer)}
+    return {}
 
 
 def _number(value) -> str:

@@ -66,7 +66,12 @@ def count_data(recipe, state):
         note = template_note(stats, tokenizer)
         if note:
             log.warning(note)
-        check_signatures(recipe, json.loads(prepared.train[0]["record"]))  # the records' columns: before the model
+        first = json.loads(prepared.train[0]["record"])
+        check_signatures(recipe, first)  # the records' columns: before the model
+        if any(entry.model for entry in recipe.rewards):
+            from finetune.train.grpo.reward_models import check_model_prompts
+
+            check_model_prompts(recipe, isinstance(first["prompt"], list))
         return tokenizer, prepared
     if prepared.store is not None:
         kind = "examples" if prepared.store.unpaired else "pairs"
@@ -192,21 +197,31 @@ def prepare_model(recipe, tokenizer, settings: Resolved, device, store=None, eva
               and use_varlen_attention(base_causal_lm(model)))
     if varlen:
         log.info("packed rows on CPU: attention runs example by example (no masked-out work)")
+    # LoRA dropout's backward mask as bool, not float32: the same numbers, 1/4 the bytes; not under compile, where
+    # inductor generates the dropout itself (and traced MaskDropout gave a nan gradient at step 1)
+    if device.type == "cpu" and not settings.compile:
+        from finetune.model.mask_dropout import use_mask_dropout
+
+        use_mask_dropout(model)
     if recipe.method == "grpo":  # prompts: the trainer generates and scores in rows of its own (train/grpo/)
         from finetune.train.grpo.setup import PromptCollator, probe_grpo
 
         collator, probe = PromptCollator(), probe_grpo
-    elif store is not None:  # preference methods: rows of pair ids into the token store
+    elif store is not None:  # preference methods and reward models: rows of pair ids into the token store
         from finetune.train.preference.setup import preference_collator, probe_preference
+        from finetune.train.reward.setup import probe_reward
 
         # only the per-example path runs a response as a branch of the prompt before it: flash-attn, flex_attention
         # and a masked SDPA read every segment as an example of its own, so there each response keeps its prompt
-        collator = preference_collator(store, pad_id, flatten, branches=varlen, pixels=pixels)
-        probe = functools.partial(probe_preference, collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
+        # and on that path a micro batch of packed rows is one row: no padding to its longest row (padding went
+        # through every layer: a third of a SmolLM2 DPO step's activation memory, docs/performance.md)
+        collator = preference_collator(store, pad_id, flatten or varlen, branches=varlen, pixels=pixels)
+        probe = functools.partial(probe_reward if recipe.method == "reward" else probe_preference,
+                                  collator=collator, pad_id=pad_id, attn=attn, packed=settings.packed)
     else:
         probe = functools.partial(probe_model, collator=collator, attn=attn, packed=settings.packed, seed=recipe.seed)
     at_train_begin, full_logits = [], False
-    if settings.weights_partitioned and store is not None:
+    if settings.weights_partitioned and store is not None and recipe.method != "reward":
         full_logits = probe  # ZeRO-3: the trainer probes at its first loss, before the reference pass needs the answer
     elif settings.weights_partitioned:  # ZeRO-3 / FSDP2: after the engine shards the model and gathers the weights
         at_train_begin.append(AtTrainBegin(probe))
@@ -354,7 +369,14 @@ def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, pre
 
         trainer_class, train_dataset = GRPOTrainer, with_index(prepared.train)
         own_kwargs = grpo_trainer_kwargs(recipe, prepared, tokenizer, settings.world_size, built.full_logits,
-                                         packs(base_causal_lm(model).config))
+                                         packs(base_causal_lm(model).config), device=args.device,
+                                         precision=settings.precision)
+    elif recipe.method == "reward":  # a reward model: the pairs' scores, the Bradley-Terry loss, through public hooks
+        from finetune.train.reward.setup import reward_trainer_kwargs
+        from finetune.train.reward.trainer import RewardTrainer
+
+        plain = "completion" in (prepared.stats.get("formats") or {})  # plain-text pairs end with EOS
+        trainer_class, own_kwargs = RewardTrainer, reward_trainer_kwargs(recipe, tokenizer, plain)
     elif prepared.store is not None:  # preference tuning: the same Trainer, its loss through public hooks
         from finetune.train.preference.trainer import PreferenceTrainer
         from finetune.train.preference.setup import preference_trainer_kwargs
@@ -388,6 +410,6 @@ def fit(recipe, args, settings: Resolved, layout, fingerprint, built: Built, pre
     return {"trainer": trainer, "tokenizer": prepared.processor or tokenizer, "result": result, "eval_before": eval_before,
             "eval_after": eval_after, "resumed_from": resume_from,
             "trainable": trainable, "total": total, "guard": guard, "saver": saver, "throughput": throughput,
-            "initial_adapter": built.initial_adapter}
+            "initial_adapter": built.initial_adapter, "collator": built.collator}
 
 

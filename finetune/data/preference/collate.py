@@ -9,6 +9,7 @@ Every batch, packed or not, says the same things, so the loss has one code path 
   pair_ids               the items' global ids (first key: the Trainer's evaluation counts a batch by it)
   chosen_index, rejected_index   pairs: the sequence of each pair's chosen and rejected response
   label                  KTO: whether each example's completion is desirable
+  margin                 pairs with a margin (`method: reward`): each pair's
   kl                     KTO: a batch of its own (input_ids, labels, attention_mask | position_ids,
                          sequence_index, sequence_lengths) holding each example's prompt with its KL partner's
                          completion (finetune/data/preference/rows.py), in the same order and layout
@@ -71,6 +72,8 @@ class PreferenceCollator:
             seq_of = {key: n for n, key in enumerate(order)}
             batch["chosen_index"] = torch.tensor([seq_of[(k, 0)] for k in range(len(items))])
             batch["rejected_index"] = torch.tensor([seq_of[(k, 1)] for k in range(len(items))])
+            if getattr(self.store, "margins", None) is not None:
+                batch["margin"] = torch.tensor([self.store.margins[i] for i in items], dtype=torch.float32)
         return batch
 
     def _batch(self, rows, items, packed: bool, sequences) -> tuple[dict, list]:

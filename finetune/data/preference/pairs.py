@@ -43,6 +43,7 @@ class Pair:
     rejected_ids: list[int]
     images: list[dict] = field(default_factory=list)  # the prompt's image parts (a vision-language model)
     image_tokens: int = 0  # of the prompt's tokens, those the images became
+    margin: float | None = None  # `method: reward` with a `margin` column: how much better chosen is (else None)
 
     def responses(self) -> list[list[int]]:
         return [self.chosen_ids, self.rejected_ids]
@@ -162,6 +163,14 @@ def _pair_texts(record: dict, method: str):
     return [(record["prompt"], [record["chosen"], record["rejected"]], None)]
 
 
+def _with_margins(items: list, margins: list) -> None:
+    """`method: reward`: each pair's margin when any record has one (0 for a record without: TRL needs the column
+    whole); nothing when none has one."""
+    if any(m is not None for m in margins):
+        for item, margin in zip(items, margins):
+            item.margin = 0.0 if margin is None else float(margin)
+
+
 def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], records: list | None = None,
                          processor=None) -> tuple[list, dict]:
     """Every record of every file -> Pair (or Unpaired for KTO), fitted to sequence_len; with the outcome counts.
@@ -171,7 +180,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
     from finetune.ingest.record_images import image_parts
 
     renderer = Renderer(tokenizer, _pair_images(recipe, processor))
-    items, outcome, listed = [], Counter(), []
+    items, outcome, listed, margins, formats = [], Counter(), [], [], Counter()
     for index, path, number, (found, record) in recipe_records(files, recipe.dataset_exact_deduplication, outcome):
         _check_shape(recipe, path, number, found)
         parts = image_parts(record)
@@ -182,6 +191,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
                 "a vision-language model (e.g. HuggingFaceTB/SmolVLM-256M-Instruct), or train on records without "
                 "images")
         outcome["records"] += 1
+        formats["chat" if isinstance(record["prompt"], list) else "completion"] += 1  # conversations or plain text
         for prompt, responses, label in _pair_texts(record, recipe.method):
             item, what = _item(renderer, recipe, prompt, responses, label, parts)
             if what:
@@ -191,10 +201,12 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
                     listed.append(f"{path} record {number}: {what}")
                 continue
             items.append(item)
+            margins.append(record.get("margin") if recipe.method == "reward" else None)
             if records is not None:
                 records.append((found, record))
     outcome_dict = dict(outcome)
     outcome_dict["dropped_listed"] = listed
+    outcome_dict["formats"] = dict(formats)
     if not items:
         from finetune.data.vision import rejects_line
 
@@ -205,6 +217,7 @@ def tokenize_preferences(recipe, tokenizer, files: list[tuple[str, str]], record
         )
     if recipe.method == "kto":
         check_labels(items)
+    _with_margins(items, margins)
     return items, outcome_dict
 
 
@@ -291,4 +304,6 @@ def to_dataset(items: list, images: bool = False):
                    "rejected_ids": [i.rejected_ids for i in items]}
     if images:
         columns["images"] = [json.dumps(i.images) for i in items]
+    if items and isinstance(items[0], Pair) and items[0].margin is not None:
+        columns["margin"] = [i.margin for i in items]
     return Dataset.from_dict(columns)

@@ -33,6 +33,9 @@ class PairStore:
         else:
             self.responses = [[c, r] for part in parts for c, r in zip(part["chosen_ids"], part["rejected_ids"])]
             self.labels = self.kl_partner = None
+        # `method: reward` with a `margin` column: each pair's (finetune/data/preference/pairs.py)
+        self.margins = ([float(m) for part in parts for m in part["margin"]] if "margin" in train.column_names
+                        else None)
         # a vision-language model: each item's prompt image parts (every sequence of the item holds that prompt)
         self.images = ([json.loads(text) for part in parts for text in part["images"]]
                        if "images" in train.column_names else None)

@@ -80,6 +80,10 @@ def images_changed(dataset_dict, stats: dict) -> bool:
 
 def check_vision_method(recipe, processor) -> None:
     """What a vision-language model does not train yet, refused before any tokenizing."""
+    if processor is not None and recipe.method == "reward":
+        raise DataError("`method: reward` with a vision-language base model is not supported: a reward model is the "
+                        "base's sequence-classification class, which finetune builds for text models only; train the "
+                        "reward model on a text base (its pairs without images)")
     if processor is not None and recipe.method == "grpo":
         raise DataError("`method: grpo` with a vision-language base model is not supported: its rollouts would "
                         "generate from image prompts, and the generation and scoring rows carry no pixels. A "

@@ -1,6 +1,7 @@
 """axolotl's preference recipes (`rl: dpo | ipo | orpo | simpo | kto`) -> finetune's `method:` and its settings,
 each as axolotl passes it to TRL; the dataset types are preference_records.py's. Pure data and small functions,
-like axolotl.py beside it; convert.py applies them, `finetune validate` reads HINTS.
+like axolotl.py beside it; convert.py applies them. Its keys' HINTS live with the recipe
+(finetune/recipe/axolotl/preference.py), which names them in `finetune validate` too.
 
 Checked against axolotl at commit 067b021 (2026-07): core/builders/rl.py and core/trainers/dpo/__init__.py
 (which recipe key reaches which TRL argument, for which `rl:`), utils/schemas/{config,deprecated,validation}.py,
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+# the keys' hints (`finetune validate` names them too): the reason a key is dropped when nothing more is said
+from finetune.recipe.axolotl.preference import HINTS, PADDING_FREE
 
 RL_METHODS = ("dpo", "ipo", "orpo", "simpo", "kto")
 ONLINE_RL = ("gdpo", "ebft")  # generate-and-score training finetune does not do (`rl: grpo` ports: port/grpo.py)
@@ -32,45 +36,7 @@ class KeyPort:
     block: str = ""
 
 
-# --- the keys: hints for `finetune validate`, and the reason a key is dropped when nothing more is said --------
-
-_NO_REFERENCE_MODEL = ("not needed: finetune's reference is the model as it is before the first step; its log-probs "
-                       "are computed once, in one no-grad pass, and cached with the tokenized data, so no second "
-                       "model is loaded (docs/preference.md)")
-_PADDING_FREE = ("finetune packs whole pairs with no padding (TRL's `padding_free` falls back to padding since its "
-                 "DPO refactor, so in axolotl it does nothing)")
 _DELETE_TO_TRAIN = "delete the line to train without it, or keep training this recipe with axolotl"
-
-HINTS: dict[str, str] = {
-    "rl": "write `method: dpo` (or ipo, orpo, simpo, kto), the method that `rl:` names",
-    "dpo_beta": "write `rl_beta` (axolotl's old name for it)",
-    "cpo_alpha": "write `rpo_alpha`: with `method: simpo` it is the weight of the chosen answers' NLL (TRL's CPO "
-                 "`cpo_alpha`)",
-    "trl": "not in finetune: of `trl:`, axolotl's DPO/IPO/ORPO/SimPO/KTO read only `trl.beta` (write `rl_beta`; "
-           "`orpo_alpha` with `method: orpo`); the rest configures its GRPO trainer, whose keys are finetune's "
-           "`method: grpo` settings (`finetune port` converts them)",
-    "dpo_loss_type": "write `method: ipo` for ['ipo'], `method: dpo` for ['sigmoid'], and `rpo_alpha` for the "
-                     "weight of an 'sft' term; TRL's other DPO losses are not in finetune",
-    "dpo_loss_weights": "not in finetune as such: the preference loss has weight 1 and `rpo_alpha` weighs the SFT "
-                        "term",
-    "dpo_use_weighting": "not in finetune: WPO weighting (each pair's loss weighted by the policy's length-normalized "
-                         "probability of its answers) changes what is trained; pairs count equally",
-    "dpo_norm_loss": "not in finetune: DPO's sigmoid loss on length-averaged log-probs (current axolotl refuses the "
-                     "key too); finetune's DPO sums the log-probs",
-    "dpo_padding_free": "write `sample_packing: true`: " + _PADDING_FREE,
-    "precompute_ref_log_probs": _NO_REFERENCE_MODEL.replace("not needed:", "not needed: finetune always precomputes;"),
-    "rl_adapter_ref_model": _NO_REFERENCE_MODEL,
-    "dpo_use_logits_to_keep": "not needed: finetune runs the LM head on response positions only (current axolotl "
-                              "refuses the key)",
-    "dpo_use_liger_kernel": "not needed: a fused-kernel speed option with the same loss; finetune runs the LM head "
-                            "on response positions only",
-    "dpo_generate_during_eval": "not in finetune: `finetune generate` samples from the trained model",
-    "max_prompt_len": "not needed: axolotl passes it to none of its DPO/IPO/ORPO/SimPO/KTO trainers (a no-op); "
-                      "finetune shortens a prompt only when prompt + answer exceed `sequence_len` "
-                      "(`excess_length_strategy: truncate` cuts it from its start, never the assistant header)",
-    "remove_unused_columns": "not needed: finetune tokenizes the records itself (axolotl needs `false` for KTO and "
-                             "ORPO)",
-}
 
 # finetune's method settings: the same names in axolotl, read by these `rl:` values there (and methods here)
 SETTINGS = ("rl_beta", "dpo_label_smoothing", "rpo_alpha", "simpo_gamma", "orpo_alpha", "kto_desirable_weight",
@@ -114,7 +80,7 @@ def _static(key: str, value: Any, hint: str) -> KeyPort:
     if key in ("dpo_use_weighting", "dpo_norm_loss") and value:
         return KeyPort(block=f"{hint}; {_DELETE_TO_TRAIN}")
     if key == "dpo_padding_free" and value:
-        return KeyPort({"sample_packing": True}, _PADDING_FREE)
+        return KeyPort({"sample_packing": True}, PADDING_FREE)
     if key in ("dpo_use_weighting", "dpo_norm_loss", "dpo_padding_free"):
         return KeyPort(drop="not needed: off is finetune's behaviour")
     return KeyPort(drop=hint)

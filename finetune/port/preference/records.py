@@ -1,4 +1,4 @@
-"""axolotl's preference dataset types -> finetune's `preference` / `unpaired` records: whether finetune reads
+"""axolotl's preference dataset types (and its reward models' `bradley_terry.*`) -> finetune's `preference` / `unpaired` records: whether finetune reads
 the records as they are (same prompt, same answers, same chat turns), or what each record must become.
 
 Checked against axolotl's prompt_strategies/{dpo,orpo,kto}/ at commit 067b021 (2026-07): the fields each
@@ -14,88 +14,24 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+# the types themselves (their names, the fields each reads): `finetune validate` tells them apart too
+from finetune.recipe.axolotl.preference import PAIR_TYPES, REWARD_TYPES, SHORT_NAMES, SYSTEM_FIELD, UNPAIRED_TYPES
+
 _PAIR = ('{"prompt": [{"role": "user", "content": ...}], "chosen": [{"role": "assistant", "content": ...}], '
          '"rejected": [{"role": "assistant", "content": ...}]}')
 _UNPAIRED = ('{"prompt": [{"role": "user", "content": ...}], "completion": [{"role": "assistant", "content": ...}], '
              '"label": true | false}')
 _TURNS = {"chatml": "ChatML turns", "llama3": "Llama 3 turns", "template": "the chat template's turns"}
-_SYSTEM = '"system" (optional), '
-
-
-@dataclass(frozen=True)
-class Layout:
-    """An axolotl preference dataset type. `fields`: the records it reads. `reads`: finetune reads them as they
-    are. `plain`: finetune reads them, but as plain text, where axolotl wraps them in chat turns. `chat`: the
-    turns axolotl writes: "chatml" / "llama3" whatever chat_template says, "template": the recipe's template."""
-
-    fields: str
-    reads: bool = False
-    plain: bool = False
-    chat: str | None = None
-
-
-def _pairs(chat: str) -> dict[str, Layout]:
-    """axolotl's prompt_strategies/dpo/{chatml,llama3}.py: strings wrapped in fixed turns, or messages."""
-    def strings(names: str, plain: bool = False) -> Layout:
-        return Layout("{" + _SYSTEM + names + "} strings", plain=plain, chat=chat)
-
-    return {
-        f"{chat}.default": strings('"prompt" | "input" | "question" | "instruction", "chosen" | "chosen_response", '
-                                   '"rejected" | "rejected_response"'),
-        f"{chat}.prompt_pairs": strings('"prompt", "chosen", "rejected"', plain=True),
-        f"{chat}.intel": strings('"question", "chosen", "rejected"'),
-        f"{chat}.icr": strings('"input", "chosen", "rejected"'),
-        f"{chat}.argilla": strings('"instruction", "chosen_response", "rejected_response"'),
-        f"{chat}.argilla_chat": Layout('{"chosen": [user, assistant messages], "rejected": [...]}: TRL\'s implicit '
-                                       "prompt", reads=True, chat=chat),
-        f"{chat}.ultra": Layout('{' + _SYSTEM + '"prompt", "chosen": [user, assistant messages], "rejected": [...]}: '
-                                "UltraFeedback's layout", reads=True, chat=chat),
-    }
-
-
-def _unpaired(chat: str) -> dict[str, Layout]:
-    """axolotl's prompt_strategies/kto/{chatml,llama3}.py."""
-    def strings(names: str, plain: bool = False) -> Layout:
-        return Layout("{" + _SYSTEM + names + ', "label"} with string prompt and completion', plain=plain, chat=chat)
-
-    return {
-        f"{chat}.prompt_pairs": strings('"prompt", "completion"', plain=True),
-        f"{chat}.ultra": strings('"prompt", "completion"', plain=True),
-        f"{chat}.intel": strings('"question", "completion"'),
-        f"{chat}.argilla": strings('"instruction", "completion"'),
-        f"{chat}.argilla_chat": Layout('{"completion": [user, assistant messages], "label"}', chat=chat),
-    }
-
-
-PAIR_TYPES: dict[str, Layout] = {
-    **_pairs("chatml"), **_pairs("llama3"),
-    "chat_template.argilla_chat": Layout('{"chosen": [messages], "rejected": [messages]}: TRL\'s implicit prompt',
-                                         reads=True, chat="template"),
-    "chat_template.argilla": Layout('{' + _SYSTEM + '"prompt" (optional), "chosen": [messages], "rejected": '
-                                    "[messages]} (axolotl's ORPO type)", reads=True, chat="template"),
-    "passthrough.default": Layout("TRL's {prompt, chosen, rejected}, passed as they are", reads=True),
-    "zephyr.nectar": Layout('{"prompt", "answers": [{"answer", "rank"}...]}'),
-}
-UNPAIRED_TYPES: dict[str, Layout] = {**_unpaired("chatml"), **_unpaired("llama3")}
-_SHORT = {"chatml": "chatml.default", "llama3": "llama3.default", "chat_template": "chat_template.default",
-          "passthrough": "passthrough.default"}
-
 # keys of a preference dataset entry that describe the records' fields (their notes come with `type`'s)
 LAYOUT_KEYS = ("field_messages", "field_chosen", "field_rejected", "message_property_mappings", "roles",
                "message_field_role", "message_field_content")
-
-
-def known(value: Any) -> bool:
-    """`value` names one of axolotl's preference dataset types."""
-    name = _SHORT.get(value, value) if isinstance(value, str) else None
-    return name in PAIR_TYPES or name in UNPAIRED_TYPES or name == "chat_template.default"
 
 
 @dataclass
 class DatasetPort:
     """A preference dataset entry in finetune: its `type`, the note on it, a note per layout key, `convert`: what
     each record must become before training (empty when finetune reads them as they are), and `chat`: the turns
-    axolotl writes its records in (see Layout)."""
+    axolotl writes its records in (see recipe/axolotl/preference.py, Layout)."""
 
     type: str
     note: str
@@ -115,18 +51,19 @@ def dataset(spec: dict, method: str) -> DatasetPort:
     if value is None:
         fields = "{prompt, completion, label}" if method == "kto" else "{prompt, chosen, rejected}"
         return DatasetPort(shape, f"no `type`: axolotl reads TRL's {fields} as they are, as finetune does")
-    name = _SHORT.get(value, value)
+    name = SHORT_NAMES.get(value, value)
     if name == "chat_template.default" and method != "kto":
         return _chat_template_default(spec, target)
-    layout = (UNPAIRED_TYPES if method == "kto" else PAIR_TYPES).get(name)
+    layout = (UNPAIRED_TYPES if method == "kto" else {**PAIR_TYPES, **REWARD_TYPES} if method == "reward"
+              else PAIR_TYPES).get(name)
     if layout is None:
-        kind = "KTO" if method == "kto" else "DPO/IPO/ORPO/SimPO"
+        kind = "KTO" if method == "kto" else "reward model" if method == "reward" else "DPO/IPO/ORPO/SimPO"
         return DatasetPort(shape, f"`{value}` is not one of axolotl's {kind} dataset types finetune knows",
                            convert=f"write each record as {target} (or another layout docs/preference.md lists)")
     turns = _TURNS.get(layout.chat or "template")
     if layout.reads:
         system = ' (a "system" field is not read: put it in the records as a first system message)' \
-            if _SYSTEM in layout.fields else ""
+            if SYSTEM_FIELD in layout.fields else ""
         fixed = f"; axolotl writes {turns} whatever chat_template says" if layout.chat in ("chatml", "llama3") else ""
         return DatasetPort(shape, f"{layout.fields}, read as they are{system}{fixed}", chat=layout.chat)
     if layout.plain:
@@ -135,8 +72,9 @@ def dataset(spec: dict, method: str) -> DatasetPort:
         why = f"finetune does not read these field names (and axolotl wraps the strings in {turns})"
     else:
         why = "finetune does not read this layout"
-    system = ' (a "system" field becomes a first system message)' if _SYSTEM in layout.fields else ""
-    same = f", to train on the same {turns}" if layout.chat else ""
+    system = ' (a "system" field becomes a first system message)' if SYSTEM_FIELD in layout.fields else ""
+    same = "" if not layout.chat else (", to train on the chat template's turns, as axolotl does" if
+                                       layout.chat == "template" else f", to train on the same {turns}")
     return DatasetPort(shape, f"{layout.fields}: {why}", chat=layout.chat,
                        convert=f"write each record as {target}{system}{same}")
 

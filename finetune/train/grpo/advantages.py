@@ -15,7 +15,11 @@ completion, or none, gets advantage 0 for every completion: no learning signal, 
 is TRL 1.16's behaviour (it sets unscorable totals to NaN and zeroes NaN advantages) and we follow it: an
 unscorable completion's `rewards` entry stays NaN so that logged means (nanmean) skip it.
 
-Torch is imported inside the function (no work at import time).
+Per-reward normalization (`normalize: true` on a recipe's reward; not TRL's): before the sum, that reward's column
+becomes its z-score within each group, (R - group nanmean) / (group nanstd + 1e-4), so a reward model's logits (any
+scale) and a 0/1 program reward weigh by their `weight` alone; NaN stays NaN, a group with fewer than 2 values gets 0.
+
+Torch is imported inside the functions (no work at import time).
 """
 
 from __future__ import annotations
@@ -56,6 +60,24 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     count = (~torch.isnan(values)).sum(dim=dim)
     correction = torch.where(count > 1, count / (count - 1).clamp(min=1), torch.full_like(variance, float("nan")))
     return torch.sqrt(variance * correction)
+
+
+def zscore_groups(rewards_per_func: torch.Tensor, columns: list[bool], group_size: int) -> torch.Tensor:
+    """`[N, F]` rewards with each column marked in `columns` replaced by its z-score within each group of
+    `group_size` (contiguous) completions; the others as they are."""
+    import torch
+
+    out = rewards_per_func.float().clone()
+    for f, on in enumerate(columns):
+        if not on:
+            continue
+        grouped = out[:, f].view(-1, group_size)
+        mean = torch.nanmean(grouped, dim=1, keepdim=True)
+        std = nanstd(grouped, dim=1).unsqueeze(1) if group_size > 1 else torch.zeros_like(mean)
+        scored = (grouped - mean) / (std + STD_EPSILON)
+        alone = torch.isnan(std).expand_as(grouped) & ~torch.isnan(grouped)  # fewer than 2 values: no spread to use
+        out[:, f] = scored.masked_fill(alone, 0.0).reshape(-1)
+    return out
 
 
 def _check(rewards_per_func, weights, group_size: int, scale_rewards: str) -> None:

@@ -1,16 +1,18 @@
 """G completions per prompt, sampled from the model as it trains: the LoRA adapter live (no merge, no server).
 
-One batched `generate` call: the prompts left-padded (a decoder continues from the last column, so every prompt
-must end there), `num_return_sequences = G` (transformers repeats each prompt G times in a row, so completion n
-belongs to prompt n // G: TRL's order), the KV cache on. While sampling:
+Each prompt is run through the model once and its KV cache held G times (finetune/train/grpo/decoding.py), then
+every row is sampled with the cache, one batched decoding step at a time: the completions are token for token
+those of transformers' `generate(do_sample=True, num_return_sequences=G)` on the left-padded prompts at the same
+seed (tests/test_grpo_rollout.py holds them equal), with the prompts' prefill done once instead of G times and
+without `generate`'s per-step machinery. Completion n belongs to prompt n // G (TRL's order). While sampling:
 - the model is in eval mode (no dropout while sampling), and every module's own training flag is restored after;
 - the cache is used even under gradient checkpointing: transformers turns the cache off only for a checkpointed
-  layer in training mode (modeling_layers.py), and `use_cache=True` in the generation config overrides a
+  layer in training mode (modeling_layers.py), and every call passes `use_cache=True`, over a
   `config.use_cache = False` left by the packing guard;
-- the model's own generation config is set aside: a checkpoint's generation_config.json (a repetition penalty,
-  min_p, top_k 50 as transformers' default) would otherwise fill every knob left unset, and GRPO must sample
-  from the distribution it scores (softmax(logits / temperature), cut by top_k / top_p);
-- the RNG is forked and seeded: `generate` draws from the global torch RNG, so sampling runs inside
+- what is drawn is softmax(logits / temperature), cut by top_k / top_p (transformers' own warpers, in
+  `generate`'s order), and nothing else: a checkpoint's generation_config.json (a repetition penalty, min_p) is
+  never read, since GRPO must sample from the distribution it scores;
+- the RNG is forked and seeded: the draw uses the global torch RNG, so sampling runs inside
   `torch.random.fork_rng` with the CPU generator (and the model's CUDA device's) seeded with `seed`. The same seed
   and the same prompts give the same completions, and the training RNG stream (dropout, data order) is not
   consumed, so a resumed run replays a step exactly when the caller derives `seed` from (recipe seed, step,
@@ -18,6 +20,10 @@ belongs to prompt n // G: TRL's order), the KV cache on. While sampling:
 
 Completions are cut after their first EOS, the EOS kept (TRL 1.16, GRPOTrainer: `completion_mask` covers the tokens
 up to and including the first EOS); one with no EOS in `max_completion_length` tokens is truncated.
+
+Episodes of several turns (a tool's result between two of the model's turns) keep the batch and its cache alive:
+`Episodes` samples a turn, appends each row's tool-result ids after what it sampled and samples the next turn
+from the cache, never re-running the prefix (token in, token out: nothing is decoded and re-encoded).
 """
 
 from __future__ import annotations
@@ -48,22 +54,77 @@ def generate_completions(model, prompt_ids: list[list[int]], num_generations: in
     """Sample `num_generations` completions of at most `max_completion_length` tokens for every prompt.
     `model`: the causal LM or its peft wrapper, unwrapped from DDP / DeepSpeed by the caller; `top_k` None or 0:
     no top-k cut."""
-    import torch
+    _check_prompts(prompt_ids, num_generations)
+    _check_sampling([max_completion_length], temperature, eos_ids)
+    episodes = Episodes(model, prompt_ids, num_generations, pad_id=pad_id)
+    return episodes.sample(max_completion_length, seed=seed, eos_ids=eos_ids, temperature=temperature, top_p=top_p,
+                           top_k=top_k)
 
-    _check_arguments(prompt_ids, num_generations, max_completion_length, temperature, eos_ids)
-    device = next(model.parameters()).device
-    input_ids, attention_mask = _left_padded(prompt_ids, pad_id, device)
-    config = _generation_config(num_generations, max_completion_length, temperature, top_p, top_k, eos_ids, pad_id)
-    with _sampling_mode(model), _seeded_rng(seed, device), torch.no_grad():
-        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
-    generated = sequences[:, input_ids.shape[1]:].tolist()
-    ids, truncated = [], []
-    eos = set(eos_ids)
-    for tokens in generated:
-        end = next((t for t, token in enumerate(tokens) if token in eos), None)
-        ids.append(tokens[:end + 1] if end is not None else tokens)  # unfinished: never padded
-        truncated.append(end is None)
-    return Completions(ids=ids, is_truncated=truncated, num_generations=num_generations)
+
+class Episodes:
+    """G rows per prompt, sampled turn by turn with their KV cache kept: the multi-turn rollout (a tool's result
+    between the model's turns) without re-running any prefix. Row n starts as prompt n // G.
+
+        episodes = Episodes(model, prompt_ids, G, pad_id=pad)      # each prompt prefilled once, its cache G times
+        turn = episodes.sample(256, seed=s, eos_ids=eos)           # = generate_completions(...) for the first turn
+        episodes.keep([0, 3, 5])                                   # the rows that called a tool go on
+        episodes.append([result_ids_0, result_ids_3, result_ids_5])  # after each row's last sampled token
+        turn = episodes.sample([200, 180, 240], seed=s2, eos_ids=eos)  # each row's own remaining budget
+
+    `append` puts the ids after everything the row has (its last turn's tokens, EOS included) and runs them
+    through the model with the cache in one forward; the next `sample` continues from there, as sampling from
+    the concatenated ids would (tests/test_grpo_rollout.py). `tokens[row]` is the row's every id, prompt first;
+    `prompt_index[row]` its prompt (`keep` drops rows: read their tokens first). Each call puts the model in eval
+    mode for its duration and computes no gradients. The cache lives as long as this object: drop it when the
+    episodes end. `append` and `keep` need a model whose layers all use softmax attention (a recurrent, linear
+    attention state cannot skip the padding between turns: ValueError); a sliding window counts the cache's
+    columns, padding included, so past the window a continued row sees a few tokens fewer than a fresh one."""
+
+    def __init__(self, model, prompt_ids: list[list[int]], num_generations: int, *, pad_id: int):
+        from finetune.train.grpo import decoding
+
+        _check_prompts(prompt_ids, num_generations)
+        self.model, self.pad_id, self.num_generations = model, pad_id, num_generations
+        self.prompt_index = [n // num_generations for n in range(len(prompt_ids) * num_generations)]
+        with _sampling_mode(model) as lm:
+            self._state = decoding.prefill(lm, prompt_ids, num_generations, pad_id)
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """Each row's ids: its prompt, then every token sampled or appended since, in order."""
+        return self._state.tokens
+
+    def sample(self, max_new_tokens: int | list[int], *, seed: int, eos_ids: list[int], temperature: float = 1.0,
+               top_p: float = 1.0, top_k: int | None = None) -> Completions:
+        """Every row's next turn: up to its first EOS (kept) or max_new_tokens (one for all, or one per row)."""
+        from finetune.train.grpo import decoding
+
+        limits = [max_new_tokens] * self._state.rows if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(limits) != self._state.rows:
+            raise ValueError(f"max_new_tokens: one limit for each of the {self._state.rows} rows (got {len(limits)})")
+        _check_sampling(limits, temperature, eos_ids)
+        warpers = _warpers(temperature, top_p, top_k)
+        with _sampling_mode(self.model) as lm, _seeded_rng(seed, self._state.valid.device), _decoding_kernels(lm):
+            ids, truncated = decoding.sample(lm, self._state, limits, list(eos_ids), self.pad_id, warpers)
+        return Completions(ids=ids, is_truncated=truncated, num_generations=self.num_generations)
+
+    def append(self, ids: list[list[int]]) -> None:
+        """Put `ids[row]` after each row's tokens (an empty list: nothing) and run them through the model."""
+        from finetune.train.grpo import decoding
+
+        if len(ids) != self._state.rows:
+            raise ValueError(f"append: one list of ids for each of the {self._state.rows} rows (got {len(ids)})")
+        with _sampling_mode(self.model) as lm:
+            decoding.extend(lm, self._state, ids, self.pad_id)
+
+    def keep(self, rows: list[int]) -> None:
+        """Go on with these rows only (in this order); the others' cache is freed."""
+        from finetune.train.grpo import decoding
+
+        if not rows or any(not 0 <= r < self._state.rows for r in rows):
+            raise ValueError(f"keep: rows between 0 and {self._state.rows - 1}, at least one (got {rows})")
+        decoding.keep(self._state, list(rows))
+        self.prompt_index = [self.prompt_index[r] for r in rows]
 
 
 def decode_completions(tokenizer, completions: Completions) -> list[str]:
@@ -71,53 +132,68 @@ def decode_completions(tokenizer, completions: Completions) -> list[str]:
     return tokenizer.batch_decode(completions.ids, skip_special_tokens=True)
 
 
-def _check_arguments(prompt_ids, num_generations, max_completion_length, temperature, eos_ids) -> None:
+def _check_prompts(prompt_ids, num_generations) -> None:
     if not prompt_ids or any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt needs at least one token: generation continues from the prompt's last one")
-    if num_generations < 1 or max_completion_length < 1:
-        raise ValueError(f"num_generations ({num_generations}) and max_completion_length "
-                         f"({max_completion_length}) must be at least 1")
+    if num_generations < 1:
+        raise ValueError(f"num_generations ({num_generations}) must be at least 1")
+
+
+def _check_sampling(limits: list[int], temperature, eos_ids) -> None:
+    if not limits or min(limits) < 1:
+        raise ValueError(f"max_completion_length / max_new_tokens ({limits}) must be at least 1")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 (got {temperature}): GRPO samples, it never decodes greedily")
     if not eos_ids:
         raise ValueError("eos_ids is empty: a completion could never end, every one would be truncated")
 
 
-def _left_padded(prompt_ids: list[list[int]], pad_id: int, device):
-    import torch
+def _warpers(temperature: float, top_p: float, top_k: int | None):
+    """transformers' sampling warpers, those `generate` adds for these settings, in its order."""
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-    width = max(len(ids) for ids in prompt_ids)
-    ids = [[pad_id] * (width - len(p)) + list(p) for p in prompt_ids]
-    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids]
-    return torch.tensor(ids, device=device), torch.tensor(mask, device=device)
-
-
-def _generation_config(num_generations, max_completion_length, temperature, top_p, top_k, eos_ids, pad_id):
-    from transformers import GenerationConfig
-
-    return GenerationConfig(
-        max_new_tokens=max_completion_length, do_sample=True, num_return_sequences=num_generations,
-        temperature=temperature, top_p=top_p, top_k=top_k or 0,  # 0: transformers adds no top-k warper
-        eos_token_id=list(eos_ids), pad_token_id=pad_id, bos_token_id=None, use_cache=True,
-    )
+    warpers = LogitsProcessorList()
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k=top_k, min_tokens_to_keep=1))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    return warpers
 
 
 @contextlib.contextmanager
 def _sampling_mode(model):
-    """Eval mode and a blank generation config for the duration; each module's training flag restored after."""
-    from transformers import GenerationConfig
+    """Eval mode and no gradients for the duration, each module's training flag restored after; yields the causal
+    LM (the LoRA layers live inside it under a peft wrapper)."""
+    import torch
+
+    from finetune.model import base_causal_lm
 
     modes = [(module, module.training) for module in model.modules()]
-    holder = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
-    saved = holder.generation_config
-    holder.generation_config = GenerationConfig()
     model.eval()
+    try:
+        with torch.no_grad():
+            yield base_causal_lm(model)
+    finally:
+        for module, training in modes:
+            module.training = training
+
+
+@contextlib.contextmanager
+def _decoding_kernels(lm):
+    """What `generate` does around its decoding steps (not the prefill): off the CPU, a mixture-of-experts model's
+    `grouped_mm` experts run as `batched_mm` (faster for a few tokens), restored after."""
+    get = getattr(lm, "get_experts_implementation", None)
+    original = get() if callable(get) else {}
+    switch = lm.device.type != "cpu" and "grouped_mm" in original.values()
+    if switch:
+        lm.set_experts_implementation({k: "batched_mm" if v == "grouped_mm" else v for k, v in original.items()})
     try:
         yield
     finally:
-        holder.generation_config = saved
-        for module, training in modes:
-            module.training = training
+        if switch:
+            lm.set_experts_implementation(original)
 
 
 @contextlib.contextmanager

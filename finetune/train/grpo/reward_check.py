@@ -37,8 +37,11 @@ class SampleResult:
     values: list[float | None]
     error: str | None = None
     printed: tuple[str, int] | None = None  # (the first OUTPUT_CAP bytes, how many bytes) when it printed
+    note: str | None = None  # a reward model: what it reads (it is not run here)
 
     def line(self) -> str:
+        if self.note and self.ok:
+            return f"reward {self.name}: {self.note}"
         if not self.ok:
             return f"reward {self.name}: FAILED: {self.error}"
         shown = ", ".join("None" if v is None else f"{v:g}" for v in self.values)
@@ -62,7 +65,9 @@ def signature_problems(specs, columns: list[str], base_dir) -> dict[str, str]:
 
     specs = [as_spec(s) for s in specs]
     broken = {}
-    for name, spec in zip(unique_names([s.function for s in specs]), specs):
+    for name, spec in zip(unique_names(specs), specs):
+        if spec.function is None:  # a reward model: checked at load (finetune/reward_models.py)
+            continue
         try:
             check_reward(load_reward(spec.function, base_dir), spec.function, list(columns))
         except RewardError as err:
@@ -92,9 +97,10 @@ def sample_check(specs, records: list[dict], sample_completion, base_dir=None, e
     ids = [list(encode(t)) if encode is not None else [] for t in texts]
     prompts = [r.get("prompt") for r in records]
     specs = [as_spec(s) for s in specs]
-    names = unique_names([s.function for s in specs])
+    names = unique_names(specs)
     problems = signature_problems(specs, list(columns), base_dir)
     broken = {n: SampleResult(n, s.function, False, [], problems[n]) for n, s in zip(names, specs) if n in problems}
+    broken.update({n: _model_result(n, s, prompts) for n, s in zip(names, specs) if s.model})
     good = [s for n, s in zip(names, specs) if n not in broken]
     ran = {}
     if good:
@@ -103,6 +109,19 @@ def sample_check(specs, records: list[dict], sample_completion, base_dir=None, e
             ran = {spec.function: _result(name, spec, batch, i) for i, (name, spec) in
                    enumerate(zip(runner.names, runner.specs))}
     return [broken.get(n) or _renamed(ran[s.function], n) for n, s in zip(names, specs)]
+
+
+def _model_result(name: str, spec, prompts: list) -> SampleResult:
+    """A reward model is not run here (validate loads no model): its folder was checked when the recipe loaded; what
+    it trained on must match the prompts."""
+    from finetune.model.scorer import read_scoring
+
+    scoring = read_scoring(spec.model)
+    if scoring.conversational is False and any(isinstance(p, list) for p in prompts):
+        return SampleResult(name, spec.model, False, [], "trained on plain-text pairs, but the prompts are "
+                            "conversations: train it on conversational pairs, or give the run text prompts")
+    return SampleResult(name, spec.model, True, [], None, None,
+                        f"a reward model ({spec.model}), scored in the training process: {scoring.describe()}")
 
 
 def _renamed(result: SampleResult, name: str) -> SampleResult:

@@ -45,26 +45,44 @@ MAX_FAILED_STEPS = 5
 
 @dataclass(frozen=True)
 class RewardSpec:
-    """One reward function as the runner needs it (the recipe's `rewards:` entries carry the same fields, and
-    the recipe holds their defaults)."""
+    """One reward as the runners need it (the recipe's `rewards:` entries carry the same fields, and the recipe holds
+    their defaults): a function, or a reward model (`model`: its folder; finetune/train/grpo/reward_models.py)."""
 
-    function: str  # FILE.py:NAME (relative to base_dir) or package.module:NAME
+    function: str | None  # FILE.py:NAME (relative to base_dir) or package.module:NAME
     weight: float
     timeout_s: float
+    model: str | None = None
+    normalize: bool = False  # z-scored within each group before the weighted sum (finetune/train/grpo/advantages.py)
+    max_length: int | None = None
+    batch_size: int = 8
+
+    @property
+    def label(self) -> str:
+        return self.function or self.model
 
 
 def as_spec(item) -> RewardSpec:
-    """A RewardSpec from the recipe's entry (any object with function / weight / timeout_s) or a dict."""
+    """A RewardSpec from the recipe's entry (any object with function / weight / timeout_s, and a reward model's keys
+    when it has them) or a dict."""
     if isinstance(item, RewardSpec):
         return item
-    get = item.get if isinstance(item, dict) else lambda key: getattr(item, key)
-    return RewardSpec(str(get("function")), float(get("weight")), float(get("timeout_s")))
+    get = item.get if isinstance(item, dict) else lambda key, default=None: getattr(item, key, default)
+    function, model = get("function"), get("model")
+    return RewardSpec(None if function is None else str(function), float(get("weight")),
+                      float(get("timeout_s") if get("timeout_s") is not None else 30.0),
+                      None if model is None else str(model), bool(get("normalize") or False), get("max_length"),
+                      int(get("batch_size") or 8))
 
 
-def unique_names(functions: list[str]) -> list[str]:
-    """Each function's NAME; the whole spec where two specs share a NAME (two files' `correct`)."""
-    short = [reward_name(f) for f in functions]
-    return [s if short.count(s) == 1 else f for s, f in zip(short, functions)]
+def unique_names(specs: list) -> list[str]:
+    """Each reward's name: a function's NAME, a reward model's folder name; the whole spec (or path) where two share a
+    name (two files' `correct`). `specs`: RewardSpecs, recipe entries, or function specs as strings."""
+    from finetune.reward_models import reward_model_name
+
+    labels = [s if isinstance(s, str) else as_spec(s).label for s in specs]
+    short = [reward_name(label) if isinstance(s, str) or as_spec(s).function else reward_model_name(label)
+             for s, label in zip(specs, labels)]
+    return [name if short.count(name) == 1 else label for name, label in zip(short, labels)]
 
 
 @dataclass
@@ -82,14 +100,18 @@ class RewardBatch:
 class RewardRunner:
     """Reward functions in `workers` worker processes. Close it (or use `with`); at exit it closes itself.
     `counted_in`: where later failures are counted, for the first failure's warning (None: no warnings, no output
-    logged: the caller reports each batch's failures and output itself)."""
+    logged: the caller reports each batch's failures and output itself); `names`: the functions' names among all of a
+    recipe's rewards (default: among these)."""
 
     def __init__(self, specs, base_dir, workers: int = 1, max_failed_steps: int = MAX_FAILED_STEPS,
-                 counted_in: str | None = "run.json"):
+                 counted_in: str | None = "run.json", names: list[str] | None = None):
         self.specs = [as_spec(s) for s in specs]
         if not self.specs:
             raise RewardError("GRPO needs at least one reward function: `rewards: [{function: rewards.py:NAME}]`")
-        self.names = unique_names([s.function for s in self.specs])
+        if any(s.function is None for s in self.specs):
+            raise ValueError("RewardRunner runs reward functions; reward models score in the training process "
+                             "(finetune/train/grpo/reward_models.py)")
+        self.names = list(names) if names is not None else unique_names([s.function for s in self.specs])
         self.weights = [s.weight for s in self.specs]
         self.base_dir = Path(base_dir)
         self.max_failed_steps = max_failed_steps

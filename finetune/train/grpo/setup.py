@@ -85,12 +85,14 @@ def eos_ids(tokenizer) -> tuple:
     return tuple(sorted(i for i in ids if i is not None))
 
 
-def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool, packs: bool = True) -> dict:
-    from finetune.train.grpo.rewards import RewardRunner
+def grpo_trainer_kwargs(recipe, prepared, tokenizer, world_size: int, share_prompt: bool, packs: bool = True,
+                        device=None, precision: str = "fp32") -> dict:
+    from finetune.train.grpo.reward_models import RewardSet
     from finetune.train.grpo.sampler import GroupSampler
 
-    # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder
-    runner = RewardRunner(recipe.rewards, base_dir=Path.cwd())
+    # FILE specs are absolute (finetune/recipe/load.py); package.module specs import from the current folder; reward
+    # models load on the training device, in the run's precision
+    runner = RewardSet(recipe.rewards, base_dir=Path.cwd(), device=device, dtype=precision)
     if not packs:
         log.info("GRPO scoring: each completion in a row of its own (this model family's packed rows are not "
                  "isolated: docs/models.md)")

@@ -7,6 +7,7 @@ completions k x micro_batch_size onward, so a group may span micro batches but n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -68,7 +69,7 @@ def _prompts(rows: list[dict], group: int) -> list[dict]:
 
 def build_step(trainer, slots: list[dict], step: int):
     """(micro batches, normalizer, metrics, samples) for the optimizer step `step` from the dataloader's slots."""
-    from finetune.train.grpo.advantages import group_advantages
+    from finetune.train.grpo.advantages import group_advantages, zscore_groups
     from finetune.train.grpo.generation import generate_completions
 
     settings: GRPOSettings = trainer.grpo
@@ -88,7 +89,12 @@ def build_step(trainer, slots: list[dict], step: int):
                                   trainer_state=state)
     values = torch.tensor(batch.values, dtype=torch.float32).T  # [N, F], NaN where missing
     weights = torch.tensor(trainer.rewards.weights, dtype=torch.float32)
-    adv = group_advantages(values, weights, settings.group, settings.scale_rewards)
+    adv = group_advantages(values, weights, settings.group, settings.scale_rewards)  # raw: what is logged
+    normalize = list(getattr(trainer.rewards, "normalize", None) or [])
+    if any(normalize):  # `normalize: true` rewards z-scored within each group before the sum: what trains
+        adv = dataclasses.replace(adv, advantages=group_advantages(
+            zscore_groups(values, normalize, settings.group), weights, settings.group, settings.scale_rewards
+        ).advantages)
     micro = micro_batches([p["prompt_ids"] for p in prompts for _ in range(settings.group)], completions,
                           adv.advantages, settings)
     _add_logps(trainer, model, micro, settings)

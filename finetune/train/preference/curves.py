@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import math
 
+from finetune.train.metric_curves import ends, levels, series
+from finetune.train.metric_curves import plot_panels as metric_panels
+
 LOG2 = math.log(2)  # DPO's loss while the policy equals the reference: -log sigmoid(0)
 CHANCE_BAND = 0.10  # accuracy within this of 0.5 is chance
 ACCURACY_RISE = 0.10  # accuracy that ended less than this above its first level did not rise
@@ -45,56 +48,31 @@ def learned(log_history: list[dict]) -> str | None:
     chance, or the reward margin grew (KTO logs no accuracy). A preference loss can move little while the
     ranking is learned (IPO starts at 1 / (2 beta)^2 and falls slowly; KTO's is bounded by its weights), so
     the SFT rule "the loss barely moved: underfit" does not apply alone. None when neither holds."""
-    accuracy, key = _series(log_history, "rewards/accuracies")
+    accuracy, key = series(log_history, "rewards/accuracies")
     if len(accuracy) >= MIN_METRIC_POINTS:
-        a0, a1 = _ends(accuracy)
+        a0, a1 = ends(accuracy)
         if a1 > 0.5 + CHANCE_BAND:
             return f"{key} {a0:.2f} -> {a1:.2f}"
-    margins, key = _series(log_history, "rewards/margins")
+    margins, key = series(log_history, "rewards/margins")
     if len(margins) >= MIN_METRIC_POINTS:
-        m0, m1 = _ends(margins)
+        m0, m1 = ends(margins)
         if m1 > m0 + MARGIN_GROWTH and m1 > 0:
             return f"{key} {m0:.2f} -> {m1:.2f}"
     return None
 
 
-def metric_series(log_history: list[dict], key: str) -> list[tuple[int, float]]:
-    """(step, value) of every logged `key`, non-finite values left out."""
-    points = [(int(e["step"]), float(e[key])) for e in log_history if key in e and "step" in e]
-    return [p for p in points if math.isfinite(p[1])]
-
-
-def _series(log_history: list[dict], name: str) -> tuple[list[tuple[int, float]], str]:
-    """The training series of `name`, else the eval one; with the key it came from."""
-    train = metric_series(log_history, name)
-    return (train, name) if train else (metric_series(log_history, f"eval_{name}"), f"eval_{name}")
-
-
-def _ends(points: list[tuple[int, float]]) -> tuple[float, float]:
-    n = len(points)
-    k = max(min(3, n // 2), n // 5, 1)
-    return sum(v for _, v in points[:k]) / k, sum(v for _, v in points[-k:]) / k
-
-
 def summary(log_history: list[dict]) -> dict:
     """{metric: {"first", "last"}} levels of every preference metric logged (train and eval_): diagnosis.json."""
-    out = {}
-    for name in METRICS:
-        for key in (name, f"eval_{name}"):
-            points = metric_series(log_history, key)
-            if points:
-                first, last = _ends(points)
-                out[key] = {"first": round(first, 4), "last": round(last, 4)}
-    return out
+    return levels(log_history, METRICS)
 
 
 def nothing_learned(log_history: list[dict], train_losses: list[tuple[int, float]]) -> str | None:
     """The reason, when accuracy ended at chance or a tie and the loss stayed where it started; else None."""
-    accuracy, key = _series(log_history, "rewards/accuracies")
+    accuracy, key = series(log_history, "rewards/accuracies")
     if len(accuracy) < MIN_METRIC_POINTS or len(train_losses) < MIN_METRIC_POINTS:
         return None
-    acc0, acc = _ends(accuracy)
-    first, last = _ends(train_losses)  # = curves.loss_levels for >= 6 points: the loss verdict's own numbers
+    acc0, acc = ends(accuracy)
+    first, last = ends(train_losses)  # = curves.loss_levels for >= 6 points: the loss verdict's own numbers
     at_log2 = abs(last - LOG2) <= LOG2_BAND
     still = first > 0 and abs(last - first) < LOSS_STILL * first
     if not (at_log2 or still):
@@ -123,23 +101,23 @@ def nothing_learned(log_history: list[dict], train_losses: list[tuple[int, float
 
 def likelihood_displacement(log_history: list[dict]) -> str | None:
     """The reason, when the chosen log-prob fell while the reward margin grew; else None."""
-    chosen, _ = _series(log_history, "logps/chosen")
-    margins, _ = _series(log_history, "rewards/margins")
+    chosen, _ = series(log_history, "logps/chosen")
+    margins, _ = series(log_history, "rewards/margins")
     if len(chosen) < MIN_METRIC_POINTS or len(margins) < MIN_METRIC_POINTS:
         return None
-    c0, c1 = _ends(chosen)
-    m0, m1 = _ends(margins)
+    c0, c1 = ends(chosen)
+    m0, m1 = ends(margins)
     fell = c1 < c0 - max(LOGP_FALL_NATS, LOGP_FALL * abs(c0))
     grew = m1 > m0 + MARGIN_GROWTH and m1 > 0
-    rewards, _ = _series(log_history, "rewards/chosen")
+    rewards, _ = series(log_history, "rewards/chosen")
     if len(rewards) >= MIN_METRIC_POINTS:  # the chosen reward compares each answer with itself: it must agree
-        fell = fell and _ends(rewards)[1] < _ends(rewards)[0]
+        fell = fell and ends(rewards)[1] < ends(rewards)[0]
     if not (fell and grew):
         return None
-    rejected, _ = _series(log_history, "logps/rejected")
+    rejected, _ = series(log_history, "logps/rejected")
     also = ""
     if len(rejected) >= MIN_METRIC_POINTS:
-        r0, r1 = _ends(rejected)
+        r0, r1 = ends(rejected)
         also = f" (the rejected answers' from {r0:.1f} to {r1:.1f})"
     return (f"the chosen answers' log-prob fell from {c0:.1f} to {c1:.1f}{also} while the reward margin grew from "
             f"{m0:.2f} to {m1:.2f}: the model widens the gap by pushing both answers down, so probability moves to "
@@ -156,18 +134,4 @@ def plot_panels(axes, log_history: list[dict]) -> None:
     )
     colors = {"rewards/accuracies": "tab:green", "rewards/margins": "tab:purple", "logps/chosen": "tab:green",
               "logps/rejected": "tab:red"}
-    for ax, (names, ylabel, line, line_label) in zip(axes, panels):
-        for name in names:
-            for key, style in ((name, "-"), (f"eval_{name}", "--")):
-                points = metric_series(log_history, key)
-                if points:
-                    ax.plot(*zip(*points), style, label=key, color=colors[name], marker="o" if style == "--" else None,
-                            markersize=3)
-        if line is not None:
-            ax.axhline(line, color="gray", linestyle=":", linewidth=1, label=line_label)
-        ax.set(xlabel="optimizer step", ylabel=ylabel)
-        if names == ("rewards/accuracies",):
-            ax.set_ylim(-0.03, 1.03)  # the whole 0..1 scale: chance and a tie read at a glance
-        ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+    metric_panels(axes, log_history, panels, colors)

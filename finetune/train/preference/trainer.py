@@ -35,6 +35,7 @@ from transformers import Trainer
 
 from finetune.log import get_logger
 from finetune.train.callbacks.throughput import ThroughputCallback
+from finetune.train.metric_sums import MetricSums
 from finetune.train.micro_batches import take
 
 log = get_logger(__name__)
@@ -55,7 +56,7 @@ class PreferenceTrainer(Trainer):
         self._reference_unlogged = 0.0  # reference-pass seconds inside a runtime not yet logged
         self.policy_is_reference = True  # until the first training step: the model scores as the reference did
         self.loss_is_scaled_for_ga = True  # compute_loss normalizes over the whole step itself
-        self._sums = {"train": {}, "eval": {}}
+        self._sums = MetricSums()
 
     # --- the step's counts ---------------------------------------------------------------------------------
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -95,7 +96,7 @@ class PreferenceTrainer(Trainer):
         else:
             counts, scale = num_items_in_batch, self.accelerator.num_processes
         loss = self.objective.combine(terms, counts.to(logps.device), scale)
-        self._record(terms.metrics, "train" if model.training else "eval")
+        self._sums.add(terms.metrics, "train" if model.training else "eval")
         return (loss, {}) if return_outputs else loss
 
     def _mean_over_processes(self, value):
@@ -200,31 +201,14 @@ class PreferenceTrainer(Trainer):
             logs["reference_pass_s"] = round(self._reference_unlogged, 4)
             self._reference_unlogged = 0.0
 
-    # --- metrics ---------------------------------------------------------------------------------------------
-    def _record(self, metrics: dict, mode: str) -> None:
-        sums = self._sums[mode]
-        for name, values in metrics.items():
-            values = values.detach().double()
-            total, count = sums.get(name, (0.0, 0))
-            sums[name] = (total + values.sum(), count + values.numel())  # a device tensor: no sync per step
-
+    # --- metrics -----------------------------------------------------------------------------------------------
     def log(self, logs: dict, start_time=None) -> None:
         self._without_reference_pass(logs)
         mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
-        sums = self._sums[mode]
-        if sums:
-            names = sorted(sums)
-            totals = torch.stack([torch.as_tensor(sums[n][0], dtype=torch.float64) for n in names]).to(self.args.device)
-            counts = torch.tensor([float(sums[n][1]) for n in names], dtype=torch.float64, device=self.args.device)
-            if self.args.world_size > 1:
-                totals = self.accelerator.reduce(totals, reduction="sum")
-                counts = self.accelerator.reduce(counts, reduction="sum")
-            prefix = "eval_" if mode == "eval" else ""
-            means = {name: total / count for name, total, count in zip(names, totals.tolist(), counts.tolist())
-                     if count}
-            for name, value in {**means, **self.objective.derived(means)}.items():
-                logs[f"{prefix}{name}"] = round(value, 6)
-            sums.clear()
+        means = self._sums.take(mode, self)
+        prefix = "eval_" if mode == "eval" else ""
+        for name, value in {**means, **self.objective.derived(means)}.items():
+            logs[f"{prefix}{name}"] = round(value, 6)
         super().log(logs, start_time)
 
 

@@ -3,7 +3,8 @@
 axolotl ships a copy of each family's template under a name (`qwen3`, `gemma3`, `phi_3`, `llama3`, `mistral_v7_tekken`
 ...); finetune renders with the template the base model's tokenizer ships (`tokenizer_default`; ChatML where it has
 none). The two agree when axolotl's name is the base's own family; the port says which, from the base model's
-config.json when it is a local folder, else by naming the families the template belongs to.
+config.json when it is a local folder, else by naming the families the template belongs to. Read by `finetune port`
+(port/convert.py) and by `finetune validate` (hints.py: no base model, so the families are named).
 """
 
 from __future__ import annotations

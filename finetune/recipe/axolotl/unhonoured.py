@@ -1,7 +1,7 @@
 """axolotl keys that change what is trained and that finetune cannot honour: `finetune port` keeps each one, as
 written, for the user's decision (exit 1), with what it does (issue 33: they were dropped with exit 0).
 
-Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit finetune/port/axolotl.py names: set,
+Checked against axolotl's schema (src/axolotl/utils/schemas/) at the commit keys.py beside it names: set,
 each of these changes the weights, the loss or the tokens trained, so dropping it would train something else.
 """
 
