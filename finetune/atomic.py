@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -40,18 +42,25 @@ def temp_file(path: str | os.PathLike) -> tuple[int, str]:
     return fd, tmp
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` whole or not at all: a temporary file beside it (the umask's mode), then a rename.
-    A reader never sees a half-written file, and a crash leaves the previous version in place."""
+@contextmanager
+def replaced_whole(path: str | os.PathLike) -> Iterator[str]:
+    """A temporary path beside `path` (an empty file, the umask's mode) for the block to write; leaving the block
+    renames it onto `path`, an error inside it removes it. A reader never sees a half-written file, and a crash
+    leaves the previous version in place. A writer holding the file open closes it inside the block."""
     fd, tmp = temp_file(path)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` whole or not at all (replaced_whole)."""
+    with replaced_whole(path) as tmp:
+        Path(tmp).write_text(text, encoding="utf-8")
 
 
 def temp_dir(target: str | os.PathLike) -> Path:

@@ -231,6 +231,46 @@ def test_peft_moe_conversion_is_the_one_peft_applies_and_twice_is_once(tokenizer
     assert (sorted(built["default"].target_modules), sorted(built["default"].target_parameters)) == once[:2]
 
 
+def test_peft_says_a_fused_experts_rank_pattern_was_ignored_and_peft_wrapping_silences_exactly_that(tokenizer,
+                                                                                                     tmp_path):
+    """Review 1, finding 14: every fused-expert LoRA run printed peft's "rank_pattern keys ... were ignored" (and
+    alpha_pattern's) although the pattern took effect. peft still says it (else drop the silence); with the
+    adapter's config, or its saved folder, peft_wrapping hides it; a key that matches nothing is still said."""
+    import warnings
+
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from tiny import family_config
+
+    def converted(model, **extra):  # what build_model hands peft: gate_up_proj at rank 2r
+        lora = LoraConfig(r=4, lora_dropout=0.0, target_modules="all-linear", **extra)
+        compat.peft_moe_conversion(lora, model)
+        return lora
+
+    def said(adapter, wrap: bool, **extra) -> tuple[list[str], object]:
+        """(peft's "did not match" warnings, the PeftModel) for `adapter`: "config" builds one, a folder loads it."""
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(family_config("qwen3_moe", tokenizer))
+        adapter = converted(model, **extra) if adapter == "config" else adapter
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with compat.peft_wrapping(adapter) if wrap else warnings.catch_warnings():
+                built = (get_peft_model(model, adapter) if isinstance(adapter, LoraConfig)
+                         else PeftModel.from_pretrained(model, str(adapter)))
+        return [str(w.message) for w in caught if "did not match any targeted module" in str(w.message)], built
+
+    assert len(said("config", wrap=False)[0]) == 2  # rank_pattern's and alpha_pattern's, for r".*\.gate_up_proj"
+    messages, built = said("config", wrap=True)
+    assert messages == []
+    experts = built.base_model.model.model.layers[0].mlp.experts
+    assert experts.base_layer.lora_A["default"].weight.shape[0] == 2 * 4 * 4  # applied: rank 2r, 4 experts
+    built.save_pretrained(tmp_path / "adapter")
+    assert len(said(tmp_path / "adapter", wrap=False)[0]) == 2 and said(tmp_path / "adapter", wrap=True)[0] == []
+    stray, _ = said("config", wrap=True, rank_pattern={"no_such_layer": 2})
+    assert len(stray) == 1 and "no_such_layer" in stray[0]
+
+
 def test_peft_reads_the_deprecated_checkpointing_alias_and_peft_wrapping_silences_only_that(tiny_llama):
     """Issue 43, item 14: a transformers FutureWarning on every command that builds or loads an adapter."""
     import warnings

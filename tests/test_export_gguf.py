@@ -296,3 +296,28 @@ def test_the_command_offers_exactly_the_types_the_writer_takes():
     from finetune.export.gguf_tensors import QUANT_TYPES
 
     assert tuple(QUANT_CHOICES) == tuple(QUANT_TYPES)
+
+
+def test_a_gguf_file_is_written_whole_or_not_at_all(tmp_path):
+    """export/gguf.py's gguf_file, which both the model's GGUF and the mmproj file go through: an error while the
+    file is being filled leaves neither the file nor a temporary one; a block that ends writes it, with the mode
+    any other file gets (the umask's), readable by gguf's own reader."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from finetune.atomic import current_umask
+    from finetune.export.gguf import gguf_file
+
+    out = tmp_path / "m.gguf"
+    with pytest.raises(RuntimeError, match="a tensor llama.cpp cannot hold"):
+        with gguf_file(out, "llama") as writer:
+            writer.add_name("m")
+            raise RuntimeError("a tensor llama.cpp cannot hold")
+    assert list(tmp_path.iterdir()) == []
+    with gguf_file(out, "llama") as writer:
+        writer.add_name("m")
+        writer.add_tensor("t", np.arange(4, dtype=np.float32))
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    assert (out.stat().st_mode & 0o777) == 0o666 & ~current_umask()
+    tensors = GGUFReader(out).tensors
+    assert [t.name for t in tensors] == ["t"] and tensors[0].data.tolist() == [0.0, 1.0, 2.0, 3.0]

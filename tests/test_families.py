@@ -283,6 +283,25 @@ def test_a_family_not_in_the_table_trains_unpacked_saying_so_once(runs, caplog):
     assert _losses(summary)[0] == pytest.approx(unpacked_loss(path), abs=TOLERANCE)
 
 
+def test_validate_plan_and_preprocess_refuse_what_train_refuses_in_its_words(runs, capsys):
+    """Review 1, finding 11: a family that refuses packing (gpt_oss) with `sample_packing: true`: validate exited 0
+    and plan planned packed rows while train refused. Each verb now says train's refusal (exit 2); a family with no
+    row (starcoder2) is tokenized unpacked, as it trains."""
+    refused = runs.recipe("gpt_oss", "packed", adapter="lora", sample_packing=True, attn_implementation="eager")
+    with pytest.raises(ModelError) as train_said:
+        _train(refused)
+    assert FAMILIES["gpt_oss"].packing in str(train_said.value)
+    for verb in ("validate", "plan", "preprocess"):
+        capsys.readouterr()
+        assert cli_main([verb, str(refused)]) == 2, verb
+        assert capsys.readouterr().err.strip() == f"error: {train_said.value}", verb
+    generic = runs.recipe("starcoder2", "generic_packed", adapter="lora", sample_packing=True)
+    capsys.readouterr()
+    assert cli_main(["preprocess", str(generic)]) == 0
+    out = capsys.readouterr().out
+    assert "train: 6 examples" in out and "packed into" not in out
+
+
 @pytest.mark.parametrize("model_type", ROWS)
 def test_targets_and_plan(runs, model_type, capsys):
     path, _ = runs.sft(model_type)

@@ -209,6 +209,20 @@ def test_per_example_attention_is_not_used_where_it_would_change_the_numbers(tin
     assert not use_varlen_attention(eager)  # only replaces SDPA
 
 
+def test_a_vision_language_models_window_is_read_from_its_language_model():
+    """A LLaVA whose language model slides a window (a Mistral with `sliding_window`): the window is in text_config,
+    not on the outer config, and the per-example path (which applies none) is not taken; without one it is."""
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, MistralConfig
+
+    from finetune.model.families import per_example_attention
+
+    tower = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    windowed = LlavaConfig(vision_config=tower, text_config=MistralConfig(sliding_window=8))
+    assert getattr(windowed, "sliding_window", None) is None  # what the outer config says
+    assert per_example_attention(windowed) == (False, "this checkpoint's config sets a sliding window")
+    assert per_example_attention(LlavaConfig(vision_config=tower, text_config=LlamaConfig())) == (True, "")
+
+
 def test_packed_full_fine_tune_saves_a_config_any_loader_reads(make_recipe, tmp_path, capfd):
     from finetune.recipe import load_recipe
     from finetune.train import run_training

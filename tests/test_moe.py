@@ -6,6 +6,7 @@ gpt_oss trained; mixtral, olmoe, qwen2_moe, deepseek_v3 and a per-expert-Linear 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -313,7 +314,11 @@ def test_all_linear_on_a_family_peft_converts_reaches_the_experts_and_leaves_the
             lora_target_parameters=None)
     assert cli_main(["targets", str(tmp_path / "recipe.yml"), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    model, _ = build_model(load_recipe(tmp_path / "recipe.yml"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, _ = build_model(load_recipe(tmp_path / "recipe.yml"))
+    # peft's "rank_pattern keys ... ignored" for gate_up_proj's 2r, which it applied (finetune/compat.py)
+    assert not [w for w in caught if "did not match any targeted module" in str(w.message)]
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     assert count_parameters(model)[0] == printed["recipe"]["trainable_parameters"]
     assert any("experts" in n for n in names) and not any("mlp.gate" in n for n in names)

@@ -217,11 +217,13 @@ def _load(args: argparse.Namespace):
         if args.overrides:
             raise FinetuneError("--set applies to a recipe; with a model config use the flags (--adapter, --seq-len...)")
         return None, load_config(args.source)
+    from finetune.model.families import generic_path
     from finetune.model.loader import resolve_model_path
     from finetune.recipe import load_recipe
 
     recipe = load_recipe(args.source, args.overrides, world_size=args.num_gpus)
-    return recipe, load_config(resolve_model_path(recipe.base_model, recipe.cache_dir), recipe.trust_remote_code)
+    config = load_config(resolve_model_path(recipe.base_model, recipe.cache_dir), recipe.trust_remote_code)
+    return generic_path(recipe, config), config  # what train plans: a family's refusal, or padded rows
 
 
 def _micro_batch(knobs: dict) -> str:

@@ -104,9 +104,10 @@ def _image_ids(processor) -> frozenset:
 
 def run(args: argparse.Namespace) -> int:
     from finetune.data import build_dataset
+    from finetune.model.families import generic_path
     from finetune.model.vision import tokenizer_and_processor
 
-    recipe = load_recipe(args.recipe, args.overrides)
+    recipe = generic_path(load_recipe(args.recipe, args.overrides))  # as train: a family's refusal, or no packing
     tokenizer, processor = tokenizer_and_processor(recipe)
     prepared = build_dataset(recipe, tokenizer, processor)
     s = prepared.stats

@@ -1,4 +1,5 @@
-"""Check a recipe: print it resolved, or every problem with its key, line and fix (exit 2); then whether this machine
+"""Check a recipe: print it resolved, or every problem with its key, line and fix (exit 2), the model family's
+refusals included (finetune/model/families.py: what `finetune train` refuses, in its words); then whether this machine
 can train it (finetune/train/preflight.py: every problem at once; `--recipe-only` skips it). A GRPO recipe's reward
 functions also run on a few of its records, each in a worker with its timeout (exit 2 when one fails)."""
 
@@ -21,7 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from finetune.model.families import generic_path
+
     recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes)
+    generic_path(recipe, local_only=True)  # the family's refusal (packing it cannot isolate), in train's words
     if not args.recipe_only:
         from finetune.train.preflight import check_machine
 

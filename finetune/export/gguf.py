@@ -8,10 +8,12 @@ output folder and renamed when complete, so a refusal or a crash never leaves a 
 
 from __future__ import annotations
 
-import os
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from finetune.atomic import replaced_whole
 from finetune.errors import ModelError
 from finetune.log import get_logger
 from finetune.export.gguf_tensors import QUANT_TYPES
@@ -77,10 +79,23 @@ def check_quant(quant: str) -> None:
         raise ModelError(f"--quant {quant}: choose one of {', '.join(QUANT_TYPES)}")
 
 
-def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format: str = "chat") -> Exported:
-    """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
+@contextmanager
+def gguf_file(out: Path, arch: str) -> Iterator:
+    """A GGUFWriter for `arch` that the block fills (keys, tensors); leaving the block writes the file at `out` whole
+    (atomic.replaced_whole: beside it, then renamed); an error inside it writes nothing. The model's GGUF and a
+    vision-language model's mmproj file (export/gguf_mmproj.py) are both written through it."""
     import gguf
 
+    writer = gguf.GGUFWriter(None, arch)
+    with replaced_whole(out) as tmp, closing(writer):  # closed before the rename, or before the removal
+        yield writer
+        writer.write_header_to_file(path=Path(tmp))
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+
+
+def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format: str = "chat") -> Exported:
+    """Write model + tokenizer as one GGUF at `out`, atomically. Raises ModelError before writing if unfit."""
     from finetune.export.gguf_families import add_hyperparameters, family_of
     from finetune.export.gguf_tensors import add_file_type, encode, gguf_tensors
     from finetune.export.gguf_vocab import add_tokenizer, check_tokenizer
@@ -91,9 +106,7 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
     family = family_of(config)
     check_tokenizer(tokenizer, name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(None, family.arch)
-    try:
+    with gguf_file(out, family.arch) as writer:
         writer.add_name(name)
         add_hyperparameters(writer, config, family)
         add_file_type(writer, quant)
@@ -105,15 +118,6 @@ def write_gguf(model, tokenizer, out: Path, quant: str, name: str, prompt_format
             writer.add_tensor(tensor_name, array, raw_dtype=raw)
             if done % 32 == 0 or done == len(tensors):
                 _log(f"converted {done}/{len(tensors)} tensors ({quant})")
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
     modelfile = write_modelfile(out, tokenizer, config.max_position_embeddings, prompt_format)
     return Exported(out, modelfile, out.stat().st_size, len(tensors), pre)
 

@@ -13,7 +13,6 @@ a weight is loaded, naming what to use instead.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,22 +174,13 @@ def write_mmproj(model, processor, tensors: list, out: Path, quant: str, name: s
     """The mmproj GGUF at `out` (encoded_tensors' tensors, the model's hyperparameters), atomically."""
     import gguf
 
-    tmp = out.with_name(f".{out.name}.tmp")
-    writer = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ])
-    try:
+    from finetune.export.gguf import gguf_file
+
+    with gguf_file(out, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ]) as writer:
         writer.add_name(name)
         add_hyperparameters(writer, model.config, processor, vision_family(model.config), quant)
         for tensor_name, array in tensors:
             writer.add_tensor(tensor_name, array)
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp, out)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def add_projector_to_modelfile(modelfile: Path, projector: Path) -> None:

@@ -213,7 +213,7 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
                              "rows (trainable_token_indices): peft's conversion for the original base "
                              "keeps only A and B; use the default init, or add no tokens")
         try:
-            with peft_wrapping():
+            with peft_wrapping(lora):
                 model = get_peft_model(model, lora)
         except ValueError as exc:  # e.g. DoRA on a GPTQ / AWQ layer, which this peft cannot build
             raise ModelError(f"peft {peft_version()} cannot build these adapters on `{recipe.base_model}`: {exc}. "
@@ -267,9 +267,9 @@ def continue_adapter(model, folder, recipe):
     if recipe.adapter == "none":
         log.info(f"base_model is the adapter in {folder}: merged into its base, then fully fine-tuned")
         # peft froze the base's weights when it put the adapter on: after merging, every weight trains again
-        with peft_wrapping():
+        with peft_wrapping(folder):
             return PeftModel.from_pretrained(model, str(folder)).merge_and_unload().requires_grad_(True)
-    with peft_wrapping():
+    with peft_wrapping(folder):
         model = PeftModel.from_pretrained(model, str(folder), is_trainable=True)
     config = model.peft_config["default"]
     log.info(f"base_model is the adapter in {folder}: it keeps training (r={config.r}, alpha={config.lora_alpha}, "

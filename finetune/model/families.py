@@ -121,8 +121,10 @@ def per_example_attention(config) -> tuple[bool, str]:
         return False, f"model_type `{getattr(config, 'model_type', '?')}` is not in the family table"
     if row.per_example:
         return False, row.per_example
-    layer_types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
+    # a vision-language model's window is its language model's: in text_config, not on the outer config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text, "layer_types", None) or []
+    if getattr(text, "sliding_window", None) or any(t != "full_attention" for t in layer_types):
         return False, "this checkpoint's config sets a sliding window"
     return True, ""
 
@@ -133,16 +135,17 @@ def packs(config) -> bool:
     return row is not None and not row.packing
 
 
-def base_config(recipe):
+def base_config(recipe, local_only: bool = False):
     """The base model's transformers config (no weights read); None when it cannot be read here (loading the
-    model reports that properly)."""
+    model reports that properly). `local_only`: from a folder or the local HF cache, never the network."""
     from transformers import AutoConfig
 
     from finetune.model.loader import resolve_model_path
 
     try:
         source = resolve_model_path(recipe.base_model, recipe.cache_dir)
-        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
+        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.trust_remote_code,
+                                          local_files_only=local_only)
     except Exception:  # noqa: BLE001 advisory only: remote code may raise anything; loading reports it properly
         return None
 
@@ -150,11 +153,12 @@ def base_config(recipe):
 GENERIC_PATHS = "sample packing (nor, with it, per-example attention on CPU and flex_attention)"
 
 
-def generic_path(recipe, config=None):
+def generic_path(recipe, config=None, local_only: bool = False):
     """The recipe this family trains with. A known family: the recipe as it is, except packing asked of a family
     that refuses it (ModelError, before anything loads). A family with no row: packing off, with one log line
-    saying which fast paths it does not get and why."""
-    config = config if config is not None else base_config(recipe)
+    saying which fast paths it does not get and why. `finetune train` asks it, and so do validate (`local_only`: a
+    hub id's config from the cache alone, no network wait), plan and preprocess, in the same words."""
+    config = config if config is not None else base_config(recipe, local_only)
     if config is None:
         return recipe
     model_type = getattr(config, "model_type", None)

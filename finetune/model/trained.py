@@ -193,5 +193,5 @@ def load_adapter_model(trained: Trained, dtype: str = "fp32", quantization_confi
         base.resize_token_embeddings(len(tokenizer), mean_resizing=True)
     from finetune.compat import peft_wrapping
 
-    with peft_wrapping():
+    with peft_wrapping(trained.folder):
         return PeftModel.from_pretrained(base, str(trained.folder)), tokenizer

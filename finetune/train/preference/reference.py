@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
-from finetune.atomic import temp_file
+from finetune.atomic import replaced_whole
 from finetune.data.preference.rows import PACKED, UNPACKED
 
 # recipe fields that change the starting model's forward pass (the data key covers data and tokenizer)
@@ -94,14 +93,8 @@ def save_table(path: Path, table) -> None:
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_file(path)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save(table, fh)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with replaced_whole(path) as tmp:
+        torch.save(table, tmp)
 
 
 def unscored(table, items: list[int]) -> list[int]:
