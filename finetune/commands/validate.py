@@ -22,10 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from finetune.model.families import generic_path
+    from finetune.model.families import declared_config, generic_path
 
     recipe = load_recipe(args.recipe, args.overrides, world_size=args.num_processes)
-    generic_path(recipe, local_only=True)  # the family's refusal (packing it cannot isolate), in train's words
+    config = declared_config(recipe)  # config.json as JSON: validate imports no transformers
+    if config is not None:
+        generic_path(recipe, config)  # the family's refusal (packing it cannot isolate), in train's words
     if not args.recipe_only:
         from finetune.train.preflight import check_machine
 

@@ -135,30 +135,55 @@ def packs(config) -> bool:
     return row is not None and not row.packing
 
 
-def base_config(recipe, local_only: bool = False):
+def base_config(recipe):
     """The base model's transformers config (no weights read); None when it cannot be read here (loading the
-    model reports that properly). `local_only`: from a folder or the local HF cache, never the network."""
+    model reports that properly)."""
     from transformers import AutoConfig
 
     from finetune.model.loader import resolve_model_path
 
     try:
         source = resolve_model_path(recipe.base_model, recipe.cache_dir)
-        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.trust_remote_code,
-                                          local_files_only=local_only)
+        return AutoConfig.from_pretrained(source, trust_remote_code=recipe.trust_remote_code)
     except Exception:  # noqa: BLE001 advisory only: remote code may raise anything; loading reports it properly
         return None
+
+
+def declared_config(recipe):
+    """The base model's `model_type` as its config.json declares it, read as JSON (no transformers, no network):
+    a local folder's, or a hub id's in the local HF cache; None when neither is here (a GGUF file, a model not yet
+    downloaded): `finetune validate`'s look at the family, which stays instant."""
+    import json
+    import types
+    from pathlib import Path
+
+    path = Path(recipe.base_model) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(recipe.base_model, "config.json")
+        except Exception:  # noqa: BLE001 not a hub id (a file path, a malformed name): nothing to read here
+            return None
+        if not isinstance(found, str):
+            return None
+        path = Path(found)
+    try:
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return types.SimpleNamespace(model_type=model_type) if isinstance(model_type, str) else None
 
 
 GENERIC_PATHS = "sample packing (nor, with it, per-example attention on CPU and flex_attention)"
 
 
-def generic_path(recipe, config=None, local_only: bool = False):
+def generic_path(recipe, config=None):
     """The recipe this family trains with. A known family: the recipe as it is, except packing asked of a family
     that refuses it (ModelError, before anything loads). A family with no row: packing off, with one log line
-    saying which fast paths it does not get and why. `finetune train` asks it, and so do validate (`local_only`: a
-    hub id's config from the cache alone, no network wait), plan and preprocess, in the same words."""
-    config = config if config is not None else base_config(recipe, local_only)
+    saying which fast paths it does not get and why. `finetune train` asks it, and so do validate (with
+    declared_config), plan and preprocess, in the same words."""
+    config = config if config is not None else base_config(recipe)
     if config is None:
         return recipe
     model_type = getattr(config, "model_type", None)
