@@ -8,6 +8,10 @@ when some did not (the run learned from the others only; the others' verdict is 
 read each function's logged `rewards/NAME/missing`, and name the first failure of each from run.json's
 `grpo.reward_failures` when given.
 
+Fewer than curves.MIN_POINTS logged rewards (SFT's minimum, in one place) give "too short" instead of a trend
+(rising / flat / length hacking): a mean over a third of 2-3 points is one noisy step. The shares (no signal,
+collapsed, truncated) are still said, as they read what was logged, not a trend.
+
 A GRPO loss says little (with one update per generation it starts at 0 every step: TRL #2703): the verdict reads
 the logged reward and completion metrics instead (TRL's names, finetune/train/grpo/step.py).
 """
@@ -120,6 +124,8 @@ def _learning(log_history: list[dict]) -> dict:
     spread = _mean(v for _, v in series(log_history, "reward_std"))
     rising = last - first > max(0.02, 0.1 * spread if spread == spread else 0.0)
     verdict, reason = _verdict(rising, first, last, clipped, tied, lengths, entropy, reward)
+    if verdict in ("reward rising", "flat", "length hacking"):
+        verdict, reason = _too_short(reward, first, last, clipped) or (verdict, reason)
     return {"verdict": verdict, "reason": reason, **numbers}
 
 
@@ -149,6 +155,19 @@ def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tu
         return "truncated", cut
     return "flat", (f"mean reward {first:.3f} -> {last:.3f}: no clear rise; raise learning_rate, train longer, or "
                     "check the reward on a few completions (finetune validate runs each reward)")
+
+
+def _too_short(reward, first, last, clipped) -> tuple[str, str] | None:
+    from finetune.train import curves  # curves imports this module: read its threshold when called
+
+    if len(reward) >= curves.MIN_POINTS:
+        return None
+    if clipped >= TRUNCATED_SHARE:  # a share, told however short the run
+        return "truncated", (f"{clipped:.0%} of completions were cut at max_completion_length: the rewards score "
+                             "unfinished answers; raise max_completion_length, or ask for shorter answers")
+    return curves.TOO_SHORT, (f"too short to judge the reward's trend: {len(reward)} logged reward point(s), "
+                              f"{curves.MIN_POINTS} needed (mean reward {first:.3f} -> {last:.3f}, first third -> "
+                              "last third, says nothing over so few steps); train more steps or lower logging_steps")
 
 
 def first_generation(rewards_tied: float, truncated: float, group: int, limit: int) -> str | None:
