@@ -47,10 +47,13 @@ def test_one_low_entropy_step_at_the_end_is_not_a_collapse(tmp_path, last_entrop
     assert write_curves(tmp_path, log)["verdict"] == "reward rising"
 
 
-def test_a_few_logged_rewards_are_too_short_for_a_trend_but_shares_are_still_told():
+def test_a_few_logged_rewards_are_too_short_for_a_trend_but_shares_are_still_told(tmp_path):
     """3 logged steps rising 0.48 -> 0.52 said "reward rising"; under SFT's minimum of points it is "too short"."""
     from finetune.train.curves import MIN_POINTS
-    from finetune.train.grpo.verdict import diagnose
+    from finetune.train.curves import diagnose as curves_diagnose
+
+    def diagnose(log):
+        return curves_diagnose(log, tmp_path)
 
     rising = lambda s: 0.1 + 0.05 * s  # noqa: E731
     short = diagnose(history(n=MIN_POINTS - 1, reward=rising))
