@@ -119,7 +119,7 @@ PEFT_PATTERN_IGNORED = re.compile(r"The following (?:rank|alpha)_pattern keys di
 
 
 def _parameter_patterns_only(message: str, target_parameters: list[str]) -> bool:
-    """Whether `message` is peft's "pattern keys ... ignored" warning and every key it lists matches one of the
+    r"""Whether `message` is peft's "pattern keys ... ignored" warning and every key it lists matches one of the
     adapter's target parameters (the rule peft applies them by: `(.*\.)?(KEY)$` on the weight's name)."""
     import ast
 

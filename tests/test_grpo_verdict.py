@@ -42,8 +42,8 @@ def test_the_first_generation_warns_before_a_run_that_cannot_learn():
 @pytest.mark.parametrize("last_entropy", [0.049, 0.051])
 def test_one_low_entropy_step_at_the_end_is_not_a_collapse(tmp_path, last_entropy):
     """Per-step entropy swings (0.01 to 0.4 on SmolLM2): the verdict reads the last third's mean, not the last step."""
-    rewards, entropies = [0.2, 0.3, 0.9, 1.4, 1.5, 1.5], [2, 1.5, 0.5, 0.2, 0.3, last_entropy]
-    log = history(n=6, reward=lambda s: rewards[s - 1], entropy=lambda s: entropies[s - 1])
+    rewards, entropies = [0.2, 0.3, 0.9, 1.4, 1.5, 1.5, 1.5, 1.5], [2, 1.5, 0.5, 0.2, 0.3, 0.3, 0.3, last_entropy]
+    log = history(n=8, reward=lambda s: rewards[s - 1], entropy=lambda s: entropies[s - 1])
     assert write_curves(tmp_path, log)["verdict"] == "reward rising"
 
 
@@ -64,3 +64,34 @@ def test_tool_use_verdicts_keep_the_rewards_own(tmp_path, log, verdict, numbers,
     assert diagnosis["verdict"] == verdict, diagnosis
     assert numbers in diagnosis["reason"]
     assert diagnosis.get("reward_verdict") == reward_verdict
+
+
+def test_a_few_logged_rewards_are_too_short_for_a_trend_but_shares_are_still_told(tmp_path):
+    """3 logged steps rising 0.48 -> 0.52 said "reward rising"; under SFT's minimum of points it is "too short"."""
+    from finetune.train.curves import MIN_POINTS
+    from finetune.train.curves import diagnose as curves_diagnose
+
+    def diagnose(log):
+        return curves_diagnose(log, tmp_path)
+
+    rising = lambda s: 0.1 + 0.05 * s  # noqa: E731
+    short = diagnose(history(n=MIN_POINTS - 1, reward=rising))
+    assert short["verdict"] == "too short" and f"{MIN_POINTS - 1} logged reward point(s), {MIN_POINTS} needed" in \
+        short["reason"], short
+    assert diagnose(history(n=3))["verdict"] == "too short"  # flat is a trend too
+    assert diagnose(history(n=MIN_POINTS, reward=rising))["verdict"] == "reward rising"
+    assert diagnose(history(n=3, tied=0.95))["verdict"] == "no signal"
+    assert diagnose(history(n=3, clipped=0.8, reward=rising))["verdict"] == "truncated"
+
+
+def test_a_held_out_gain_is_not_set_against_a_too_short_training_verdict():
+    import random
+
+    from finetune.evaluation.grpo import verdict_part
+    from finetune.evaluation.uncertainty import paired_interval
+
+    base = [random.Random(2).random() for _ in range(20)]
+    grpo = {"sides": {"base": {"reward": 0.4}, "tuned": {"reward": 0.7}}, "prompts": 20,
+            "differences": {"reward": paired_interval(base, [b + 0.3 for b in base], seed=0)},
+            "training_verdict": {"verdict": "too short", "reason": "too short to judge the reward's trend: 3"}}
+    assert "against" not in verdict_part(grpo)

@@ -191,17 +191,21 @@ def test_the_reference_pass_scores_only_the_pairs_the_run_reads_and_a_longer_run
                                                                                                tiny_model_dir, caplog):
     """Issue 43, item 7: a 6-step run scored all 166 pairs, with no progress shown. 32 pairs, 8 held out: 2 steps of
     4 pairs read 8 train pairs and the 8 eval pairs; a longer run on the same data and model scores only what it
-    adds; a resumed run that reads pairs its first run did not is refused (its model is no longer the starting
-    one). A pair the pass left out that a step read would make its loss NaN: the run stops (`on_nonfinite: stop`)."""
+    adds. A resumed run that reads pairs its first run did not (2 steps, then 4) scores them with its adapter switched
+    off (a fresh LoRA on a base started as the base) and trains as 4 steps straight (a second read's finding 9; it
+    was refused). A pair the pass left out that a step read would make its loss NaN: the run stops
+    (`on_nonfinite: stop`)."""
     import logging
 
-    settings = dict(n=32, val_set_size=8, micro_batch_size=4, gradient_accumulation_steps=1, checkpoint_interval=2)
+    settings = dict(n=32, val_set_size=8, micro_batch_size=4, gradient_accumulation_steps=1, checkpoint_interval=2,
+                    lr_scheduler="constant")  # steps 1-2 at the rates of a 4-step run: the resume can equal it
     with caplog.at_level(logging.INFO, logger="finetune"):
         short = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="short", max_steps=2, **settings))
     assert "reference log-probs: one no-grad pass over the 16 pairs this run reads (of 32 in the data)" in caplog.text
     progress = [m for m in caplog.messages if re.match(r"reference log-probs: \d+ of 16 pairs \(\d+%, ", m)]
     assert progress and progress[-1].startswith("reference log-probs: 16 of 16 pairs (100%")  # off a terminal
     first = scored_rows(short)
+    sixteen = torch.load(short["preference"]["reference_table"])
     assert len(first) == 16 and set(range(24, 32)) <= first  # 8 train pairs, every eval pair
     assert short["eval_loss_before"] == pytest.approx(math.log(2), abs=1e-6) and short["steps"] == 2
     caplog.clear()
@@ -211,8 +215,37 @@ def test_the_reference_pass_scores_only_the_pairs_the_run_reads_and_a_longer_run
     assert longer["preference"]["reference_table"] == short["preference"]["reference_table"]
     assert first < scored_rows(longer) and len(scored_rows(longer)) == 24
     assert per_step(longer)[:2] == per_step(short)  # the same order and the same cached numbers for steps 1-2
-    with pytest.raises(DataError, match="resuming needs the reference log-probs of 8 pairs this run reads"):
-        run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="short", max_steps=6, **settings))
+    torch.save(sixteen, short["preference"]["reference_table"])  # back to the 16 rows: steps 3-4's are missing
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="finetune"):
+        resumed = run_training(dpo_recipe(tmp_path, tiny_model_dir, output_dir="short", max_steps=4, **settings))
+    assert resumed["resumed_from"] and "scored with the adapter switched off" in caplog.text
+    assert "over the 8 pairs this run reads" in caplog.text
+    rebuilt, straight = (torch.load(r["preference"]["reference_table"]) for r in (resumed, longer))
+    assert torch.allclose(rebuilt, straight, atol=1e-6, equal_nan=True)  # the same rows as the straight run's
+    for (step, loss, norm), (step_, loss_, norm_) in zip(per_step(resumed), per_step(longer), strict=True):
+        assert step == step_ and loss == pytest.approx(loss_, abs=1e-6) and norm == pytest.approx(norm_, abs=1e-6)
+    assert max_difference(adapter(tmp_path / "short"), adapter(tmp_path / "longer")) <= 1e-6
+
+
+def test_a_resume_that_cannot_rebuild_the_reference_says_why():
+    """The reference of a resumed run is rebuilt only where the adapter switched off gives the starting model."""
+    from types import SimpleNamespace
+
+    from finetune.train.preference.setup import unrebuildable
+
+    def recipe(**keys):
+        return SimpleNamespace(**{"adapter": "lora", "base_model": "base", "peft_use_dora": False,
+                                  "peft_init_lora_weights": True, **keys})
+
+    peft = SimpleNamespace(peft_config={"default": SimpleNamespace(modules_to_save=None, trainable_token_indices=None)})
+    assert unrebuildable(recipe(), peft) is None
+    assert unrebuildable(recipe(peft_init_lora_weights="gaussian"), peft) is None
+    assert "full fine-tune" in unrebuildable(recipe(adapter="none"), SimpleNamespace())
+    assert "did not start as a no-op" in unrebuildable(recipe(peft_use_dora=True), peft)
+    assert "did not start as a no-op" in unrebuildable(recipe(peft_init_lora_weights="pissa"), peft)
+    saved = SimpleNamespace(peft_config={"default": SimpleNamespace(modules_to_save=["lm_head"])})
+    assert "modules_to_save" in unrebuildable(recipe(), saved)
 
 
 # --- exact resume --------------------------------------------------------------------------------------------

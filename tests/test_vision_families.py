@@ -126,10 +126,19 @@ def summed_loss(model, batch) -> float:
                                              reduction="sum").item()
 
 
-@pytest.mark.parametrize("family", ["llava", "idefics3"])
+@pytest.mark.parametrize("family", ["llava", "idefics3", "smolvlm"])
 def test_packed_rows_with_images_give_the_loss_of_the_rows_alone(data, tmp_path, family):
     """sample_packing where the family's positions allow it: one packed row of two image chats and a text chat
     (images in their order in the row) scores every supervised token as the unpacked rows do."""
+    from transformers import AutoConfig
+
+    from finetune.model.families import generic_path
+    from finetune.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict({"base_model": str(tiny_vlm(family, data[0])), "cache_dir": str(tmp_path),
+                               "datasets": [{"path": str(data[1]), "type": "chat"}], "sample_packing": True}, tmp_path)
+    config = AutoConfig.from_pretrained(recipe.base_model)
+    assert generic_path(recipe, config).sample_packing is True  # the family table keeps it: train packs these rows
     unpacked, model = batch_and_model(data, tmp_path, family, adapter="none", sequence_len=256)
     packed, _ = batch_and_model(data, tmp_path, family, adapter="none", sequence_len=256, sample_packing=True)
     assert packed["input_ids"].shape[0] == 1 and "position_ids" in packed and "attention_mask" not in packed
@@ -200,6 +209,7 @@ def test_the_three_parts_are_found_from_structure_in_every_family(data):
 
     expected = {"llava": ("model.vision_tower", ["model.multi_modal_projector"], "model.language_model"),
                 "idefics3": ("model.vision_model", ["model.connector"], "model.text_model"),
+                "smolvlm": ("model.vision_model", ["model.connector"], "model.text_model"),
                 "gemma3": ("model.vision_tower", ["model.multi_modal_projector"], "model.language_model"),
                 "qwen2_vl": ("model.visual", ["model.visual.merger"], "model.language_model")}
     for family, (tower, projector, language) in expected.items():

@@ -86,6 +86,21 @@ def idefics3():
     return Idefics3ForConditionalGeneration(config), processor
 
 
+def smolvlm():
+    """SmolVLM2: Idefics3's model classes (SmolVLMModel subclasses Idefics3Model: vision_model, connector, text_model)
+    at the same toy size. Idefics3's processor: SmolVLMProcessor expands an image into the same tokens but needs the
+    num2words package (its video prompts), which the venv does not have."""
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMVisionConfig
+
+    idefics, processor = idefics3()
+    vision = idefics.config.vision_config.to_dict()
+    config = SmolVLMConfig(vision_config=SmolVLMVisionConfig(**{k: vision[k] for k in (
+        "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size", "patch_size")}),
+        text_config=idefics.config.text_config, scale_factor=2, image_token_id=idefics.config.image_token_id,
+        pad_token_id=idefics.config.pad_token_id)
+    return SmolVLMForConditionalGeneration(config), processor
+
+
 def gemma3():
     """Gemma 3: a SigLIP tower pooled to a square of soft tokens, <start_of_image> in the text expanded to
     "\\n\\n<start_of_image>" + soft tokens + "<end_of_image>\\n\\n"; image tokens attend both ways (token_type_ids)."""
@@ -148,7 +163,7 @@ def qwen2_vl_config(tokenizer=None):
         vision_start_token_id=ids("<|vision_start|>"), vision_end_token_id=ids("<|vision_end|>"))
 
 
-FAMILIES = {"llava": llava, "idefics3": idefics3, "gemma3": gemma3, "qwen2_vl": qwen2_vl}
+FAMILIES = {"llava": llava, "idefics3": idefics3, "smolvlm": smolvlm, "gemma3": gemma3, "qwen2_vl": qwen2_vl}
 
 
 def smollm2_vision(text_dir: str | Path, out_dir: str | Path, edge: int = 32, seed: int = 0) -> Path:

@@ -143,7 +143,7 @@ def verdict_part(grpo: dict) -> str:
         said += (f"; training's verdict was `reward rising` ({trained['reward_first']:.3f} -> "
                  f"{trained['reward_last']:.3f} on its own prompts), which these {grpo['prompts']} held-out prompts do "
                  f"not show{'' if word == 'worse' else ': more prompts (--data) would tell'}")
-    elif verdict and verdict != "reward rising" and word == "better":
+    elif verdict not in (None, "reward rising", "too short") and word == "better":
         said += (f"; against training's verdict `{verdict}` ({trained.get('reason', '').split(';')[0]}): more "
                  "held-out prompts (--data) would tell which holds")
     return said

@@ -101,6 +101,8 @@ VISION_ROWS = (
            attention="the language model's"),
     Family("idefics3", "Idefics3, SmolVLM (a SigLIP tower, a pixel-shuffle connector, a Llama)", flex=False,
            attention="the language model's"),
+    Family("smolvlm", "SmolVLM2 (Idefics3's classes and layout; its processor needs the num2words package)",
+           flex=False, attention="the language model's"),
     Family("gemma3", "Gemma 3 4B / 12B / 27B (image-text)", packing=_IMAGE_BLOCKS, per_example="no packing",
            flex=False, attention="Gemma 3's, with image tokens attending both ways"),
     Family("qwen2_vl", "Qwen2-VL", packing="its 3-D rotary positions (mrope) are computed from a whole row's tokens and "

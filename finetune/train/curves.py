@@ -153,7 +153,7 @@ def diagnose(log_history: list[dict], output_dir: str | Path | None = None, rewa
     """The verdict on a run's curves. Keys: verdict, reason, gap, final/best losses and steps, checkpoint.
     `reward_failures`: a GRPO run's (run.json's grpo.reward_failures), to name why a reward gave no value."""
     if grpo_verdict.is_grpo(log_history):  # online RL: the reward, not the loss, says whether it learns
-        return {**grpo_verdict.diagnose(log_history, reward_failures), "method": "grpo"}
+        return {**grpo_verdict.diagnose(log_history, reward_failures, (MIN_POINTS, TOO_SHORT)), "method": "grpo"}
     train, evals = loss_series(log_history)
     result = {"verdict": "unknown", "reason": "", "gap": None,
               "final_train_loss": train[-1][1] if train else None,

@@ -10,6 +10,10 @@ when some did not (the run learned from the others only; the others' verdict is 
 read each function's logged `rewards/NAME/missing`, and name the first failure of each from run.json's
 `grpo.reward_failures` when given.
 
+Fewer than SFT's minimum of points (curves.MIN_POINTS, passed in as `short`) give "too short" instead of a trend
+(rising / flat / length hacking): a mean over a third of 2-3 points is one noisy step. The shares (no signal,
+collapsed, truncated) are still said, as they read what was logged, not a trend.
+
 A GRPO loss says little (with one update per generation it starts at 0 every step: TRL #2703): the verdict reads
 the logged reward and completion metrics instead (TRL's names, finetune/train/grpo/step.py).
 """
@@ -98,15 +102,16 @@ def _correlation(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) ** 0.5 if va > 0 and vb > 0 else 0.0
 
 
-def diagnose(log_history: list[dict], reward_failures: dict | None = None) -> dict:
+def diagnose(log_history: list[dict], reward_failures: dict | None = None, short: tuple[int, str] = (0, "")) -> dict:
     """{verdict, reason, reward_first, reward_last, ...}: no reward / rewards failing (with the others' verdict as
     reward_verdict), else the first matching verdict of no signal, collapsed, length hacking, reward rising (noting
     truncation), truncated, flat. `reward_failures`: run.json's grpo.reward_failures, to name why a function gave
-    no value."""
+    no value. `short`: (the fewest logged rewards a trend is told from, the verdict below that): curves.py's, which
+    imports this module."""
     failing = _no_value(log_history, reward_failures)
     if failing and failing["verdict"] == "no reward":
         return failing
-    result = _learning(log_history)
+    result = _learning(log_history, short)
     tools = _tool_use(log_history)
     if tools:
         result = {**result, **tools, "reward_verdict": result["verdict"],
@@ -139,7 +144,7 @@ def _tool_use(log_history: list[dict]) -> dict | None:
     return None
 
 
-def _learning(log_history: list[dict]) -> dict:
+def _learning(log_history: list[dict], short: tuple[int, str]) -> dict:
     reward = series(log_history, "reward")
     if not reward:
         return {"verdict": "unknown", "reason": "no reward was logged (set logging_steps lower than the step count)"}
@@ -153,6 +158,8 @@ def _learning(log_history: list[dict]) -> dict:
     spread = _mean(v for _, v in series(log_history, "reward_std"))
     rising = last - first > max(0.02, 0.1 * spread if spread == spread else 0.0)
     verdict, reason = _verdict(rising, first, last, clipped, tied, lengths, entropy, reward)
+    if verdict in ("reward rising", "flat", "length hacking"):
+        verdict, reason = _too_short(reward, first, last, clipped, short) or (verdict, reason)
     return {"verdict": verdict, "reason": reason, **numbers}
 
 
@@ -182,6 +189,18 @@ def _verdict(rising, first, last, clipped, tied, lengths, entropy, reward) -> tu
         return "truncated", cut
     return "flat", (f"mean reward {first:.3f} -> {last:.3f}: no clear rise; raise learning_rate, train longer, or "
                     "check the reward on a few completions (finetune validate runs each reward)")
+
+
+def _too_short(reward, first, last, clipped, short: tuple[int, str]) -> tuple[str, str] | None:
+    needed, word = short
+    if len(reward) >= needed:
+        return None
+    if clipped >= TRUNCATED_SHARE:  # a share, told however short the run
+        return "truncated", (f"{clipped:.0%} of completions were cut at max_completion_length: the rewards score "
+                             "unfinished answers; raise max_completion_length, or ask for shorter answers")
+    return word, (f"too short to judge the reward's trend: {len(reward)} logged reward point(s), {needed} needed "
+                  f"(mean reward {first:.3f} -> {last:.3f}, first third -> last third, says nothing over so few "
+                  "steps); train more steps or lower logging_steps")
 
 
 def first_generation(rewards_tied: float, truncated: float, group: int, limit: int) -> str | None:

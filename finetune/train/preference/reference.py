@@ -13,8 +13,9 @@ The pass scores only the items the run reads (items_used): every eval item, and 
 batches its optimizer steps take; a run shorter than an epoch reads the first max_steps x gradient accumulation
 micro batches of the Trainer's own seeded order (the order a resumed run skips through), so a 6-step run scores
 6 steps' pairs, not the whole split. The table holds a row per item, NaN where not scored: a later run on the same
-data and model that reads more scores only the rows it lacks and stores the table again (a resumed run cannot:
-its model is no longer the starting one, and it is refused, as without a table).
+data and model that reads more scores only the rows it lacks and stores the table again (a resumed run's model is
+no longer the starting one: a fresh LoRA on a base scores them with its adapter switched off, the base it started
+as; any other resume is refused, as without a table: setup.unrebuildable says why).
 
 The pass runs where the first loss is computed (finetune/train/preference.py), through the model as the
 Trainer holds it: wrapped by DDP or the DeepSpeed engine, so ZeRO-3's gathered weights and every process

@@ -110,7 +110,27 @@ def preference_trainer_kwargs(recipe, built, prepared, reference: tuple) -> dict
     return {"objective": Objective(recipe), "store": prepared.store, "full_logits": built.full_logits,
             "head": base_causal_lm(built.model).get_output_embeddings(), "reference": table,
             "reference_path": path, "reference_batch_tokens": budget,
-            "reference_collator": built.collator, "resumed": resumed}
+            "reference_collator": built.collator, "resumed": resumed,
+            "unrebuildable": unrebuildable(recipe, built.model) if resumed else None}
+
+
+def unrebuildable(recipe, model) -> str | None:
+    """Why a resumed run cannot score reference rows its first run did not, or None where it can: a fresh LoRA on a
+    base (B zero, A drawn: peft's default init) starts as exactly the base, so the base with the adapter switched off
+    is the model the run started from."""
+    from finetune.model.loader import adapter_folder
+
+    config = getattr(model, "peft_config", {}).get("default")
+    if recipe.adapter == "none" or config is None:
+        return "a full fine-tune's starting weights are not kept"
+    if adapter_folder(recipe.base_model) is not None:
+        return "it continues an adapter, so its starting model is not the base with the adapter switched off"
+    if recipe.peft_use_dora or recipe.peft_init_lora_weights not in (True, "gaussian"):
+        return ("its adapter did not start as a no-op (DoRA, or peft_init_lora_weights other than the default), so "
+                "switching it off does not give the starting model")
+    if getattr(config, "modules_to_save", None) or getattr(config, "trainable_token_indices", None):
+        return "it trains whole modules or token rows beside the adapter (modules_to_save / trainable tokens)"
+    return None
 
 
 def dropout_note(model, recipe) -> str | None:

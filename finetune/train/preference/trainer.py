@@ -28,6 +28,7 @@ of the reference pass (issue 33, item 3: DPO's eval before training took 293.8 s
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -43,12 +44,14 @@ log = get_logger(__name__)
 
 class PreferenceTrainer(Trainer):
     def __init__(self, *args, objective, store, head, full_logits, reference=None, reference_path=None,
-                 reference_batch_tokens: int = 4096, reference_collator=None, resumed: bool = False, **kwargs):
+                 reference_batch_tokens: int = 4096, reference_collator=None, resumed: bool = False, unrebuildable: str | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
         self.reference_collator = reference_collator or self.data_collator  # unwrapped: not counted as training
         self.objective, self.store, self.head, self.full_logits = objective, store, head, full_logits
         self.reference, self.reference_path = reference, reference_path
-        self.resumed = resumed  # a resumed run's model is no longer the starting one: it cannot score missing rows
+        self.resumed = resumed  # a resumed run's model is no longer the starting one: it scores missing rows
+        self.unrebuildable = unrebuildable  # only with its adapter switched off, where that is the starting model
         self.reference_ready = False  # the table holds every row the run reads (checked at the first loss)
         self.reference_batch_tokens = reference_batch_tokens
         self.reference_seconds = None  # how long the reference pass took (None: read from the cache / not needed)
@@ -155,12 +158,13 @@ class PreferenceTrainer(Trainer):
         if not todo:
             return self.reference
         what = "examples" if self.store.unpaired else "pairs"
-        if self.resumed:  # reference_for refused a resume without any table; this one lacks rows the run reads
+        if self.resumed and self.unrebuildable:  # reference_for refused a resume without any table
             raise DataError(
                 f"resuming needs the reference log-probs of {len(todo):,} {what} this run reads and its first run did "
                 f"not (a higher max_steps or num_epochs than it trained with?); the model being resumed is no longer "
-                f"the model the run started from, so they cannot be computed now ({self.reference_path}). Resume "
-                "with the settings the run started with, or start over with `resume: false`")
+                f"the model the run started from, and it cannot be rebuilt: {self.unrebuildable}; so they cannot be "
+                f"computed now ({self.reference_path}). Resume with the settings the run started with, or start "
+                "over with `resume: false`")
         started = time.time()
         cached = ""
         if self.reference is not None:
@@ -170,10 +174,17 @@ class PreferenceTrainer(Trainer):
         main, world = self.is_world_process_zero(), self.accelerator.num_processes
         progress, close = progress_reporter(-(-len(todo) // world), what, bar=main and not self.args.disable_tqdm,
                                             say=log.info)
+        # resumed: a fresh LoRA on a base started as the base, which its adapter switched off gives back
+        starting = self.accelerator.unwrap_model(model).disable_adapter() if self.resumed else contextlib.nullcontext()
+        if self.resumed:
+            log.info("reference log-probs: resumed, so scored with the adapter switched off (the base: the model a "
+                     "fresh LoRA started as)")
         try:
-            table = compute_table(model, self.head, self.reference_collator, self.store, self.reference_batch_tokens,
-                                  self._prepare_inputs, self.full_logits, self.accelerator.process_index, world,
-                                  items=todo, table=self.reference, progress=progress if main else None)
+            with starting:
+                table = compute_table(model, self.head, self.reference_collator, self.store,
+                                      self.reference_batch_tokens, self._prepare_inputs, self.full_logits,
+                                      self.accelerator.process_index, world, items=todo, table=self.reference,
+                                      progress=progress if main else None)
         finally:
             close()
         if self.reference_path is not None and main:
