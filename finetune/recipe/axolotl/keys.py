@@ -48,10 +48,6 @@ def _resume(value, config) -> Settings:
     return {"resume": value} if value else {}
 
 
-def _wandb_project(value, config) -> Settings:
-    return {"wandb_project": value, "report_to": ["wandb"]} if value else {}
-
-
 _NO_TYPES = "not needed: transformers' Auto classes read the model's config.json and tokenizer_config.json"
 _FSDP = ("write FSDP2's settings under `fsdp:` (offload_params, reshard_after_forward, state_dict_type, "
          "transformer_layer_cls_to_wrap; docs/distributed.md); `finetune port` converts axolotl's FSDP1 and FSDP2 keys")
