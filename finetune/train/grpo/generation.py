@@ -90,6 +90,13 @@ class Episodes:
             self._state = decoding.prefill(lm, prompt_ids, num_generations, pad_id)
 
     @property
+    def continuable(self) -> bool:
+        """Whether `keep` and `append` can go on from this cache (every layer softmax attention)."""
+        from finetune.train.grpo import decoding
+
+        return decoding.attention_only(self._state.cache)
+
+    @property
     def tokens(self) -> list[list[int]]:
         """Each row's ids: its prompt, then every token sampled or appended since, in order."""
         return self._state.tokens
