@@ -82,3 +82,23 @@ def test_cached_turns_sample_the_episodes_reprefilling_samples_and_never_rerun_t
     ours_tokens, theirs_tokens = (sum(b * w for b, w in f) for f in (ours_fed, theirs_fed))
     assert ours_tokens < theirs_tokens, (ours_tokens, theirs_tokens)
     print(f'positions fed: cached {ours_tokens}, reprefilled {theirs_tokens}')
+
+
+def test_an_unpadded_row_continued_by_several_tokens_sees_its_whole_prefix(model):
+    """One row, no padding anywhere (the mask all ones): the tool results appended after a turn are run through the
+    model after its cache, and the next-token logits are those of the whole ids run from scratch. (The per-example
+    attention once read such a mask as 'no mask' and SDPA's is_causal then aligned the new tokens to the cache's first
+    key: they saw the first few tokens of the prompt only.)"""
+    import torch
+
+    from finetune.model import base_causal_lm
+    from finetune.train.grpo import decoding
+    from finetune.train.grpo.generation import Episodes
+
+    episodes = Episodes(model, PROMPTS[:1], 1, pad_id=PAD)
+    turn = episodes.sample(4, seed=0, eos_ids=[0])
+    episodes.append([[40, 41, 42]])
+    with torch.no_grad():
+        model.eval()
+        scratch = decoding.prefill(base_causal_lm(model), [PROMPTS[0] + turn.ids[0] + [40, 41, 42]], 1, PAD).logits
+    assert torch.allclose(episodes._state.logits, scratch, rtol=0, atol=1e-5)
