@@ -102,3 +102,21 @@ def test_an_unpadded_row_continued_by_several_tokens_sees_its_whole_prefix(model
         model.eval()
         scratch = decoding.prefill(base_causal_lm(model), [PROMPTS[0] + turn.ids[0] + [40, 41, 42]], 1, PAD).logits
     assert torch.allclose(episodes._state.logits, scratch, rtol=0, atol=1e-5)
+
+
+def test_a_recurrent_cache_samples_later_turns_by_reprefilling(tiny_tokenizer):
+    """Qwen3-Next keeps linear-attention states, which cannot be continued over the padding between turns: the first
+    turn is the cached one (generate_completions), the later ones re-run the whole ids, and the episodes are those
+    of reprefilling every turn."""
+    import torch
+    from tiny import family_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(family_config("qwen3_next", tiny_tokenizer)).float()
+    prompt_ids = [p for p in PROMPTS[:2] for _ in range(GROUP)]
+    cached, reprefill = samplers(model)
+    ours, theirs = episodes(model, prompt_ids, cached), episodes(model, prompt_ids, reprefill)
+    assert cached.fallback is not None and cached.episodes is None
+    assert ours.ids == theirs.ids and ours.masks == theirs.masks
+    assert max(e.rounds for e in ours.episodes) >= 1
