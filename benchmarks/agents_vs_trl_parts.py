@@ -11,7 +11,16 @@
   assistant turn ends on the right number (the same function on both sides, TRL's contract: `completions` as each
   episode's messages);
 - TRL reads the calls with its Qwen3 response template (`<tool_call>` JSON, the Hermes format `chatml_tools` writes;
-  TRL only sets one itself for templates it knows), finetune with its Hermes parser.
+  TRL only sets one itself for templates it knows), finetune with its Hermes parser;
+- 96 completion tokens an episode (the notebook's), at most 2 tool-calling rounds (`max_tool_calling_iterations`,
+  TRL's name on both sides).
+
+What is measured: the "generation" phase is the whole episodes (every turn and the tool calls between them:
+finetune's generation_s, TRL's `_generate`); the tokens are the model's (tool results left out; TRL's
+completions/mean_length, which takes its tool mask); each side's tool calls per episode (`tools/call_frequency`,
+both sides' name) are printed, so a reader sees that both really called the tool.
+
+    python benchmarks/bench_grpo_vs_trl.py --agents [--sft DIR] [--max-tool-calling-iterations 2] [--steps N]
 """
 
 from __future__ import annotations

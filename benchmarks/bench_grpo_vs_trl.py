@@ -54,12 +54,8 @@ Run: python benchmarks/bench_grpo_vs_trl.py [--model smollm2|tiny] [--steps 3] [
          [--max-completion-length 64] [--profile]
 Needs: pip install 'finetune[bench]' (trl). Results and their reading: docs/performance.md, "GRPO vs TRL".
 
-`--agents [--sft DIR] [--max-tool-calling-iterations 2]`: the multi-turn row, finetune's episodes against TRL's
-environment_factory path, everything above the same except what benchmarks/agents_vs_trl_parts.py says (the SFT'd
-model, the calculator environment, its questions and reward, 96 completion tokens an episode as in the notebook).
-There the "generation" phase is the whole episodes (turns and tool calls: finetune's generation_s, TRL's `_generate`), the
-tokens are the model's (tool results left out, TRL's completions/mean_length), and each side's tool calls per
-episode (`tools/call_frequency`, both sides' name) are printed.
+`--agents`: the multi-turn row, finetune's episodes against TRL's environment_factory path (a calculator; what
+differs and what is measured: benchmarks/agents_vs_trl_parts.py).
 """
 
 from __future__ import annotations
