@@ -27,30 +27,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import agents_vs_trl_parts as agents  # noqa: E402
+from bench_grpo_rollout import live_lora  # noqa: E402  (the same live adapter as the single-turn rollout bench)
 from bench_train_vs_trl import ROOT  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
 
 def load(sft: Path):
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from finetune.model import base_causal_lm
-    from finetune.model.varlen_attention import use_varlen_attention
 
     path = agents.merged_model(sft, Path(tempfile.mkdtemp(prefix="bench-turns-")) / "model")
     base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
-    model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
-                                            task_type="CAUSAL_LM"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.01)
-    use_varlen_attention(base_causal_lm(model))
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return live_lora(base), AutoTokenizer.from_pretrained(path)
 
 
 def calculator_tools():
