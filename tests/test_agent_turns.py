@@ -66,6 +66,7 @@ def test_cached_turns_sample_the_episodes_reprefilling_samples_and_never_rerun_t
     ours, ours_fed = fed(model, prompt_ids, cached)
     theirs, theirs_fed = fed(model, prompt_ids, reprefill)
     assert ours.ids == theirs.ids and ours.masks == theirs.masks
+    assert episodes(model, prompt_ids, samplers(model)[0]).ids == ours.ids  # seeded by (step, turn): resume replays
     for a, b in zip(ours.episodes, theirs.episodes):
         assert (a.rounds, a.rolled_back, a.cut_by_cap, a.truncated, a.calls) == \
                (b.rounds, b.rolled_back, b.cut_by_cap, b.truncated, b.calls)
