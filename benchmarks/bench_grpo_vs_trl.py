@@ -64,6 +64,7 @@ import argparse
 import cProfile
 import importlib.util
 import json
+import math
 import os
 import pstats
 import random
@@ -83,6 +84,11 @@ HYPER = {"lr": 1e-5, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "seed"
 PROMPTS_PER_STEP = HYPER["micro_batch"] * HYPER["accumulation"] // HYPER["group"]  # 8 x 2 / 8 = 2
 SEQUENCE_LEN = 512  # finetune: prompt room = 512 - max_completion_length (SmolLM2: every prompt here is 40-45 tokens)
 
+
+def sequence_len(args) -> int:
+    """finetune's sequence_len: room for the prompt (40-45 tokens, plus ~34 a worked example) and the completion."""
+    return max(SEQUENCE_LEN, 2 ** math.ceil(math.log2(64 + 40 * args.few_shot + args.max_completion_length)))
+
 # The reward both sides call, unchanged: TRL's contract (keyword arguments, one float per completion).
 REWARDS_PY = '''
 import re
@@ -101,20 +107,34 @@ def correct_answer(prompts, completions, answer, **kwargs):
 '''
 
 
-def make_prompts(path: Path, n: int, seed: int = 20261126) -> list[dict]:
+def make_prompts(path: Path, n: int, seed: int = 20261126, few_shot: int = 0) -> list[dict]:
     """n conversational arithmetic questions (small numbers: a 135M model gets some right, so groups are not all
-    tied), seeded; the answer is a column."""
+    tied), seeded; the answer is a column. With few_shot K, each prompt opens with a system message: instructions
+    and K worked examples (their own seeded questions), as GRPO prompts often do; every prompt has the same one."""
     rng = random.Random(seed)
     records = []
     phrasings = ("What is {q}?", "Compute {q}.", "Calculate {q} and give the result.",
                  "Work out {q}. End with the number.")
+
+    def question():
+        op = rng.choice("+-x")
+        a, b = rng.randint(2, 9) if op == "x" else rng.randint(2, 30), rng.randint(2, 9)
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        return f"{a} {op} {b}", value
+
+    system = []
+    if few_shot:
+        shots = [question() for _ in range(few_shot)]
+        lines = [f"Question: {rng.choice(phrasings).format(q=q)}\nAnswer: {q.replace('x', '*')} = {v}. "
+                 f"The answer is {v}." for q, v in shots]
+        system = [{"role": "system", "content": "You are a careful assistant that does arithmetic. Read the "
+                   "question, write the operation with its numbers, compute it, and end your answer with the "
+                   "resulting number alone. Examples:\n\n" + "\n\n".join(lines)}]
     with path.open("w") as fh:
         for _ in range(n):
-            op = rng.choice("+-x")
-            a, b = rng.randint(2, 9) if op == "x" else rng.randint(2, 30), rng.randint(2, 9)
-            value = a + b if op == "+" else a - b if op == "-" else a * b
-            question = rng.choice(phrasings).format(q=f"{a} {op} {b}")
-            records.append({"prompt": [{"role": "user", "content": question}], "answer": str(value)})
+            q, value = question()
+            content = rng.choice(phrasings).format(q=q)
+            records.append({"prompt": system + [{"role": "user", "content": content}], "answer": str(value)})
             fh.write(json.dumps(records[-1]) + "\n")
     return records
 
@@ -183,7 +203,7 @@ def worker_finetune(args) -> dict:
         "rewards": [{"function": f"{args.rewards}:correct_answer"}],
         "num_generations": HYPER["group"], "max_completion_length": args.max_completion_length,
         "temperature": HYPER["temperature"], "loss_type": HYPER["loss_type"], "rl_beta": HYPER["beta"],
-        "sequence_len": SEQUENCE_LEN, "micro_batch_size": HYPER["micro_batch"],
+        "sequence_len": int(args.sequence_len), "micro_batch_size": HYPER["micro_batch"],
         "gradient_accumulation_steps": HYPER["accumulation"], "max_steps": args.steps,
         "learning_rate": HYPER["lr"], "lr_scheduler": "constant", "warmup_steps": 0, "seed": HYPER["seed"],
         "precision": "fp32", "attn_implementation": "sdpa", "logging_steps": 1, "report_to": ["none"],
@@ -317,7 +337,8 @@ def run_side(side: str, args, model_path: str, data: Path, data_trl: Path, rewar
            "--data-trl", str(data_trl), "--rewards", str(rewards), "--work", str(work), "--cache-dir", args.cache_dir,
            "--result", str(out),
            "--steps", str(args.steps), "--max-completion-length", str(args.max_completion_length),
-           "--trl-generation", args.trl_generation] + (["--profile"] if args.profile else []) + (
+           "--trl-generation", args.trl_generation, "--sequence-len", str(sequence_len(args))] + (
+        ["--profile"] if args.profile else []) + (
         ["--agents", "--environment", args.environment, "--max-tool-calling-iterations",
          str(args.max_tool_calling_iterations)] if args.agents else [])
     env = dict(os.environ, HF_DATASETS_CACHE=str(work / "hf-datasets"),  # fresh: no reuse across runs
@@ -373,7 +394,11 @@ def main() -> None:
     parser.add_argument("--cache-dir", default=os.environ.get("FINETUNE_CACHE_DIR")
                         or os.path.expanduser("~/.cache/finetune"))
     parser.add_argument("--worker", choices=["finetune", "trl"])
-    for name in ("--model-path", "--data", "--data-trl", "--rewards", "--work", "--result", "--environment"):
+    parser.add_argument("--few-shot", type=int, default=0,
+                        help="open every prompt with a system message of K worked examples (~34 tokens each on "
+                             "SmolLM2): longer prompts, as GRPO recipes often have")
+    for name in ("--model-path", "--data", "--data-trl", "--rewards", "--work", "--result", "--sequence-len",
+                 "--environment"):
         parser.add_argument(name)
     args = parser.parse_args()
     args.max_completion_length = args.max_completion_length or (96 if args.agents else 64)
@@ -395,14 +420,15 @@ def main() -> None:
         args.environment = str(calculator)
     else:
         model_path = model_path_for(args.model, args.cache_dir)
-        records = make_prompts(data, n)
+        records = make_prompts(data, n, few_shot=args.few_shot)
         rewards = folder / "rewards.py"
         rewards.write_text(REWARDS_PY)
     data_trl = folder / "prompts_in_finetune_order.jsonl"
     data_trl.write_text("".join(json.dumps(r) + "\n" for r in finetune_order(records, args.steps)))
     print(f"model {args.model} ({model_path}); {args.steps} optimizer steps x {PROMPTS_PER_STEP} prompts x "
           f"G {HYPER['group']} = {args.steps * PROMPTS_PER_STEP * HYPER['group']} completions of at most "
-          f"{args.max_completion_length} tokens{' an episode (agents: ' + args.sft + ')' if args.agents else ''}; micro batch {HYPER['micro_batch']} x accumulation "
+          f"{args.max_completion_length} tokens{' an episode (agents: ' + args.sft + ')' if args.agents else ''}; "
+          f"{args.few_shot} worked examples in the system prompt; micro batch {HYPER['micro_batch']} x accumulation "
           f"{HYPER['accumulation']}; TRL generation {args.trl_generation}; {os.cpu_count()} CPUs (shared), "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f}")
     sides, ratios = ["finetune", "trl"], []
