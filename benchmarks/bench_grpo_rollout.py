@@ -34,15 +34,21 @@ FILLER = " Please show the steps you take and check the result twice before you 
 
 
 def load(args):
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from finetune.model import base_causal_lm
-    from finetune.model.varlen_attention import use_varlen_attention
 
     path = model_path_for(args.model, os.path.expanduser("~/.cache/finetune"))
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     base = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(args.device)
+    return live_lora(base), AutoTokenizer.from_pretrained(path)
+
+
+def live_lora(base):
+    """The model as GRPO samples from it: a LoRA r 16 on every linear layer, its B weights off zero, eval mode."""
+    from peft import LoraConfig, get_peft_model
+
+    from finetune.model import base_causal_lm
+    from finetune.model.varlen_attention import use_varlen_attention
+
     model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear",
                                             task_type="CAUSAL_LM"))
     torch.manual_seed(0)
@@ -50,10 +56,10 @@ def load(args):
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.01)
-    if args.device == "cpu":
+    if base.device.type == "cpu":
         use_varlen_attention(base_causal_lm(model))  # as a GRPO run on CPU has it (decoding takes the stock path)
     model.eval()
-    return model, AutoTokenizer.from_pretrained(path)
+    return model
 
 
 def prompts(tokenizer, args) -> list[list[int]]:

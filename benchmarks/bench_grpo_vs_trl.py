@@ -53,6 +53,9 @@ Phases, timed inside each process (instrumentation only: wrappers around the sid
 Run: python benchmarks/bench_grpo_vs_trl.py [--model smollm2|tiny] [--steps 3] [--repeats 2]
          [--max-completion-length 64] [--profile]
 Needs: pip install 'finetune[bench]' (trl). Results and their reading: docs/performance.md, "GRPO vs TRL".
+
+`--agents`: the multi-turn row, finetune's episodes against TRL's environment_factory path (a calculator; what
+differs and what is measured: benchmarks/agents_vs_trl_parts.py).
 """
 
 from __future__ import annotations
@@ -206,6 +209,10 @@ def worker_finetune(args) -> dict:
         "precision": "fp32", "attn_implementation": "sdpa", "logging_steps": 1, "report_to": ["none"],
         "output_dir": str(work / "out"), "dataset_prepared_path": str(work / "prepared"), "cache_dir": args.cache_dir,
     }
+    if args.agents:
+        from agents_vs_trl_parts import finetune_keys
+
+        recipe.update(finetune_keys(args))
     (work / "recipe.yml").write_text(yaml.safe_dump(recipe))
     loaded = load_recipe(work / "recipe.yml")
     skip_unused_libraries(loaded)  # as `finetune train recipe.yml` does
@@ -241,6 +248,7 @@ def _history(history: list[dict]) -> dict:
             # a batched `generate` runs until its longest completion ends: the decoding steps of each generation
             "max_lengths": [e["completions/max_length"] for e in steps],
             "clipped": [e["completions/clipped_ratio"] for e in steps],
+            "tool_calls": [e.get("tools/call_frequency", 0.0) for e in steps],  # per episode (multi-turn)
             "losses": [e["loss"] for e in history if "loss" in e]}
 
 
@@ -264,7 +272,10 @@ def worker_trl(args) -> dict:
             counted["completions"] += 1
             counted["tokens"] += len(ids)
 
-    phases.wrap(GRPOTrainer, "_generate_single_turn", "generation", count)
+    if args.agents:  # the episodes: every turn and the tool calls between them
+        phases.wrap(GRPOTrainer, "_generate", "generation")
+    else:
+        phases.wrap(GRPOTrainer, "_generate_single_turn", "generation", count)
     step_prompts = []  # each generation's distinct prompts, to check they are finetune's
     phases.wrap(GRPOTrainer, "_calculate_rewards", "rewards")
     calculate = GRPOTrainer._calculate_rewards
@@ -286,6 +297,7 @@ def worker_trl(args) -> dict:
         temperature=HYPER["temperature"], top_p=1.0, top_k=0, repetition_penalty=1.0,
         loss_type=HYPER["loss_type"], beta=HYPER["beta"], epsilon=0.2, scale_rewards="group", num_iterations=1,
         shuffle_dataset=False,  # the prompts come in finetune's order (see the module doc)
+        max_tool_calling_iterations=args.max_tool_calling_iterations if args.agents else None,
         learning_rate=HYPER["lr"], lr_scheduler_type="constant", warmup_steps=0, seed=HYPER["seed"],
         optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
         logging_steps=1, save_strategy="no", report_to="none", log_completions=False,
@@ -296,16 +308,25 @@ def worker_trl(args) -> dict:
     assert config.steps_per_generation == HYPER["accumulation"] and config.generation_batch_size == 16, config
     peft_config = LoraConfig(r=HYPER["lora_r"], lora_alpha=HYPER["lora_alpha"], lora_dropout=HYPER["lora_dropout"],
                              target_modules="all-linear", task_type="CAUSAL_LM")
+    environment = {}
+    if args.agents:
+        from agents_vs_trl_parts import trl_environment
+
+        environment = trl_environment(args, tokenizer)
     trainer = GRPOTrainer(model=args.model_path, reward_funcs=[load_reward(args.rewards)], args=config,
-                          train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config)
+                          train_dataset=dataset, processing_class=tokenizer, peft_config=peft_config, **environment)
     result = _profiled(args, trainer.train)
     trainer.save_model(str(Path(args.work) / "out"))
+    history = _history(trainer.state.log_history)
+    if args.agents:  # the model's tokens, tool results left out (TRL's lengths take its tool mask)
+        counted["completions"] = len(history["mean_lengths"]) * config.generation_batch_size
+        counted["tokens"] = round(sum(history["mean_lengths"]) * config.generation_batch_size)
     seconds = dict(phases.seconds)
     seconds["train"] = seconds.pop("train+prepare") - seconds.get("prepare", 0.0)
     return {"steps": trainer.state.global_step, "train_runtime_s": result.metrics["train_runtime"],
             "completions": counted["completions"], "tokens": counted["tokens"], "eos": trainer.eos_token_ids,
             "generation_batch_size": config.generation_batch_size, "steps_per_generation": config.steps_per_generation,
-            **_history(trainer.state.log_history), "phases": seconds, "calls": phases.calls,
+            **history, "phases": seconds, "calls": phases.calls,
             "step_prompts": step_prompts}
 
 
@@ -316,7 +337,10 @@ def run_side(side: str, args, model_path: str, data: Path, data_trl: Path, rewar
            "--data-trl", str(data_trl), "--rewards", str(rewards), "--work", str(work), "--cache-dir", args.cache_dir,
            "--result", str(out),
            "--steps", str(args.steps), "--max-completion-length", str(args.max_completion_length),
-           "--trl-generation", args.trl_generation, "--sequence-len", str(sequence_len(args))] + (["--profile"] if args.profile else [])
+           "--trl-generation", args.trl_generation, "--sequence-len", str(sequence_len(args))] + (
+        ["--profile"] if args.profile else []) + (
+        ["--agents", "--environment", args.environment, "--max-tool-calling-iterations",
+         str(args.max_tool_calling_iterations)] if args.agents else [])
     env = dict(os.environ, HF_DATASETS_CACHE=str(work / "hf-datasets"),  # fresh: no reuse across runs
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     load = os.getloadavg()[0]
@@ -337,13 +361,14 @@ def run_side(side: str, args, model_path: str, data: Path, data_trl: Path, rewar
     return result
 
 
-def _phase_line(r: dict) -> str:
+def _phase_line(r: dict, agents: bool) -> str:
     p, rows = r["phases"], HYPER["micro_batch"] * HYPER["accumulation"]
     generation = p.get("generation", 0.0)
+    per_step = "" if agents else (f"; {generation / max(r['decode_steps'], 1) * 1e3:4.0f} ms per decoding step of "
+                                  f"{rows} rows, {r['decode_steps']} steps")
     return "  ".join([
-        f"generation {generation:6.1f} s ({generation / max(r['tokens'], 1) * 1e3:5.1f} ms/token; "
-        f"{generation / max(r['decode_steps'], 1) * 1e3:4.0f} ms per decoding step of {rows} rows, "
-        f"{r['decode_steps']} steps)",
+        f"{'episodes (turns + tools)' if agents else 'generation'} {generation:6.1f} s "
+        f"({generation / max(r['tokens'], 1) * 1e3:5.1f} ms/token{per_step})",
         f"rewards {p.get('rewards', 0.0):5.2f} s",
         f"prepare other {p.get('prepare', 0.0) - generation - p.get('rewards', 0.0):5.2f} s",
         f"train fwd+bwd {p.get('train', 0.0):6.1f} s",
@@ -356,7 +381,12 @@ def main() -> None:
     parser.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps on each side (2 prompts x 8 each)")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--max-completion-length", type=int, default=64)
+    parser.add_argument("--max-completion-length", type=int, default=None, help="64 (--agents: 96)")
+    parser.add_argument("--agents", action="store_true",
+                        help="the multi-turn row: a calculator environment on both sides (agents_vs_trl_parts.py)")
+    parser.add_argument("--sft", default="/tmp/agents_bench/seed0/sft",
+                        help="--agents: the finetune LoRA run that taught the call format (bench_agents_learning.py)")
+    parser.add_argument("--max-tool-calling-iterations", type=int, default=2)
     parser.add_argument("--trl-generation", choices=["generate", "paged"], default="generate",
                         help="TRL's generation: transformers' generate with the KV cache (default), or its "
                              "continuous batching (use_transformers_continuous_batching)")
@@ -367,27 +397,38 @@ def main() -> None:
     parser.add_argument("--few-shot", type=int, default=0,
                         help="open every prompt with a system message of K worked examples (~34 tokens each on "
                              "SmolLM2): longer prompts, as GRPO recipes often have")
-    for name in ("--model-path", "--data", "--data-trl", "--rewards", "--work", "--result", "--sequence-len"):
+    for name in ("--model-path", "--data", "--data-trl", "--rewards", "--work", "--result", "--sequence-len",
+                 "--environment"):
         parser.add_argument(name)
     args = parser.parse_args()
+    args.max_completion_length = args.max_completion_length or (96 if args.agents else 64)
     if args.worker:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         result = {"finetune": worker_finetune, "trl": worker_trl}[args.worker](args)
         Path(args.result).write_text(json.dumps(result))
         return
-    model_path = model_path_for(args.model, args.cache_dir)
     folder = Path(tempfile.mkdtemp(prefix="bench-grpo-data-"))
     # at least one step's completion slots of prompts: finetune refuses fewer (see the module doc)
     data = folder / "prompts.jsonl"
-    records = make_prompts(data, max(args.steps * PROMPTS_PER_STEP, HYPER["micro_batch"] * HYPER["accumulation"]),
-                           few_shot=args.few_shot)
+    n = max(args.steps * PROMPTS_PER_STEP, HYPER["micro_batch"] * HYPER["accumulation"])
+    if args.agents:
+        import agents_vs_trl_parts as agents
+
+        model_path = agents.merged_model(Path(args.sft), folder / "model")
+        records = agents.make_questions(data, n)
+        rewards, calculator = agents.write_files(folder)
+        args.environment = str(calculator)
+    else:
+        model_path = model_path_for(args.model, args.cache_dir)
+        records = make_prompts(data, n, few_shot=args.few_shot)
+        rewards = folder / "rewards.py"
+        rewards.write_text(REWARDS_PY)
     data_trl = folder / "prompts_in_finetune_order.jsonl"
     data_trl.write_text("".join(json.dumps(r) + "\n" for r in finetune_order(records, args.steps)))
-    rewards = folder / "rewards.py"
-    rewards.write_text(REWARDS_PY)
     print(f"model {args.model} ({model_path}); {args.steps} optimizer steps x {PROMPTS_PER_STEP} prompts x "
           f"G {HYPER['group']} = {args.steps * PROMPTS_PER_STEP * HYPER['group']} completions of at most "
-          f"{args.max_completion_length} tokens; {args.few_shot} worked examples in the system prompt; micro batch {HYPER['micro_batch']} x accumulation "
+          f"{args.max_completion_length} tokens{' an episode (agents: ' + args.sft + ')' if args.agents else ''}; "
+          f"{args.few_shot} worked examples in the system prompt; micro batch {HYPER['micro_batch']} x accumulation "
           f"{HYPER['accumulation']}; TRL generation {args.trl_generation}; {os.cpu_count()} CPUs (shared), "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, load {os.getloadavg()[0]:.1f}")
     sides, ratios = ["finetune", "trl"], []
@@ -405,7 +446,9 @@ def main() -> None:
                   f"{r['loop_s_per_token'] * 1e3:.1f} ms, wall {r['wall_s_per_token'] * 1e3:.1f} ms  reward "
                   f"{' '.join(f'{x:.2f}' for x in r['rewards'])}  {extra}  load {r['load_before']:.1f}->"
                   f"{r['load_after']:.1f}  log {r['log']}")
-            print(f"[{repeat}] {side:8s} phases: {_phase_line(r)}")
+            if args.agents:
+                print(f"[{repeat}] {side:8s} tool calls per episode: {' '.join(f'{x:.2f}' for x in r['tool_calls'])}")
+            print(f"[{repeat}] {side:8s} phases: {_phase_line(r, args.agents)}")
         ft, trl = results["finetune"], results["trl"]
         print(f"[{repeat}] the same prompts at every step: {ft['step_prompts'] == trl['step_prompts']}")
         ratio = {"wall": trl["wall_s"] / ft["wall_s"], "loop": trl["loop_s"] / ft["loop_s"],
@@ -416,6 +459,9 @@ def main() -> None:
                  "generation/decoding step": (trl["phases"]["generation"] / trl["decode_steps"])
                  / (ft["phases"]["generation"] / ft["decode_steps"]),
                  "train": trl["phases"]["train"] / ft["phases"]["train"]}
+        if args.agents:  # the episodes' time per model token; their longest episode is no count of decoding steps
+            ratio["episodes/token"] = ratio.pop("generation/token")
+            del ratio["generation/decoding step"]
         ratios.append(ratio)
         print(f"[{repeat}] TRL / finetune: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
     for key in ratios[0]:

@@ -54,10 +54,8 @@ class Script:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
 
-    def __call__(self, model, prompt_ids, num_generations, max_completion_length, **kwargs):
-        from finetune.train.grpo.generation import Completions
-
-        if num_generations > 1:  # a step's first turn: G samples of each prompt
+    def __call__(self, prompt_ids, num_generations, max_completion_length, turn):
+        if turn == 0:  # a step's first turn: G samples of each prompt
             texts = []
             for n in range(len(prompt_ids) * num_generations):
                 call = CALLS[n]
@@ -67,8 +65,7 @@ class Script:
             self.first_turns += 1
         else:
             texts = ["done"] * len(prompt_ids)
-        ids = [self.ids(t)[:max_completion_length] for t in texts]
-        return Completions(ids=ids, is_truncated=[False] * len(ids), num_generations=num_generations)
+        return [self.ids(t)[:max_completion_length] for t in texts]
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +73,15 @@ def agent_run(long_context_model, tmp_path_factory):
     from transformers import AutoTokenizer
 
     from finetune.recipe import load_recipe
-    from finetune.train.grpo import generation
+    from finetune.train.grpo import agents
+    from finetune.train.grpo.turns import Reprefill
     from finetune.train.run import run_training
 
     root = tmp_path_factory.mktemp("agent_run")
     agents_recipe(root, long_context_model)
     script = Script(AutoTokenizer.from_pretrained(long_context_model))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(generation, "generate_completions", script)
+    with pytest.MonkeyPatch.context() as patch:  # the run's sampler of turns replaced by the script
+        patch.setattr(agents, "turn_sampler", lambda model, seed, settings: Reprefill(script))
         summary = run_training(load_recipe(root / "recipe.yml"))
     return root, summary
 

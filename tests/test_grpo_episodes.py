@@ -93,10 +93,11 @@ def trl_loop(tokenizer, messages, prompt_ids, turns, functions, schemas):
 def our_loop(tokenizer, prompt_ids, turns, runner, schemas, parser):
     from finetune.data.tool_chat import tool_suffix_ids
     from finetune.train.grpo.episodes import EpisodeSettings, run_episodes
+    from finetune.train.grpo.turns import Reprefill
 
     policy = ScriptedPolicy(tokenizer, prompt_ids, turns)
     eos = (tokenizer.eos_token_id,)
-    return run_episodes(prompt_ids, 1, policy.generate, parser, lambda calls: runner.call(calls, 1 << 20),
+    return run_episodes(prompt_ids, 1, Reprefill(policy.generate), parser, lambda calls: runner.call(calls, 1 << 20),
                         lambda messages: tool_suffix_ids(tokenizer, messages, eos),
                         lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"]), schemas,
                         EpisodeSettings(MAX_LEN, CAP, 10_000, 4096, eos))

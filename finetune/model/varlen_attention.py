@@ -86,11 +86,13 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
 
 def varlen_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                 attention_mask=None, **kwargs):
-    """No mask for packed rows (the attention function reads position_ids); SDPA's mask when padded."""
+    """No mask for packed rows (the attention function reads position_ids); SDPA's mask when padded, and when
+    several queries follow a cache (a continued row: SDPA's is_causal would align them to the cache's first key)."""
     from finetune.compat import sdpa_functions
 
     sdpa_mask = sdpa_functions()[2]
-    if attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all())):
+    unpadded = attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all()))
+    if unpadded and q_length == kv_length:
         return None
     return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                      kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask, **kwargs)

@@ -95,17 +95,11 @@ class Agents:
         prompt-major)."""
         from finetune.data.tool_chat import tool_suffix_ids
         from finetune.train.grpo.episodes import EpisodeSettings, run_episodes
-        from finetune.train.grpo.generation import generate_completions
 
-        def generate(prompts, num_generations, max_new_tokens, turn):
-            return generate_completions(
-                model, prompts, num_generations, max_new_tokens, seed=turn_seed(seed, turn),
-                eos_ids=list(settings.eos_ids), pad_id=settings.pad_id, temperature=settings.temperature,
-                top_p=settings.top_p, top_k=settings.top_k).ids
-
+        sampler = turn_sampler(model, seed, settings)
         cap = self.max_response_tokens * CHARS_PER_TOKEN
         batch = run_episodes(
-            self.prompts(records), settings.group, generate, self.parser,
+            self.prompts(records), settings.group, sampler, self.parser,
             lambda calls: self.runner.call(calls, cap),
             lambda messages: tool_suffix_ids(self.tokenizer, messages, settings.eos_ids),
             lambda text: len(self.tokenizer(text, add_special_tokens=False)["input_ids"]), self.schemas,
@@ -130,8 +124,9 @@ class Agents:
                 "workers_replaced": self.runner.replaced, "environments_replayed": dict(self.runner.replayed)}
 
 
-def turn_seed(seed: int, turn: int) -> int:
-    """The sampling seed of one turn of a step's episodes: the step's seed for the first (the same draw as a run
-    without tools), a function of (step seed, turn) after it, so a resumed run replays its episodes."""
-    return (seed + turn * 1_000_033) % (2**63 - 1)
+def turn_sampler(model, seed: int, settings):
+    """The step's sampler of turns (turns.py): each rollout continued from its KV cache across turns."""
+    from finetune.train.grpo.turns import CachedTurns
 
+    return CachedTurns(model, seed, eos_ids=list(settings.eos_ids), pad_id=settings.pad_id,
+                       temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)

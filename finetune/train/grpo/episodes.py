@@ -8,14 +8,16 @@ token ids and a mask per rollout. The loop is TRL 1.16's GRPOTrainer._tool_call_
                          (finetune/data/tool_chat.py: rendered with and without them, as TRL computes them)
                 if the episode would pass max_completion_length (or the model's positions), the results are rolled
                 back and the episode ends as it stood (TRL's rule)
-                else sample the next turn after prompt + episode + suffix, cut to what is left of the budget
+                else sample the next turn after prompt + episode + suffix (from the cache: only the suffix is
+                run), cut to what is left of the budget
 
     ids   = turn 1 + suffix + turn 2 + suffix + ...        never decoded and re-tokenized: what was sampled is
     mask  = 1 ...   0 ...    1 ...    0 ...                what is scored; tool tokens (mask 0) get no loss,
                                                           no share of a dapo / dr_grpo normalizer, no length
-`generate(prompts, num_generations, max_new_tokens, turn) -> ids` samples (the run's: generation.py's
-generate_completions, seeded by step and turn; a test's: a script). `parse(ids, prefix, schemas) -> Turn` reads the
-calls (tool_calls.py). A malformed call counts as a call and a failure, and ends its episode.
+A `sampler` samples the turns (turns.py): the run's continues each rollout from its KV cache (the tool results run
+through the model after it, the prefix never again), seeded by step and turn; a test's is a script behind the same
+`first` / `next`. `parse(ids, prefix, schemas) -> Turn` reads the calls (tool_calls.py). A malformed call counts as a
+call and a failure, and ends its episode.
 """
 
 from __future__ import annotations
@@ -83,12 +85,13 @@ class EpisodeBatch:
         return [e.model_tokens for e in self.episodes]
 
 
-def run_episodes(prompt_ids: list[list[int]], group: int, generate, parse, call_tools, suffix_ids, count_tokens,
+def run_episodes(prompt_ids: list[list[int]], group: int, sampler, parse, call_tools, suffix_ids, count_tokens,
                  schemas: list[dict], settings: EpisodeSettings) -> EpisodeBatch:
-    """Every rollout's episode. `prompt_ids`: one per rollout, prompt-major (G in a row); `call_tools(calls)` with
-    calls [(rollout, name, arguments)] -> ToolOutcome each; `suffix_ids(tool_messages)`; `count_tokens(text)`."""
+    """Every rollout's episode. `prompt_ids`: one per rollout, prompt-major (G in a row); `sampler`: turns.py's
+    (first / next); `call_tools(calls)` with calls [(rollout, name, arguments)] -> ToolOutcome each;
+    `suffix_ids(tool_messages)`; `count_tokens(text)`."""
     episodes = [Episode(list(p)) for p in prompt_ids]
-    first = _first_turn(prompt_ids, group, generate, settings.max_completion_length)
+    first = sampler.first(*_first_prompts(prompt_ids, group), settings.max_completion_length)
     active = []
     for n, ids in enumerate(first):
         episodes[n].ids, episodes[n].mask = list(ids), [1] * len(ids)
@@ -99,14 +102,12 @@ def run_episodes(prompt_ids: list[list[int]], group: int, generate, parse, call_
         active = _tool_round(episodes, active, call_tools, suffix_ids, count_tokens, settings)
         if not active:
             break
-        contexts = [episodes[n].prompt_ids + episodes[n].ids + episodes[n].pending for n in active]
-        budget = max(settings.max_completion_length - len(c) + len(episodes[n].prompt_ids)
-                     for n, c in zip(active, contexts))
-        post = generate(contexts, 1, max(1, budget), rounds + 1)
+        rooms = [settings.max_completion_length - len(episodes[n].ids) - len(episodes[n].pending) for n in active]
+        post = sampler.next(active, [episodes[n].pending for n in active], rooms, rounds + 1)
         still = []
-        for n, context, ids in zip(active, contexts, post):
+        for n, room, ids in zip(active, rooms, post):
             episode = episodes[n]
-            room = settings.max_completion_length - (len(context) - len(episode.prompt_ids))
+            context = episode.prompt_ids + episode.ids + episode.pending
             ids = list(ids)[:max(room, 0)]
             episode.ids += episode.pending + ids
             episode.mask += [0] * len(episode.pending) + [1] * len(ids)
@@ -123,13 +124,13 @@ def run_episodes(prompt_ids: list[list[int]], group: int, generate, parse, call_
     return EpisodeBatch(episodes, group)
 
 
-def _first_turn(prompt_ids, group: int, generate, max_new_tokens: int) -> list[list[int]]:
-    """G samples of each prompt in one call when a group's prompts are the same (no observation, or the same one);
-    else one sample of each rollout's own prompt."""
+def _first_prompts(prompt_ids, group: int) -> tuple[list[list[int]], int]:
+    """(prompts, samples of each) for the first turn: each group's prompt G times when its rollouts' prompts are the
+    same (no observation, or the same one), so it is prefilled once; else each rollout's own prompt once."""
     groups = [prompt_ids[i:i + group] for i in range(0, len(prompt_ids), group)]
     if all(all(list(p) == list(g[0]) for p in g) for g in groups):
-        return generate([list(g[0]) for g in groups], group, max_new_tokens, 0)
-    return generate([list(p) for p in prompt_ids], 1, max_new_tokens, 0)
+        return [list(g[0]) for g in groups], group
+    return [list(p) for p in prompt_ids], 1
 
 
 def _read_turn(episode: Episode, ids, prefix, parse, schemas) -> bool:

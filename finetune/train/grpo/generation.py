@@ -23,7 +23,8 @@ up to and including the first EOS); one with no EOS in `max_completion_length` t
 
 Episodes of several turns (a tool's result between two of the model's turns) keep the batch and its cache alive:
 `Episodes` samples a turn, appends each row's tool-result ids after what it sampled and samples the next turn
-from the cache, never re-running the prefix (token in, token out: nothing is decoded and re-encoded).
+from the cache, never re-running the prefix (token in, token out: nothing is decoded and re-encoded). The agents'
+episodes sample their turns so (turns.py, CachedTurns).
 """
 
 from __future__ import annotations
@@ -88,6 +89,13 @@ class Episodes:
         self.prompt_index = [n // num_generations for n in range(len(prompt_ids) * num_generations)]
         with _sampling_mode(model) as lm:
             self._state = decoding.prefill(lm, prompt_ids, num_generations, pad_id)
+
+    @property
+    def continuable(self) -> bool:
+        """Whether `keep` and `append` can go on from this cache (every layer softmax attention)."""
+        from finetune.train.grpo import decoding
+
+        return decoding.attention_only(self._state.cache)
 
     @property
     def tokens(self) -> list[list[int]]:
