@@ -27,13 +27,13 @@ def attn_implementation(config) -> str | None:
 
 
 def sdpa_functions():
-    """(repeat_kv, sdpa_attention_forward, sdpa_mask): transformers' stock SDPA attention and mask
-    functions, which finetune's per-example attention falls back to. Module-level functions of
-    transformers.integrations.sdpa_attention and transformers.masking_utils (5.23), not in the top-level API."""
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    """(sdpa_attention_forward, sdpa_mask): transformers' stock SDPA attention and mask functions, which finetune's
+    per-example attention falls back to. Module-level functions of transformers.integrations.sdpa_attention and
+    transformers.masking_utils (5.23), not in the top-level API."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
 
-    return repeat_kv, sdpa_attention_forward, sdpa_mask
+    return sdpa_attention_forward, sdpa_mask
 
 
 def set_loss_function(causal_lm, loss_function) -> None:

@@ -31,12 +31,11 @@ def test_attn_implementation_reads_what_set_attn_implementation_wrote(tiny_llama
 
 
 def test_sdpa_functions_keep_the_signatures_the_per_example_path_calls():
-    repeat_kv, forward, mask = compat.sdpa_functions()
+    forward, mask = compat.sdpa_functions()
     assert list(inspect.signature(forward).parameters)[:5] == ["module", "query", "key", "value", "attention_mask"]
     assert {"dropout", "scaling", "is_causal"} <= set(inspect.signature(forward).parameters)
     assert {"batch_size", "q_length", "kv_length", "q_offset", "kv_offset", "mask_function",
             "attention_mask"} <= set(inspect.signature(mask).parameters)
-    assert repeat_kv(torch.zeros(1, 2, 3, 4), 2).shape == (1, 4, 3, 4)
 
 
 def test_loss_function_is_settable_and_called_with_logits_labels_vocab_size(tiny_llama):

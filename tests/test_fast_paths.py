@@ -153,10 +153,10 @@ def test_per_example_attention_matches_the_masked_kernel_on_packed_rows(tiny_mod
 def _sliced_attention(query, key, value, position_ids, groups, repeat=False):
     """The oracle: one causal SDPA call per example on plain slices (the first implementation); `repeat`
     repeats the key/value heads first (transformers' repeat_kv) instead of SDPA's enable_gqa."""
-    from finetune.compat import sdpa_functions
+    from transformers.integrations.sdpa_attention import repeat_kv
 
     if repeat:
-        key, value = sdpa_functions()[0](key, groups), sdpa_functions()[0](value, groups)
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     rows = []
     for b, positions in enumerate(position_ids.expand(query.shape[0], -1).tolist()):
         rows.append(torch.cat([torch.nn.functional.scaled_dot_product_attention(

@@ -43,7 +43,7 @@ def varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: floa
 
     from finetune.compat import sdpa_functions
 
-    _, sdpa_attention_forward, _ = sdpa_functions()
+    sdpa_attention_forward, _ = sdpa_functions()
 
     position_ids = kwargs.get("position_ids")
     q_length = query.shape[2]
@@ -90,7 +90,7 @@ def varlen_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_f
     several queries follow a cache (a continued row: SDPA's is_causal would align them to the cache's first key)."""
     from finetune.compat import sdpa_functions
 
-    sdpa_mask = sdpa_functions()[2]
+    sdpa_mask = sdpa_functions()[1]
     unpadded = attention_mask is None or (attention_mask.shape[-1] == kv_length and bool(attention_mask.all()))
     if unpadded and q_length == kv_length:
         return None
