@@ -121,3 +121,25 @@ def test_a_recurrent_cache_samples_later_turns_by_reprefilling(tiny_tokenizer):
     assert cached.fallback is not None and cached.episodes is None
     assert ours.ids == theirs.ids and ours.masks == theirs.masks
     assert max(e.rounds for e in ours.episodes) >= 1
+
+
+@pytest.mark.parametrize("window", [6, 512])
+def test_a_sliding_window_continues_from_the_cache_only_while_the_episode_fits_in_it(tiny_tokenizer, window):
+    """Gemma 3's sliding-window layer counts the cache's columns, padding between turns included: past the window a
+    continued row would see padding in place of its real tokens (its logits off by ~0.1-0.4 from a fresh run, and
+    other tokens sampled). Within the window the turns go on from the cache; past it they re-run the whole ids. Either
+    way the episodes are those of reprefilling every turn."""
+    import torch
+    from tiny import family_config
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = family_config("gemma3_text", tiny_tokenizer)
+    config.sliding_window = window
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").float()
+    prompt_ids = [p for p in PROMPTS for _ in range(GROUP)]
+    cached, reprefill = samplers(model)
+    ours, theirs = episodes(model, prompt_ids, cached), episodes(model, prompt_ids, reprefill)
+    assert max(e.rounds for e in ours.episodes) >= 1
+    assert ours.ids == theirs.ids and ours.masks == theirs.masks
+    assert (cached.fallback is not None) == (window == 6) and (cached.episodes is None) == (window == 6)

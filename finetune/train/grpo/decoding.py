@@ -86,6 +86,17 @@ def attention_only(cache) -> bool:
                for layer in getattr(cache, "layers", []))
 
 
+def sliding_window(cache) -> int | None:
+    """The narrowest sliding window among the cache's layers; None when no layer slides. Its mask and its cache
+    count columns, padding included: a row with padding between its turns sees fewer real tokens than a fresh run
+    once its columns pass the window."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    windows = [layer.sliding_window for layer in getattr(cache, "layers", [])
+               if isinstance(layer, DynamicSlidingWindowLayer)]
+    return min(windows) if windows else None
+
+
 def sample(lm, state: DecodeState, limits: list[int], eos_ids: list[int], pad_id: int,
            warpers) -> tuple[list[list[int]], list[bool]]:
     """Sample each row up to its first EOS (kept) or `limits[row]` tokens, from the state's fresh logits, with the

@@ -79,7 +79,8 @@ class Episodes:
     mode for its duration and computes no gradients. The cache lives as long as this object: drop it when the
     episodes end. `append` and `keep` need a model whose layers all use softmax attention (a recurrent, linear
     attention state cannot skip the padding between turns: ValueError); a sliding window counts the cache's
-    columns, padding included, so past the window a continued row sees a few tokens fewer than a fresh one."""
+    columns, padding included, so past the window a continued row sees fewer tokens than a fresh one
+    (`exact_for` says when it does not)."""
 
     def __init__(self, model, prompt_ids: list[list[int]], num_generations: int, *, pad_id: int):
         from finetune.train.grpo import decoding
@@ -96,6 +97,14 @@ class Episodes:
         from finetune.train.grpo import decoding
 
         return decoding.attention_only(self._state.cache)
+
+    def exact_for(self, columns: int) -> bool:
+        """Whether `columns` more cache columns (appended ids, sampled tokens) continue every row exactly as a run of
+        its whole ids would: always without a sliding window; with one, while all the columns fit in it."""
+        from finetune.train.grpo import decoding
+
+        window = decoding.sliding_window(self._state.cache)
+        return window is None or self._state.valid.shape[1] + columns <= window
 
     @property
     def tokens(self) -> list[list[int]]:

@@ -9,7 +9,9 @@ Two samplers, which give the same tokens (tests/test_agent_turns.py holds them e
   is generate_completions); after it, the rollouts that go on are kept, their tool-result ids run through the model
   after their cache, and the next turn is sampled from there: the prompt and the earlier turns are never run again.
   A model whose cache keeps recurrent (linear attention) states cannot be continued over the padding between turns;
-  its later turns are sampled as `Reprefill` samples them.
+  its later turns are sampled as `Reprefill` samples them. Nor can a sliding window once the cache's columns (the
+  padding between turns included) could pass it: the window would hold padding in place of real tokens, and the
+  turns from there on are sampled as `Reprefill` samples them.
 - `Reprefill`: each later turn sampled from scratch on the rollouts' whole ids (prompt + episode so far), by a
   `generate(prompts, num_generations, max_new_tokens, turn) -> ids` (a scripted policy in the tests).
 
@@ -55,7 +57,7 @@ class CachedTurns:
         self.model, self.seed, self.sampling = model, seed, sampling
         self.episodes = None
         self.rows: list[int] = []  # the rollout each of the Episodes' rows is
-        self.fallback: Reprefill | None = None  # a recurrent cache: later turns re-prefilled
+        self.fallback: Reprefill | None = None  # a recurrent cache, or past a sliding window: turns re-prefilled
 
     def first(self, prompts: list[list[int]], group: int, limit: int) -> list[list[int]]:
         from finetune.train.grpo.generation import Episodes
@@ -65,12 +67,18 @@ class CachedTurns:
         ids = self.episodes.sample(limit, seed=turn_seed(self.seed, 0), **kwargs).ids
         self.rows = list(range(len(ids)))
         if not self.episodes.continuable:
-            self.fallback = Reprefill(self._generate)
-            self.fallback.tokens = dict(enumerate(self.episodes.tokens))
-            self.episodes = None
+            self._reprefill_from_here()
         return ids
 
+    def _reprefill_from_here(self) -> None:
+        """The later turns sampled from the rollouts' whole ids (Reprefill), the cache dropped."""
+        self.fallback = Reprefill(self._generate)
+        self.fallback.tokens = {n: list(t) for n, t in zip(self.rows, self.episodes.tokens)}
+        self.episodes = None
+
     def next(self, rows: list[int], appended: list[list[int]], limits: list[int], turn: int) -> list[list[int]]:
+        if self.fallback is None and not self.episodes.exact_for(1 + max(map(len, appended)) + max(limits)):
+            self._reprefill_from_here()
         if self.fallback is not None:
             return self.fallback.next(rows, appended, limits, turn)
         kwargs = {k: v for k, v in self.sampling.items() if k != "pad_id"}
