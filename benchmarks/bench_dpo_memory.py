@@ -11,10 +11,13 @@ sets B by hand (1: TRL's least memory, a pair at a time).
 Each side runs in a fresh process for `--steps` optimizer steps (one micro batch each) and reports its peak
 resident set (ru_maxrss, the whole process: Python, libraries, model, data, reference pass, training), and a
 sampler thread's peak per phase (before training: load, tokenization, probes; the reference pass; each step), so
-a difference can be placed. Memory does not depend on the machine's load; run with OMP_NUM_THREADS=2 (threads
+a difference can be placed. After each step it also reads glibc's heap (mallinfo2, Linux): the bytes malloc hands out
+(live: tensors, Python) against the free bytes it holds without giving them back, which the resident set counts too.
+Memory does not depend on the machine's load; run with OMP_NUM_THREADS=2 (threads
 keep per-thread buffers) and nothing else large running.
 
 Run: python benchmarks/bench_dpo_memory.py [--steps 2] [--micro-batch 2] [--trl-batch B] [--sides finetune,trl]
+     MALLOC_MMAP_THRESHOLD_=1048576 python benchmarks/bench_dpo_memory.py ...   (glibc: blocks >= 1 MiB mmapped)
 Needs: pip install 'finetune[bench]' (trl).
 """
 
@@ -46,6 +49,7 @@ class Sampler:
 
     def __init__(self, limit_mib: float):
         self.phase, self.peaks, self._stop, self.limit = "start", {}, threading.Event(), limit_mib
+        self.heap = {}  # "after step N" -> heap_gib()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self):
@@ -89,6 +93,26 @@ def _rss_mib() -> float:
     return 0.0
 
 
+def heap_gib() -> dict | None:
+    """glibc's heap over every arena (mallinfo2): `in_use` (what malloc has handed out and not had back) and
+    `held_free` (freed, kept in its arenas: still resident), in GiB; None off glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallinfo2 = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                         "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    mallinfo2.restype = Mallinfo2
+    info = mallinfo2()
+    return {"in_use": round((info.uordblks + info.hblkhd) / 2**30, 2), "held_free": round(info.fordblks / 2**30, 2)}
+
+
 def _phase_callback(sampler):
     from transformers import TrainerCallback
 
@@ -98,6 +122,7 @@ def _phase_callback(sampler):
 
         def on_step_end(self, args, state, control, **kwargs):
             sampler.set("between steps")
+            sampler.heap[f"after step {state.global_step}"] = heap_gib()
 
     return Phases()
 
@@ -216,7 +241,7 @@ def main() -> None:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         sampler = Sampler(args.max_rss_gib * 1024)
         result = {"finetune": worker_finetune, "trl": worker_trl}[args.worker](args, sampler)
-        result["phases_mib"] = sampler.stop()
+        result["phases_mib"], result["heap_gib"] = sampler.stop(), sampler.heap
         result["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         Path(args.result).write_text(json.dumps(result))
         return
@@ -238,6 +263,9 @@ def main() -> None:
         print(f"{side:8s} peak RSS {r['peak_mib'] / 1024:.2f} GiB  {size}  steps {r['steps']}  wall {r['wall_s']:.0f} s  "
               f"load {os.getloadavg()[0]:.1f}\n    phase peaks (GiB): {phases}\n    losses {r['losses']}  "
               f"log {r['log']}", flush=True)
+        if any(r["heap_gib"].values()):
+            print("    glibc heap (GiB, in use / held free): " + ", ".join(
+                f"{k} {v['in_use']} / {v['held_free']}" for k, v in r["heap_gib"].items() if v), flush=True)
     if len(results) == 2:
         print(f"finetune / TRL peak: {results['finetune']['peak_mib'] / results['trl']['peak_mib']:.2f}x")
 
