@@ -316,3 +316,12 @@ def test_set_hub_offline_is_what_the_downloads_check_and_what_a_started_process_
     assert is_offline_mode() and transformers_hub.is_offline_mode() and os.environ["HF_HUB_OFFLINE"] == "1"
     assert compat.set_hub_offline(False) is True
     assert not is_offline_mode() and "HF_HUB_OFFLINE" not in os.environ
+
+
+def test_keep_4bit_layout_switches_off_the_cpu_repacking_linear4bit_forward_reads():
+    import bitsandbytes as bnb
+
+    assert "support_avx512bf16_for_cpu" in inspect.getsource(bnb.nn.Linear4bit.forward)
+    layer = bnb.nn.Linear4bit(8, 8)
+    assert compat.keep_4bit_layout(torch.nn.Sequential(layer, torch.nn.Linear(8, 8))) == 1
+    assert layer.support_avx512bf16_for_cpu is False

@@ -56,6 +56,26 @@ def test_qlora_base_is_nf4_double_quant_with_lora_on_top(make_recipe):
     assert base.weight.quant_type == "nf4" and base.weight.compress_statistics  # compress_statistics = double quant
     assert base.compute_dtype == torch.float32 and not base.weight.requires_grad
     assert q_proj.lora_A["default"].weight.requires_grad
+    # a no-grad pass in eval mode (DPO's reference, GRPO's generation, an eval) leaves the next backward the same:
+    # bitsandbytes repacked the 4-bit weights there on a CPU with AVX512-BF16, and its backward read them wrong
+    torch.manual_seed(0)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # nonzero: gradients reach the first layer's adapters through the frozen 4-bit layers
+            param.data.normal_(0, 0.05)
+    ids = torch.randint(0, 500, (2, 16))
+
+    def grads():
+        model.train()
+        model.zero_grad()
+        torch.manual_seed(1)  # the same LoRA dropout masks
+        model(input_ids=ids, labels=ids).loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    before = grads()
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert torch.allclose(grads(), before, rtol=1e-4, atol=1e-7)
 
 
 def test_8bit_base_trains_lora_on_cpu(make_recipe):

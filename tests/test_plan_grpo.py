@@ -117,3 +117,29 @@ def test_the_runs_own_memory_plan_counts_generation(tmp_path, tiny_model_dir):
     recipe = load_recipe(grpo_recipe(tmp_path, tiny_model_dir, max_completion_length=16))
     assert recipe_shape(recipe) == {"sequences_per_item": 1, "packed": False, "generated_sequences": 8,
                                     "completion_tokens": 16}
+
+
+def test_plan_refuses_grpo_under_zero3_in_trains_words(tmp_path, tiny_model_dir, capsys):
+    """`finetune plan --zero-stage 3` said FITS for GRPO, which train refuses under ZeRO-3: the same reason now, and
+    a plan too big for its GPUs never suggests ZeRO-3 for GRPO (zero2 is what it can use)."""
+    from finetune.recipe import load_recipe
+    from finetune.recipe.load import RecipeError
+
+    path = grpo_recipe(tmp_path, tiny_model_dir)
+    (tmp_path / "zero3.json").write_text('{"zero_optimization": {"stage": 3}}')
+    with pytest.raises(RecipeError) as caught:  # train: the recipe under ZeRO-3 does not load
+        load_recipe(path, ["deepspeed=zero3.json"])
+    refused = [p for p in caught.value.problems if "ZeRO-3" in p]
+    assert refused
+    for source in ([str(path)], [str(tiny_model_dir), "--method", "grpo"]):
+        assert main(["plan", *source, "--zero-stage", "3", "--no-data", "--gpu-memory-gib", "80"]) == 2
+        out = capsys.readouterr()
+        assert "FITS" not in out.out and refused[0] in out.err and "Traceback" not in out.err
+    # 2 GPUs, a budget the plan overshoots: the suggestions stop at ZeRO stage 2 for GRPO, stage 3 for SFT
+    args = ["--zero-stage", "1", "--num-gpus", "2", "--no-data", "--gpu-memory-gib", "0.5"]
+    assert main(["plan", str(path), *args]) == 1
+    out = capsys.readouterr().out
+    assert "DeepSpeed ZeRO stage 2 across the 2 GPUs" in out and "ZeRO stage 3" not in out
+    assert "even with all of these" in out  # the combined changes got past the ZeRO one (IndexError: no colon)
+    assert main(["plan", str(tiny_model_dir), "--adapter", "lora", *args]) == 1  # SFT
+    assert "DeepSpeed ZeRO stage 3 across the 2 GPUs" in capsys.readouterr().out

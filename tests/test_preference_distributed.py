@@ -123,6 +123,12 @@ RUNS = {  # run name -> --set overrides, in order (ZeRO-3 last: transformers kee
     "zero2": "output_dir=mp_zero2,cache_dir=mp_zero2_cache,deepspeed=zero2",
     "reward_ddp_packed": "method=reward,sample_packing=true,output_dir=mp_reward,cache_dir=mp_reward_cache",
     "zero3_packed": "output_dir=mp_zero3_packed,cache_dir=mp_zero3_packed_cache,deepspeed=zero3,sample_packing=true",
+    # zero3_packed in 2 steps, then resumed to 4 from its DeepSpeed checkpoint: its own cache, so the resume scores
+    # the pairs steps 3-4 add with the adapter switched off (gathered under ZeRO-3 on both processes)
+    "zero3_packed_2": "output_dir=mp_zero3_resume,cache_dir=mp_zero3_resume_cache,deepspeed=zero3,sample_packing=true,"
+                      "max_steps=2,checkpoint_interval=2",
+    "zero3_packed_resumed": "output_dir=mp_zero3_resume,cache_dir=mp_zero3_resume_cache,deepspeed=zero3,"
+                            "sample_packing=true,checkpoint_interval=2",
     "zero3_full": "output_dir=mp_zero3_full,cache_dir=mp_zero3_full_cache,deepspeed=zero3,adapter=none,max_steps=2",
     "zero3_granite": "output_dir=mp_zero3_granite,cache_dir=mp_zero3_granite_cache,deepspeed=zero3,base_model=granite",
     "reward_zero3_packed": "method=reward,sample_packing=true,deepspeed=zero3,output_dir=mp_reward_zero3,"
@@ -188,6 +194,23 @@ def test_a_second_run_reads_the_table_on_every_process(multiproc):
         assert items["scored"] < items["read"]  # what the first run scored is read from its table
     assert multiproc[0]["ddp_packed_again"]["reference"]["reference_items"] == \
         multiproc[1]["ddp_packed_again"]["reference"]["reference_items"]
+
+
+@pytest.mark.multiproc
+def test_a_zero3_resume_ends_where_the_straight_run_ends(multiproc, workdir):
+    """DPO under ZeRO-3 (LoRA, packed), stopped after 2 steps and resumed to 4: the same losses and the same adapter
+    as 4 steps straight; steps 3-4's pairs scored by the resume itself (adapter off), as the straight run did."""
+    from test_preference_guarantees import ADAPTER_ATOL
+
+    for rank in (0, 1):
+        first, resumed = multiproc[rank]["zero3_packed_2"], multiproc[rank]["zero3_packed_resumed"]
+        assert first["steps"] == 2 and resumed["resumed_from"].endswith("mp_zero3_resume/checkpoints/step-2")
+        assert resumed["reference"]["reference_items"]["scored"] > 0  # the rows the first run did not read
+        assert_same_losses(losses(resumed), losses(multiproc[rank]["zero3_packed"]))
+    resumed, straight = (load_file(str(workdir / out / "adapter_model.safetensors"))
+                         for out in ("mp_zero3_resume", "mp_zero3_packed"))
+    assert resumed.keys() == straight.keys() and resumed
+    assert max((resumed[k] - straight[k]).abs().max().item() for k in resumed) <= ADAPTER_ATOL
 
 
 @pytest.mark.multiproc

@@ -288,6 +288,11 @@ def run(args: argparse.Namespace) -> int:
 
     recipe, config = _load(args)
     knobs = _knobs(args, recipe)
+    if knobs["method"] == "grpo" and args.zero_stage == 3:
+        from finetune.recipe.grpo import ZERO3_REFUSAL
+
+        raise FinetuneError(f"--zero-stage 3: `finetune train` refuses this, so there is no plan for it: "
+                            f"{ZERO3_REFUSAL}; plan it with --zero-stage 2")
     from finetune.recipe import Recipe
 
     defaults = Recipe.model_fields  # a bare model config: the schema's defaults

@@ -186,6 +186,9 @@ def build_model(recipe, tokenizer=None, precision: str | None = None, attn_imple
         # norms to fp32, inputs ready for grads; checkpointing is switched on below / by the Trainer
         # (non-reentrant), not here (peft's default is the reentrant kind)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        from finetune.compat import keep_4bit_layout
+
+        keep_4bit_layout(model)  # else a 4-bit layer's backward is wrong after a no-grad pass (CPU, AVX512-BF16)
     apply_gradient_checkpointing(model, recipe.gradient_checkpointing)
     adapter = adapter_folder(recipe.base_model)
     moe = prepare_experts(model, recipe, precision) if adapter is None else MoeSetup()

@@ -214,8 +214,9 @@ def _candidates(inputs: PlanInputs) -> list[tuple[str, PlanInputs]]:
     if inputs.fsdp and not inputs.fsdp_offload_params:
         out.append(("fsdp: {offload_params: true} (shards, gradients and optimizer in CPU RAM; slower)",
                     replace(inputs, fsdp_offload_params=True)))
-    if inputs.num_gpus > 1 and inputs.zero_stage < 3 and not inputs.fsdp:
-        stage = inputs.zero_stage + 1 if inputs.adapter == "none" else 3
+    top = 2 if inputs.generated_sequences else 3  # GRPO is refused under ZeRO-3 (recipe/grpo.py)
+    if inputs.num_gpus > 1 and inputs.zero_stage < top and not inputs.fsdp:
+        stage = inputs.zero_stage + 1 if inputs.adapter == "none" else top
         out.append((f"DeepSpeed ZeRO stage {stage} across the {inputs.num_gpus} GPUs", replace(inputs, zero_stage=stage)))
     if inputs.adapter == "none" and inputs.lora is not None:
         out.append(("adapter: lora (train low-rank adapters, base frozen in 16-bit)", replace(inputs, adapter="lora")))
@@ -251,7 +252,7 @@ def _combined(inputs: PlanInputs, budget_bytes: float) -> str:
         if not options:
             break
         text, current = options[0]
-        applied.append(text.split(" (")[0].split(":")[0] + ":" + text.split(":")[1].split(" (")[0])
+        applied.append(text.split(" (")[0])  # the change, without its reason in brackets
         need = plan_memory(current).total
         if need <= budget_bytes:
             return f"together: {'; '.join(applied)}: ~{need / GIB:.1f} GiB (fits)"

@@ -149,6 +149,11 @@ class GRPOKeys(Strict):
     )
 
 
+# train refuses it (grpo_problems) and `finetune plan --zero-stage 3` says so, in these words
+ZERO3_REFUSAL = ("`method: grpo` does not run under DeepSpeed ZeRO-3 yet: generation would gather every layer at every "
+                 "token; use zero2 (or no deepspeed) for GRPO")
+
+
 def grpo_problems(recipe, world_size: int) -> list[str]:
     """What makes a GRPO recipe impossible, with the numbers; [] for other methods (their stray GRPO keys are
     methods.py's to name)."""
@@ -191,8 +196,7 @@ def grpo_problems(recipe, world_size: int) -> list[str]:
                             "two updates of one generation could not resume exactly (the generation is not saved); "
                             f"make it a multiple of {iterations}")
     if recipe.deepspeed and zero_stage(read_deepspeed_config(recipe.deepspeed)[0] or {}) == 3:
-        problems.append("`method: grpo` does not run under DeepSpeed ZeRO-3 yet: generation would gather every layer "
-                        "at every token; use zero2 (or no deepspeed) for GRPO")
+        problems.append(ZERO3_REFUSAL)
     problems += reward_problems(recipe)
     if recipe.sample_packing:
         problems.append("`sample_packing` packs fixed examples; GRPO packs the completions it generates itself (a "

@@ -125,8 +125,10 @@ def unrebuildable(recipe, model) -> str | None:
         return "a full fine-tune's starting weights are not kept"
     if adapter_folder(recipe.base_model) is not None:
         return "it continues an adapter, so its starting model is not the base with the adapter switched off"
-    if recipe.peft_use_dora or recipe.peft_init_lora_weights not in (True, "gaussian"):
-        return ("its adapter did not start as a no-op (DoRA, or peft_init_lora_weights other than the default), so "
+    # DoRA starts as the base too: B zero, and its magnitudes are the base's column norms (m / |W| = 1, exactly in
+    # fp32; in bf16 to rounding, ~1e-4 of a response's log-prob). PiSSA / OLoRA / EVA start elsewhere.
+    if recipe.peft_init_lora_weights not in (True, "gaussian"):
+        return (f"its adapter did not start as a no-op (peft_init_lora_weights: {recipe.peft_init_lora_weights}), so "
                 "switching it off does not give the starting model")
     if getattr(config, "modules_to_save", None) or getattr(config, "trainable_token_indices", None):
         return "it trains whole modules or token rows beside the adapter (modules_to_save / trainable tokens)"
